@@ -1,0 +1,1 @@
+"""topocoll: bench (see ../shared/DESIGN.md)."""

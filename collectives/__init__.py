@@ -1,0 +1,1 @@
+"""topocoll: collectives (see ../shared/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""topocoll: rtp (see ../shared/DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""topocoll: topology (see ../shared/DESIGN.md)."""
