@@ -1,0 +1,91 @@
+"""Run a script on real ranks under the real `mpiexec`, bounded in time, naming the failing rank.
+
+Rank scripts live in ``tests/ranks/`` and wrap their body in :func:`rank_main`, which prints
+``RANK <r> FAILED`` with the traceback and aborts the job, so one failing rank ends the run at once.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Callable, Sequence
+
+ROOT = Path(__file__).resolve().parent.parent
+RANKS_DIR = Path(__file__).resolve().parent / "ranks"
+
+# Oversubscribed ranks (4-8 ranks on 2 cores) must yield the CPU instead of spinning in MPICH's
+# progress loop: POLLS_BEFORE_YIELD makes the busy loop call sched_yield often, and the CH4
+# progress throttle sleeps when polling makes no progress.
+YIELD_ENV = {
+    "MPIR_CVAR_POLLS_BEFORE_YIELD": "10",
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
+    "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "100",
+    "OMP_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+def mpiexec_path() -> str:
+    """The `mpiexec` next to this Python (the one `pip install mpich` brings), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    if here.exists():
+        return str(here)
+    found = shutil.which("mpiexec")
+    if not found:
+        raise RuntimeError("no mpiexec found: pip install 'topocoll[mpi]' (mpi4py + mpich)")
+    return found
+
+
+def run_ranks(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
+              env: dict[str, str] | None = None) -> str:
+    """Run ``script`` on ``n`` ranks; return the combined output, or fail naming ranks and output."""
+    path = Path(script)
+    if not path.is_absolute():
+        path = RANKS_DIR / path
+    full_env = dict(os.environ)
+    full_env.update(YIELD_ENV)
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
+    if env:
+        full_env.update(env)
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-u", str(path), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=full_env, cwd=str(ROOT), start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(
+            f"{path.name} on {n} ranks did not finish within {timeout:.0f}s "
+            f"(ranks that finished: {sorted(_finished(out))}); output:\n{out[-6000:]}")
+    if proc.returncode != 0:
+        failed = sorted({int(r) for r in re.findall(r"RANK (\d+) FAILED", out)})
+        who = f"rank(s) {failed} failed" if failed else f"exit code {proc.returncode}"
+        raise AssertionError(f"{path.name} on {n} ranks: {who}; output:\n{out[-8000:]}")
+    return out
+
+
+def rank_main(body: Callable[[], None]) -> None:
+    """Run a rank script's body; on any exception print it with this rank's number and abort all."""
+    from mpi4py import MPI
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    try:
+        body()
+    except BaseException:  # noqa: BLE001 - report everything, including assertion failures
+        sys.stdout.write(f"RANK {rank} FAILED\n{traceback.format_exc()}\n")
+        sys.stdout.flush()
+        MPI.COMM_WORLD.Abort(1)
+    sys.stdout.write(f"RANK {rank} DONE\n")
+    sys.stdout.flush()
+
+
+def _finished(out: str) -> set[int]:
+    return {int(r) for r in re.findall(r"RANK (\d+) DONE", out)}
