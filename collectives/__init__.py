@@ -1,1 +1,54 @@
-"""topocoll: collectives (see ../shared/DESIGN.md)."""
+"""topocoll collectives: topology-aware collective communication over MPI (and more backends).
+
+    import collectives
+    comm = collectives.init()                  # world communicator (or wrap an mpi4py comm)
+    comm.all_reduce(x, op="sum")               # in place; async_op=True returns a Handle
+    h = comm.rotate(w, async_op=True); ...; w_next = h.wait()
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .communicator import DEFAULT_TIMEOUT, Communicator
+from .dtypes import OPS
+from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
+                     MismatchError)
+from .handle import Handle
+from .select import ALGORITHMS, algorithms_for
+
+__all__ = [
+    "init", "Communicator", "Handle", "OPS", "ALGORITHMS", "algorithms_for", "DEFAULT_TIMEOUT",
+    "CollectiveError", "CollectiveTimeoutError", "CommunicatorBrokenError", "MismatchError",
+]
+
+BACKENDS = ("auto", "mpi")
+
+
+def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
+         check: bool | None = None) -> Communicator:
+    """Create a communicator over ``comm`` (an mpi4py communicator; default ``MPI.COMM_WORLD``).
+
+    Args:
+        comm: the mpi4py communicator to wrap; it is duplicated, never used directly.
+        backend: ``"mpi"`` (host arrays over mpi4py) or ``"auto"``.
+        timeout: seconds any operation waits for a peer before raising CollectiveTimeoutError
+            (default ``TOPOCOLL_TIMEOUT`` or 300).
+        check: agree on shape/dtype/op across ranks before each collective, so mismatches raise
+            MismatchError on every rank (default on; ``TOPOCOLL_CHECK=0`` turns it off).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    try:
+        from mpi4py import MPI
+    except ImportError as err:  # pragma: no cover - depends on the install
+        raise ImportError("the MPI backend needs mpi4py and an MPI: "
+                          "pip install 'topocoll[mpi]' (brings mpi4py and mpich)") from err
+    from .backends.mpi import MPIBackend
+
+    if comm is None:
+        comm = MPI.COMM_WORLD
+    elif isinstance(comm, Communicator):
+        comm = comm.mpi_comm
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+    return Communicator(MPIBackend(comm), timeout=timeout, check=check)

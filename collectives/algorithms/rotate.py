@@ -1,0 +1,22 @@
+"""Rotation, RTP's primitive: every rank sends its buffer ``shift`` places round the ring and
+receives the one from ``shift`` places back. One step, ``n`` bytes sent per rank."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..call import Call
+from ..context import OpContext
+
+
+def rotate(b: Backend, ctx: OpContext, call: Call) -> None:
+    """``call.recv`` gets rank ``(rank - shift) % size``'s ``call.send``."""
+    ring = list(call.ring) if call.ring is not None else list(range(b.size))
+    p = len(ring)
+    j = ring.index(b.rank)
+    dst, src = ring[(j + call.shift) % p], ring[(j - call.shift) % p]
+    if dst == b.rank:
+        if call.recv is not call.send:
+            np.copyto(call.recv, call.send)
+        return
+    b.sendrecv(call.send, dst, call.recv, src, ctx)

@@ -1,0 +1,66 @@
+"""The small interface every backend implements; algorithms see only this.
+
+A backend moves bytes between ranks (``isend``/``irecv`` + ``wait``), runs its own native
+collectives as non-blocking requests, and agrees on a small signature so mismatched calls fail
+on every rank before any data moves.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..context import OpContext
+from ..dtypes import DType
+
+Request = Any
+"""An in-flight transfer, opaque to algorithms; only ``Backend.wait`` inspects it."""
+
+
+class Backend(ABC):
+    """Point-to-point transport plus native collectives over one group of ranks."""
+
+    rank: int
+    size: int
+    name: str = "base"
+
+    # -- point to point (the collective channel; user send/recv use ``channel="p2p"``) --
+    @abstractmethod
+    def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
+        """Start sending the bytes of contiguous ``buf`` to ``dst``."""
+
+    @abstractmethod
+    def irecv(self, buf: np.ndarray, src: int, tag: int = 0, channel: str = "coll") -> Request:
+        """Start receiving into contiguous ``buf`` from ``src``."""
+
+    @abstractmethod
+    def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
+        """Wait for all ``reqs``; on ``ctx``'s deadline raise CollectiveTimeoutError naming peers."""
+
+    def sendrecv(self, send: np.ndarray, dst: int, recv: np.ndarray, src: int,
+                 ctx: OpContext) -> None:
+        """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (one ring step)."""
+        reqs = [self.irecv(recv, src), self.isend(send, dst)]
+        self.wait(reqs, ctx, (f"rank {src} (receive)", f"rank {dst} (send)"))
+
+    # -- native collectives: each returns a request for ``wait`` --
+    @abstractmethod
+    def native(self, name: str, ctx: OpContext, **kw: Any) -> None:
+        """Run the backend's own collective ``name`` (all_reduce, all_gather, ...) to completion."""
+
+    @abstractmethod
+    def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
+        """Element-wise (min, max) of an int64 signature over all ranks."""
+
+    @abstractmethod
+    def split(self, color: int, key: int) -> "Backend | None":
+        """A backend over the ranks that passed the same ``color`` (None where color < 0)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the backend's resources (idempotent)."""
+
+    def native_supports(self, dtype: DType, op: str | None) -> bool:
+        """Whether the native collective can reduce ``dtype`` with ``op`` without a user op."""
+        return True

@@ -1,0 +1,153 @@
+"""MPI backend (mpi4py): point-to-point and native collectives as non-blocking requests, polled
+with a deadline so a missing peer becomes a timeout instead of a hang."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..context import OpContext
+from ..dtypes import DType, reducer
+from .base import Backend, Request
+
+
+class MPIBackend(Backend):
+    """Backend over an mpi4py communicator; collectives and user p2p get separate duplicates."""
+
+    name = "mpi"
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self.parent = comm
+        self.coll = comm.Dup()
+        self.p2p = comm.Dup()
+        self.rank = self.coll.Get_rank()
+        self.size = self.coll.Get_size()
+        self._user_ops: dict[tuple[str, str], Any] = {}
+
+    # -- point to point --
+    def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
+        return self._comm(channel).Isend(_bytes(buf), dst, tag)
+
+    def irecv(self, buf: np.ndarray, src: int, tag: int = 0, channel: str = "coll") -> Request:
+        return self._comm(channel).Irecv(_bytes(buf), src, tag)
+
+    def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
+        reqs = list(reqs)
+        test = self._MPI.Request.Testall
+
+        def pending() -> str:
+            names = [p for r, p in zip(reqs, peers) if r and not r.Test()] if peers else []
+            return ", ".join(names) or "the other ranks"
+
+        ctx.poll(lambda: test(reqs), pending)
+
+    def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
+        """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
+        status = self._MPI.Status()
+        ctx.poll(lambda: self.p2p.Iprobe(src, tag, status), lambda: f"a message from rank {src}")
+        return status.Get_count(self._MPI.BYTE)
+
+    # -- native collectives --
+    def native(self, name: str, ctx: OpContext, **kw: Any) -> None:
+        c, MPI = self.coll, self._MPI
+        if name == "all_reduce":
+            buf, dt, mop = self._typed(kw["buf"], kw["dtype"], kw["op"])
+            req = c.Iallreduce(MPI.IN_PLACE, [buf, dt], mop)
+        elif name == "reduce":
+            buf, dt, mop = self._typed(kw["buf"], kw["dtype"], kw["op"])
+            root = kw["root"]
+            if self.rank == root:
+                req = c.Ireduce(MPI.IN_PLACE, [buf, dt], mop, root)
+            else:
+                req = c.Ireduce([buf, dt], None, mop, root)
+        elif name == "reduce_scatter":
+            send, dt, mop = self._typed(kw["send"], kw["dtype"], kw["op"])
+            recv = kw["recv"].view(send.dtype)
+            req = c.Ireduce_scatter([send, dt], [recv, dt], list(kw["counts"]), mop)
+        elif name == "all_gather":
+            req = c.Iallgather(_bytes(kw["send"]), _bytes(kw["recv"]))
+        elif name == "broadcast":
+            req = c.Ibcast(_bytes(kw["buf"]), kw["root"])
+        elif name == "all_to_all":
+            send, recv = _bytes(kw["send"]), _bytes(kw["recv"])
+            sc, rc = list(kw["send_counts"]), list(kw["recv_counts"])
+            sd, rd = list(np.cumsum([0] + sc[:-1])), list(np.cumsum([0] + rc[:-1]))
+            req = c.Ialltoallv([send, (sc, sd), MPI.BYTE], [recv, (rc, rd), MPI.BYTE])
+        elif name == "barrier":
+            req = c.Ibarrier()
+        else:
+            raise ValueError(f"MPI backend has no native collective {name!r}")
+        self.wait([req], ctx)
+
+    def native_supports(self, dtype: DType, op: str | None) -> bool:
+        if op is None:
+            return True
+        if dtype.name in ("float16", "bfloat16"):
+            return False
+        kind = dtype.storage.kind
+        return kind in "iuf" or (kind == "c" and op in ("sum", "prod", "avg"))
+
+    def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
+        both = np.concatenate([sig, -sig]).astype(np.int64)
+        req = self.coll.Iallreduce(self._MPI.IN_PLACE, both, self._MPI.MAX)
+        self.wait([req], ctx)
+        n = len(sig)
+        return -both[n:], both[:n]
+
+    def split(self, color: int, key: int) -> "MPIBackend | None":
+        MPI = self._MPI
+        sub = self.parent.Split(MPI.UNDEFINED if color < 0 else color, key)
+        if sub == MPI.COMM_NULL:
+            return None
+        try:
+            return MPIBackend(sub)
+        finally:
+            sub.Free()
+
+    def close(self) -> None:
+        for c in (self.coll, self.p2p):
+            try:
+                if c != self._MPI.COMM_NULL and not self._MPI.Is_finalized():
+                    c.Free()
+            except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
+                pass
+        self.coll = self.p2p = self._MPI.COMM_NULL
+
+    # -- helpers --
+    def _comm(self, channel: str) -> Any:
+        return self.p2p if channel == "p2p" else self.coll
+
+    def _typed(self, buf: np.ndarray, dtype: DType, op: str) -> tuple[np.ndarray, Any, Any]:
+        """MPI datatype and op for a reduction; dtypes MPI can't reduce get a Python user op."""
+        MPI = self._MPI
+        base = "sum" if op == "avg" else op
+        if self.native_supports(dtype, base):
+            mop = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[base]
+            return buf, MPI.Datatype.fromcode(buf.dtype.char), mop
+        key = (dtype.name, base)
+        if key not in self._user_ops:
+            self._user_ops[key] = MPI.Op.Create(_user_op(dtype, base), commute=True)
+        # An element-sized unsigned type keeps MPI from splitting an element between two calls.
+        carrier = {1: MPI.UINT8_T, 2: MPI.UINT16_T, 4: MPI.UINT32_T, 8: MPI.UINT64_T}.get(
+            dtype.itemsize) or MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
+        return buf, carrier, self._user_ops[key]
+
+
+def _bytes(buf: np.ndarray) -> np.ndarray:
+    """The buffer as flat bytes, so data movement never depends on MPI knowing the dtype."""
+    return buf.reshape(-1).view(np.uint8)
+
+
+def _user_op(dtype: DType, op: str) -> Any:
+    combine = reducer(dtype, op)
+    storage = dtype.storage
+
+    def fn(inbuf: Any, inoutbuf: Any, _datatype: Any) -> None:
+        inc = np.frombuffer(inbuf, dtype=storage)
+        acc = np.frombuffer(inoutbuf, dtype=storage)
+        combine(acc, inc)
+
+    return fn

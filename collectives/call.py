@@ -1,0 +1,36 @@
+"""One validated collective call: flat storage buffers, chunk bounds and options for an algorithm."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from .dtypes import DType
+
+
+@dataclass
+class Call:
+    """Everything an algorithm needs: ``send``/``recv`` are 1-D storage views (no copies)."""
+
+    kind: str                       # all_reduce, all_gather, reduce_scatter, broadcast, ...
+    dtype: DType
+    send: np.ndarray                # the input (for all_reduce/broadcast: the in-place buffer)
+    recv: np.ndarray | None = None  # the output, where it differs from send
+    op: str | None = None
+    root: int = 0
+    shift: int = 1
+    bounds: Sequence[tuple[int, int]] = field(default_factory=list)  # element range of each rank
+    ring: Sequence[int] | None = None  # rank order of the ring (None: 0..size-1)
+
+
+def split_bounds(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
+    """Cut ``n`` units into ``parts`` contiguous ranges, the first ``n % parts`` one larger
+    (numpy.array_split's rule); each range is scaled by ``unit`` elements."""
+    q, r = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + q + (1 if i < r else 0)
+        out.append((start * unit, stop * unit))
+        start = stop
+    return out

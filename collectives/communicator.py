@@ -1,0 +1,337 @@
+"""The Communicator: validate the call, agree across ranks, choose an algorithm, run or hand back.
+
+Every public method checks its arguments on the calling rank before any communication, so bad
+input raises at once; a small signature all-reduce then makes ranks that disagree (shape, dtype,
+root, op, algorithm) fail together with a MismatchError instead of hanging or corrupting data.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+import numpy as np
+
+from . import select
+from .arrays import Buffer, as_buffer, check_writable
+from .backends.base import Backend
+from .call import Call, split_bounds
+from .context import OpContext
+from .dtypes import check_reducible, parse_op
+from .errors import CollectiveError, CommunicatorBrokenError, MismatchError
+from .handle import Executor, Handle
+
+DEFAULT_TIMEOUT = 300.0
+"""Seconds an operation may wait for a peer before raising (``TOPOCOLL_TIMEOUT`` overrides)."""
+
+
+class Communicator:
+    """A group of ranks and the collectives over it (``async_op=True`` returns a Handle)."""
+
+    def __init__(self, backend: Backend, timeout: float | None = None,
+                 check: bool | None = None, name: str = "world") -> None:
+        self.backend = backend
+        self.name = name
+        self.timeout = _default_timeout() if timeout is None else _positive(timeout)
+        self.check = _default_check() if check is None else bool(check)
+        self._executor = Executor(name)
+        self._broken: str | None = None
+
+    # -- identity --
+    @property
+    def rank(self) -> int:
+        """This process's rank in the communicator."""
+        return self.backend.rank
+
+    @property
+    def size(self) -> int:
+        """Number of ranks."""
+        return self.backend.size
+
+    @property
+    def mpi_comm(self) -> Any:
+        """The mpi4py communicator this one was built from (for topology detection, interop)."""
+        return getattr(self.backend, "parent", None)
+
+    def split(self, color: int, key: int | None = None) -> "Communicator | None":
+        """Sub-communicator of the ranks with the same ``color``, ordered by ``key`` (default rank);
+        a negative color returns None, like MPI_UNDEFINED."""
+        if not isinstance(color, (int, np.integer)):
+            raise TypeError(f"color must be an int, got {type(color).__name__}")
+        key = self.rank if key is None else key
+        self._executor.drain()
+        sub = self.backend.split(int(color), int(key))
+        if sub is None:
+            return None
+        return Communicator(sub, timeout=self.timeout, check=self.check,
+                            name=f"{self.name}.{int(color)}")
+
+    # -- collectives --
+    def all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
+                   out: Any = None, timeout: float | None = None) -> Any:
+        """Reduce ``x`` over all ranks with ``op``; the result replaces ``x`` (or fills ``out``).
+
+        Returns the result array, or a Handle whose ``wait()`` returns it if ``async_op``.
+        """
+        buf = as_buffer(x, "x")
+        op = parse_op(op)
+        check_reducible(buf.dtype, op)
+        if out is None:
+            check_writable(buf, "x")
+            target = buf
+        else:
+            target = self._out(out, buf, buf.shape, "all_reduce")
+        call = Call("all_reduce", buf.dtype, target.flat(), op=op,
+                    bounds=split_bounds(buf.flat().size, self.size))
+        copy_in = None if target is buf else (target.flat(), buf.flat())
+        return self._launch(call, buf, algo, async_op, target.user, timeout, copy_in=copy_in)
+
+    def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
+                   timeout: float | None = None) -> Any:
+        """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
+        buf = as_buffer(x, "x")
+        shape = (self.size * buf.shape[0], *buf.shape[1:]) if buf.shape else (self.size,)
+        target = self._out(out, buf, shape, "all_gather", fresh=out is None)
+        n = buf.flat().size
+        call = Call("all_gather", buf.dtype, buf.flat(), target.flat(),
+                    bounds=[(r * n, (r + 1) * n) for r in range(self.size)])
+        return self._launch(call, buf, algo, async_op, target.user, timeout)
+
+    def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
+                       async_op: bool = False, timeout: float | None = None) -> Any:
+        """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
+        ``numpy.array_split`` (the first ``len(x) % size`` parts have one more row)."""
+        buf = as_buffer(x, "x")
+        op = parse_op(op)
+        check_reducible(buf.dtype, op)
+        if not buf.shape:
+            raise ValueError("reduce_scatter needs x with at least one dimension to split")
+        row = int(np.prod(buf.shape[1:], dtype=np.int64))
+        row_bounds = split_bounds(buf.shape[0], self.size)
+        rows = row_bounds[self.rank][1] - row_bounds[self.rank][0]
+        bounds = [(lo * row, hi * row) for lo, hi in row_bounds]
+        target = self._out(out, buf, (rows, *buf.shape[1:]), "reduce_scatter", fresh=out is None)
+        call = Call("reduce_scatter", buf.dtype, buf.flat(), target.flat(), op=op, bounds=bounds)
+        return self._launch(call, buf, algo, async_op, target.user, timeout)
+
+    def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
+                  timeout: float | None = None) -> Any:
+        """Copy ``root``'s ``x`` into ``x`` on every rank."""
+        buf = as_buffer(x, "x")
+        root = self._root(root)
+        if self.rank != root:
+            check_writable(buf, "x")
+        call = Call("broadcast", buf.dtype, buf.flat(), root=root)
+        return self._launch(call, buf, algo, async_op, buf.user, timeout)
+
+    def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
+               async_op: bool = False, timeout: float | None = None) -> Any:
+        """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
+        buf = as_buffer(x, "x")
+        root = self._root(root)
+        op = parse_op(op)
+        check_reducible(buf.dtype, op)
+        if self.rank == root:
+            check_writable(buf, "x")
+        call = Call("reduce", buf.dtype, buf.flat(), op=op, root=root)
+        return self._launch(call, buf, algo, async_op, buf.user, timeout)
+
+    def all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
+                   timeout: float | None = None) -> Any:
+        """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
+        ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
+        buf = as_buffer(x, "x")
+        if not buf.shape:
+            raise ValueError("all_to_all needs x with at least one dimension to split")
+        rows = split_bounds(buf.shape[0], self.size)
+        mine = rows[self.rank][1] - rows[self.rank][0]
+        row = int(np.prod(buf.shape[1:], dtype=np.int64))
+        target = self._out(out, buf, (self.size * mine, *buf.shape[1:]), "all_to_all",
+                           fresh=out is None)
+        call = Call("all_to_all", buf.dtype, buf.flat(), target.flat(),
+                    bounds=[(lo * row, hi * row) for lo, hi in rows])
+        return self._launch(call, buf, algo, async_op, target.user, timeout)
+
+    def rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
+               timeout: float | None = None) -> Any:
+        """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
+        into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
+        buf = as_buffer(x, "x")
+        if not isinstance(shift, (int, np.integer)):
+            raise TypeError(f"shift must be an int, got {type(shift).__name__}")
+        shift = int(shift) % self.size
+        target = self._out(out, buf, buf.shape, "rotate", fresh=out is None, overlap_ok=True)
+        recv = target.flat()
+        staged = recv if not np.shares_memory(recv, buf.flat()) else np.empty_like(recv)
+        call = Call("rotate", buf.dtype, buf.flat(), staged, shift=shift)
+        copy_out = (recv, staged) if staged is not recv else None
+        return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out)
+
+    def barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
+        """Wait until every rank has called barrier."""
+        empty = as_buffer(np.empty(0, np.uint8), "barrier")
+        call = Call("barrier", empty.dtype, empty.flat())
+        return self._launch(call, empty, "auto", async_op, None, timeout)
+
+    # -- point to point --
+    def send(self, x: Any, dst: int, tag: int = 0, async_op: bool = False,
+             timeout: float | None = None) -> Any:
+        """Send ``x`` to rank ``dst`` (matched by a ``recv`` there with the same tag)."""
+        buf = as_buffer(x, "x")
+        dst = self._peer(dst, "dst")
+        ctx_name = f"send to rank {dst}"
+
+        def run() -> None:
+            ctx = OpContext(ctx_name, self._timeout(timeout))
+            b = self.backend
+            b.wait([b.isend(buf.flat(), dst, tag, channel="p2p")], ctx, (f"rank {dst}",))
+
+        return self._submit(ctx_name, run, async_op)
+
+    def recv(self, x: Any, src: int, tag: int = 0, async_op: bool = False,
+             timeout: float | None = None) -> Any:
+        """Receive from rank ``src`` into ``x``; a message of another size raises MismatchError."""
+        buf = as_buffer(x, "x")
+        check_writable(buf, "x")
+        src = self._peer(src, "src")
+        ctx_name = f"recv from rank {src}"
+
+        def run() -> Any:
+            ctx = OpContext(ctx_name, self._timeout(timeout))
+            b = self.backend
+            nbytes = b.probe_count(src, tag, ctx)
+            if nbytes != buf.nbytes:
+                junk = np.empty(nbytes, np.uint8)  # consume it so the channel stays in step
+                b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
+                raise MismatchError(f"{ctx_name}: message has {nbytes} bytes but x holds "
+                                    f"{buf.nbytes} bytes ({buf.dtype.name}{list(buf.shape)})")
+            b.wait([b.irecv(buf.flat(), src, tag, channel="p2p")], ctx, (f"rank {src}",))
+            return buf.user
+
+        return self._submit(ctx_name, run, async_op)
+
+    def close(self) -> None:
+        """Finish queued operations and free the communicator's resources."""
+        self._executor.close()
+        self.backend.close()
+
+    def __repr__(self) -> str:
+        return f"<Communicator {self.name} rank {self.rank}/{self.size} {self.backend.name}>"
+
+    # -- helpers --
+    def _launch(self, call: Call, buf: Buffer, algo: str, async_op: bool, result: Any,
+                timeout: float | None, copy_in: tuple[np.ndarray, np.ndarray] | None = None,
+                copy_out: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
+        """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread."""
+        kind = call.kind
+        chosen = select.resolve(kind, algo, buf.nbytes, self.size)
+        algorithm = select.ALGORITHMS[kind][chosen]
+        sig, fields = _signature(call, chosen, buf)
+        limit = self._timeout(timeout)
+        moves = call.send.size > 0 or (call.recv is not None and call.recv.size > 0)
+
+        def run() -> Any:
+            ctx = OpContext(kind, limit)
+            if self.check and self.size > 1:
+                self._agree(ctx, sig, fields)
+            if copy_in is not None:
+                np.copyto(*copy_in)
+            if moves or kind == "barrier":
+                algorithm(self.backend, ctx, call)
+            if copy_out is not None:
+                np.copyto(*copy_out)
+            return result
+
+        return self._submit(kind, run, async_op)
+
+    def _submit(self, name: str, run: Any, async_op: bool) -> Any:
+        if self._broken:
+            raise CommunicatorBrokenError(f"{name}: communicator {self.name} is unusable after an "
+                                          f"earlier failure: {self._broken}")
+
+        def guarded() -> Any:
+            try:
+                return run()
+            except MismatchError:
+                raise
+            except CollectiveError as err:
+                self._broken = f"{type(err).__name__}: {err}"
+                raise
+
+        if async_op:
+            return self._executor.submit(name, guarded)
+        return self._executor.run(name, guarded)
+
+    def _agree(self, ctx: OpContext, sig: np.ndarray, fields: list[tuple[str, Any]]) -> None:
+        lo, hi = self.backend.agree(sig, ctx)
+        for i, (label, mine) in enumerate(fields):
+            if lo[i] != hi[i]:
+                extra = f" (range {lo[i]}..{hi[i]} over ranks)" if label == "element count" else ""
+                raise MismatchError(f"{ctx.name}: ranks disagree on {label}; this rank (rank "
+                                    f"{self.rank}) has {mine}{extra}. Every rank must call the "
+                                    f"same collective with the same {label}.")
+
+    def _out(self, out: Any, like: Buffer, shape: tuple[int, ...], what: str, fresh: bool = False,
+             overlap_ok: bool = False) -> Buffer:
+        """Validate a caller's ``out`` (shape, dtype, overlap) or allocate one."""
+        if out is None:
+            return like.new(shape)
+        buf = as_buffer(out, "out")
+        check_writable(buf, "out")
+        if buf.dtype.name != like.dtype.name:
+            raise TypeError(f"{what}: out has dtype {buf.dtype.name} but x has {like.dtype.name}")
+        if buf.shape != tuple(shape):
+            raise ValueError(f"{what}: out has shape {list(buf.shape)}, expected {list(shape)}")
+        if not overlap_ok and buf.view is not like.view and buf.nbytes and \
+                np.shares_memory(buf.view, like.view):
+            raise ValueError(f"{what}: out overlaps x; pass a separate output array")
+        return buf
+
+    def _root(self, root: int) -> int:
+        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
+            raise TypeError(f"root must be an int, got {type(root).__name__}")
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} is out of range for a communicator of size {self.size}")
+        return int(root)
+
+    def _peer(self, peer: int, what: str) -> int:
+        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
+            raise TypeError(f"{what} must be an int, got {type(peer).__name__}")
+        if not 0 <= peer < self.size:
+            raise ValueError(f"{what} {peer} is out of range for a communicator of size "
+                             f"{self.size}")
+        return int(peer)
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self.timeout if timeout is None else _positive(timeout)
+
+
+def _signature(call: Call, algo: str, buf: Buffer) -> tuple[np.ndarray, list[tuple[str, Any]]]:
+    """The int64 vector ranks compare, and the matching (label, this rank's value) pairs."""
+    fields: list[tuple[str, Any]] = [
+        ("collective", call.kind), ("algorithm", algo), ("dtype", buf.dtype.name),
+        ("element count", int(buf.flat().size)), ("shape", list(buf.shape)),
+        ("root", call.root), ("reduction op", call.op), ("shift", call.shift),
+    ]
+    codes = [v if isinstance(v, int) else zlib.crc32(repr(v).encode()) for _, v in fields]
+    return np.array(codes, dtype=np.int64), fields
+
+
+def _default_timeout() -> float:
+    raw = os.environ.get("TOPOCOLL_TIMEOUT")
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        return _positive(float(raw))
+    except ValueError as err:
+        raise ValueError(f"TOPOCOLL_TIMEOUT={raw!r} is not a positive number of seconds") from err
+
+
+def _default_check() -> bool:
+    return os.environ.get("TOPOCOLL_CHECK", "1").lower() not in ("0", "false", "no", "off")
+
+
+def _positive(t: float) -> float:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {t!r}")
+    return float(t)

@@ -1,0 +1,105 @@
+"""Data types and reduction ops: which dtypes move, which reduce, and how two buffers combine.
+
+Every array is carried as a numpy *storage* view; the logical dtype may differ (bfloat16 is stored as
+uint16 and reduced through torch, since numpy has no bfloat16).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+OPS = ("sum", "prod", "min", "max", "avg")
+"""Reduction ops every reducing collective accepts."""
+
+
+@dataclass(frozen=True)
+class DType:
+    """A logical element type: its name, numpy storage dtype and whether it can be reduced."""
+
+    name: str
+    storage: np.dtype
+    reducible: bool
+    floating: bool
+
+    @property
+    def itemsize(self) -> int:
+        return self.storage.itemsize
+
+
+BFLOAT16 = DType("bfloat16", np.dtype(np.uint16), True, True)
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
+"""``reducer(acc, inc)`` combines ``inc`` into ``acc`` in place (both storage views, same shape)."""
+
+
+def dtype_of_numpy(dt: np.dtype) -> DType:
+    """The DType for a numpy dtype: numeric kinds reduce, others (bool, bytes, records) only move."""
+    dt = np.dtype(dt)
+    if dt.hasobject:
+        raise TypeError(f"dtype {dt} holds Python objects; only fixed-size binary dtypes can be sent")
+    numeric = dt.kind in "iufc" and dt.isnative
+    return DType(dt.name, dt, numeric, dt.kind in "fc")
+
+
+def parse_op(op: str) -> str:
+    """Validate a reduction op name (case-insensitive); raise ValueError listing the valid ones."""
+    if not isinstance(op, str):
+        name = getattr(op, "name", None)  # accept enum-like objects such as torch's ReduceOp
+        if not isinstance(name, str):
+            raise TypeError(f"op must be a string such as 'sum', got {type(op).__name__}")
+        op = name
+    low = op.lower()
+    if low not in OPS:
+        raise ValueError(f"unknown reduction op {op!r}; valid ops are {', '.join(OPS)}")
+    return low
+
+
+def check_reducible(dtype: DType, op: str) -> None:
+    """Raise TypeError if ``op`` can't reduce ``dtype`` (non-numeric types, avg on integers)."""
+    if not dtype.reducible:
+        raise TypeError(f"dtype {dtype.name} can't be reduced with {op!r}: only numeric dtypes "
+                        f"(int, uint, float, complex, bfloat16) reduce; bool and records only move")
+    if op == "avg" and not dtype.floating:
+        raise TypeError(f"op 'avg' needs a floating or complex dtype, got {dtype.name}; "
+                        f"use 'sum' and divide, or cast first")
+    if op in ("min", "max") and dtype.storage.kind == "c":
+        raise TypeError(f"op {op!r} is not defined for complex dtype {dtype.name}")
+
+
+def reducer(dtype: DType, op: str) -> Reducer:
+    """The in-place combine function for ``op`` on ``dtype`` ('avg' combines like 'sum')."""
+    base = "sum" if op == "avg" else op
+    if dtype.name == "bfloat16":
+        return _torch_reducer(base)
+    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[base]
+
+    def combine(acc: np.ndarray, inc: np.ndarray) -> None:
+        ufunc(acc, inc, out=acc)
+
+    return combine
+
+
+def finish_avg(dtype: DType, buf: np.ndarray, size: int) -> None:
+    """Turn a sum into the mean over ``size`` ranks, in place (the last step of 'avg')."""
+    if dtype.name == "bfloat16":
+        import torch
+
+        t = torch.from_numpy(buf.view(np.int16)).view(torch.bfloat16)
+        t.div_(size)
+        return
+    np.divide(buf, size, out=buf, casting="unsafe")
+
+
+def _torch_reducer(op: str) -> Reducer:
+    import torch
+
+    fn = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}[op]
+
+    def combine(acc: np.ndarray, inc: np.ndarray) -> None:
+        a = torch.from_numpy(acc.view(np.int16)).view(torch.bfloat16)
+        b = torch.from_numpy(inc.view(np.int16)).view(torch.bfloat16)
+        fn(a, b, out=a)
+
+    return combine

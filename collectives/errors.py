@@ -1,0 +1,18 @@
+"""The package's error classes: what went wrong is in the type, and the message names the culprit."""
+from __future__ import annotations
+
+
+class CollectiveError(RuntimeError):
+    """A collective could not complete (bad agreement between ranks, a broken communicator, ...)."""
+
+
+class MismatchError(CollectiveError, ValueError):
+    """Ranks called the same collective with different shapes, dtypes, roots, ops or algorithms."""
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A peer did not arrive within the timeout; the message names the operation and the peer."""
+
+
+class CommunicatorBrokenError(CollectiveError):
+    """A previous operation timed out or failed mid-transfer, so the communicator can't be trusted."""

@@ -1,0 +1,153 @@
+"""Async handles and the per-communicator progress thread that runs operations in issue order."""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+from .errors import CollectiveTimeoutError
+
+
+class Handle:
+    """An operation in flight, like torch.distributed's Work: ``wait()``, ``test()``, ``done``.
+
+    ``wait()`` returns the operation's result (the output array) or re-raises its error on the
+    calling thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._event = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Handle"], None]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        """True once the operation finished, successfully or not."""
+        return self._event.is_set()
+
+    def test(self) -> bool:
+        """Non-blocking: whether the operation has finished."""
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until done and return the result; raise its error, or a timeout after ``timeout`` s.
+
+        A timeout here only stops waiting: the operation itself goes on under the communicator's
+        own timeout.
+        """
+        if not self._event.wait(timeout):
+            raise CollectiveTimeoutError(f"{self.name}: not finished after waiting {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def result(self) -> Any:
+        """Same as ``wait()``."""
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once done (None if it succeeded or is still running)."""
+        return self._error
+
+    def add_done_callback(self, fn: Callable[["Handle"], None]) -> None:
+        """Call ``fn(handle)`` once done (at once if already done), from the finishing thread."""
+        with self._lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "pending"
+        return f"<Handle {self.name} {state}>"
+
+    # -- used by the executor --
+    def _finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        with self._lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+
+class Executor:
+    """Runs a communicator's operations one after another, in issue order, on one thread.
+
+    Synchronous calls run inline on the caller's thread when nothing is queued (no thread hop for
+    small messages); otherwise they queue behind the async ones and wait, preserving order.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: "queue.Queue[tuple[Handle, Callable[[], Any]] | None]" = queue.Queue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+        self._exec = threading.Lock()  # held by whichever thread runs an operation
+
+    def submit(self, name: str, fn: Callable[[], Any]) -> Handle:
+        """Queue ``fn`` and return its handle."""
+        handle = Handle(name)
+        with self._lock:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"topocoll-{self._name}",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put((handle, fn))
+        return handle
+
+    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` now, after everything already queued; return its result or raise."""
+        with self._lock:
+            inline = self._pending == 0
+            if inline:
+                self._pending += 1  # hold the slot so nothing overtakes the inline call
+                self._exec.acquire()
+        if inline:
+            try:
+                return fn()
+            finally:
+                self._exec.release()
+                self._release()
+        return self.submit(name, fn).wait()
+
+    def drain(self) -> None:
+        """Block until every queued operation has finished."""
+        with self._idle:
+            while self._pending:
+                self._idle.wait()
+
+    def close(self) -> None:
+        """Finish queued work and stop the thread."""
+        self.drain()
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _release(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            if not self._pending:
+                self._idle.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            handle, fn = item
+            with self._exec:
+                try:
+                    result, error = fn(), None
+                except BaseException as err:  # noqa: BLE001 - delivered to the waiter
+                    result, error = None, err
+            handle._finish(result, error)
+            self._release()

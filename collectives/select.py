@@ -1,0 +1,55 @@
+"""Algorithm choice: which algorithms implement each collective, and what ``algo="auto"`` picks.
+
+The rule is a size threshold for now (latency-bound messages go to the backend's native
+collective, bandwidth-bound ones to the ring); ``TOPOCOLL_ALGO=<name>`` overrides ``auto``
+wherever that algorithm exists, like NCCL_ALGO.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from .algorithms import native, ring, rotate
+from .backends.base import Backend
+from .call import Call
+from .context import OpContext
+
+Algorithm = Callable[[Backend, OpContext, Call], None]
+
+ALGORITHMS: dict[str, dict[str, Algorithm]] = {
+    "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce},
+    "all_gather": {"ring": ring.all_gather, "native": native.all_gather},
+    "reduce_scatter": {"ring": ring.reduce_scatter, "native": native.reduce_scatter},
+    "broadcast": {"native": native.broadcast},
+    "reduce": {"native": native.reduce},
+    "all_to_all": {"native": native.all_to_all},
+    "rotate": {"p2p": rotate.rotate},
+    "barrier": {"native": native.barrier},
+}
+"""collective -> algorithm name -> function; a new algorithm registers here and nowhere else."""
+
+RING_THRESHOLD = 256 * 1024
+"""Bytes at and above which ``auto`` prefers the ring to the native collective."""
+
+
+def algorithms_for(kind: str) -> tuple[str, ...]:
+    """The algorithm names valid for a collective (``auto`` included)."""
+    return ("auto", *ALGORITHMS[kind])
+
+
+def resolve(kind: str, algo: str, nbytes: int, size: int) -> str:
+    """Check ``algo`` for ``kind`` and replace ``auto`` by a concrete choice (same on all ranks)."""
+    table = ALGORITHMS[kind]
+    if not isinstance(algo, str):
+        raise TypeError(f"algo must be a string, got {type(algo).__name__}")
+    if algo != "auto":
+        if algo not in table:
+            raise ValueError(f"unknown algorithm {algo!r} for {kind}; "
+                             f"choose one of {', '.join(algorithms_for(kind))}")
+        return algo
+    forced = os.environ.get("TOPOCOLL_ALGO")
+    if forced and forced in table:
+        return forced
+    if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
+        return "ring"
+    return "native" if "native" in table else next(iter(table))
