@@ -1,0 +1,47 @@
+"""Shared bits of rank scripts: put the repo on sys.path, and reference helpers."""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import numpy as np  # noqa: E402
+
+from tests.mpi_harness import rank_main  # noqa: E402,F401
+
+NUMPY_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def rank_data(n, dtype, rank, salt=0):
+    """Small integer-valued data (1..5), so every dtype and op is exact and order-independent."""
+    vals = ((np.arange(n, dtype=np.int64) * 7 + rank * 3 + salt) % 5) + 1
+    return vals.astype(dtype)
+
+
+def reference(arrays, op):
+    """What reducing ``arrays`` (one per rank) with ``op`` must give, computed by numpy."""
+    acc = arrays[0].copy()
+    for a in arrays[1:]:
+        if op in ("sum", "avg"):
+            acc = np.add(acc, a, dtype=acc.dtype)
+        elif op == "prod":
+            acc = np.multiply(acc, a, dtype=acc.dtype)
+        elif op == "min":
+            acc = np.minimum(acc, a)
+        elif op == "max":
+            acc = np.maximum(acc, a)
+    if op == "avg":
+        acc = np.divide(acc, len(arrays)).astype(acc.dtype)
+    return acc
+
+
+def valid_ops(dtype):
+    kind = np.dtype(dtype).kind
+    ops = ["sum", "prod"]
+    if kind != "c":
+        ops += ["min", "max"]
+    if kind in "fc":
+        ops.append("avg")
+    return ops

@@ -1,0 +1,74 @@
+"""Async handles: issue order is completion order, compute overlaps, wait/test/done behave."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+
+
+def ordering(c):
+    finished = []
+    arrays = [np.full(1 << 14, float(i + c.rank), np.float64) for i in range(6)]
+    handles = []
+    for i, a in enumerate(arrays):
+        if i % 3 == 0:
+            h = c.all_reduce(a, async_op=True, algo="ring")
+        elif i % 3 == 1:
+            h = c.all_gather(a, async_op=True)
+        else:
+            h = c.rotate(a, async_op=True)
+        h.add_done_callback(lambda h, i=i: finished.append(i))
+        handles.append(h)
+    sync = np.ones(3)
+    c.all_reduce(sync)  # a sync call queues behind the async ones
+    assert all(h.done for h in handles), "a sync call overtook queued async ones"
+    assert finished == list(range(6)), f"completion order {finished}"
+    for i, h in reversed(list(enumerate(handles))):
+        got = h.wait()
+        base = sum(float(i + r) for r in range(c.size))
+        if i % 3 == 0:
+            assert got is arrays[i] and np.all(got == base)
+        elif i % 3 == 1:
+            assert got.shape == ((1 << 14) * c.size,)
+        else:
+            assert np.all(got == i + (c.rank - 1) % c.size)
+    assert np.all(sync == c.size)
+
+
+def overlap(c):
+    """Rank 0's compute runs while its all-reduce is in flight: the peer only joins once rank 0
+    says its matmul is done, so the handle can't have finished before then."""
+    if c.size < 2:
+        return
+    world = MPI.COMM_WORLD
+    x = np.ones(1 << 20, np.float32)
+    if c.rank == 0:
+        h = c.all_reduce(x, async_op=True)
+        assert not h.test() and not h.done
+        a = np.random.default_rng(0).standard_normal((300, 300))
+        prod = a @ a  # computation on the calling thread meanwhile
+        assert not h.done, "all_reduce finished before every rank had joined"
+        for peer in range(1, c.size):
+            world.send("go", dest=peer, tag=7)
+        assert h.wait(timeout=60) is x
+        assert prod.shape == (300, 300)
+    else:
+        assert world.recv(source=0, tag=7) == "go"
+        c.all_reduce(x)
+    assert np.all(x == c.size)
+
+
+def body():
+    c = collectives.init(timeout=60)
+    ordering(c)
+    overlap(c)
+    err = None
+    h = c.all_reduce(np.ones(4, np.float32), async_op=True, op="sum")
+    h.wait()
+    assert h.exception() is err and h.done and "done" in repr(h)
+    c.close()
+
+
+rank_main(body)

@@ -1,0 +1,89 @@
+"""Bad input raises before communicating; disagreeing ranks all get MismatchError; no hang."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import numpy as np
+
+import collectives
+from collectives import MismatchError
+
+
+def expect(exc, fn, *words):
+    try:
+        fn()
+    except exc as err:
+        msg = str(err)
+        for w in words:
+            assert w in msg, f"message {msg!r} lacks {w!r}"
+        return err
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
+def local_errors(c):
+    x = np.ones(8, np.float32)
+    expect(ValueError, lambda: c.all_reduce(x, op="mean"), "unknown reduction op", "mean")
+    expect(TypeError, lambda: c.all_reduce(x, op=3), "op must be")
+    expect(ValueError, lambda: c.all_reduce(x, algo="tree"), "unknown algorithm", "tree")
+    expect(TypeError, lambda: c.all_reduce([1, 2, 3]), "numpy array or a torch", "list")
+    expect(ValueError, lambda: c.all_reduce(np.ones((4, 4))[:, ::2]), "not C-contiguous")
+    expect(TypeError, lambda: c.all_reduce(np.ones(3, bool)), "can't be reduced")
+    expect(TypeError, lambda: c.all_reduce(np.ones(3, np.int32), op="avg"), "avg")
+    expect(TypeError, lambda: c.all_reduce(np.ones(3, np.complex64), op="max"), "complex")
+    expect(ValueError, lambda: c.all_gather(x, out=np.empty(3, np.float32)), "out has shape")
+    expect(TypeError, lambda: c.all_gather(x, out=np.empty(8 * c.size, np.float64)), "dtype")
+    expect(ValueError, lambda: c.broadcast(x, root=c.size), "root", "out of range")
+    expect(ValueError, lambda: c.reduce(x, root=-1), "out of range")
+    expect(TypeError, lambda: c.broadcast(x, root="0"), "root must be an int")
+    expect(ValueError, lambda: c.send(x, dst=c.size + 1), "dst")
+    expect(ValueError, lambda: c.reduce_scatter(np.ones((), np.float32)), "dimension")
+    ro = np.ones(4)
+    ro.flags.writeable = False
+    expect(ValueError, lambda: c.all_reduce(ro), "read-only")
+    expect(ValueError, lambda: c.all_reduce(x, timeout=-1), "timeout")
+    expect(ValueError, lambda: collectives.init(backend="gloo"), "unknown backend")
+    if c.size > 1:
+        y = np.zeros(8 * c.size, np.float32)
+        expect(ValueError, lambda: c.all_gather(y[:8], out=y), "overlaps")
+
+
+def mismatches(c):
+    if c.size == 1:
+        return
+    # Different lengths: every rank must get the error, naming the element count.
+    x = np.ones(10 + c.rank, np.float32)
+    expect(MismatchError, lambda: c.all_reduce(x), "element count")
+    # Different dtypes.
+    x = np.ones(10, np.float32 if c.rank else np.float64)
+    expect(MismatchError, lambda: c.all_reduce(x), "dtype")
+    # Different roots.
+    expect(MismatchError, lambda: c.broadcast(np.ones(3), root=c.rank), "root")
+    # Different ops and algorithms.
+    expect(MismatchError, lambda: c.all_reduce(np.ones(3), op="sum" if c.rank else "max"), "op")
+    expect(MismatchError, lambda: c.all_reduce(np.ones(3), algo="ring" if c.rank else "native"),
+           "algorithm")
+    # Different collectives.
+    expect(MismatchError, lambda: (c.all_gather(np.ones(3)) if c.rank else c.all_reduce(
+        np.ones(3))), "collective")
+    # The communicator is still fine afterwards.
+    y = np.ones(5)
+    c.all_reduce(y)
+    assert np.all(y == c.size)
+    # recv into a buffer of the wrong size: the receiver gets MismatchError, the channel recovers.
+    if c.rank == 0:
+        c.send(np.arange(6, dtype=np.int32), dst=1)
+        c.send(np.arange(4, dtype=np.int32), dst=1)
+    elif c.rank == 1:
+        expect(MismatchError, lambda: c.recv(np.empty(4, np.int32), src=0), "24 bytes")
+        z = c.recv(np.empty(4, np.int32), src=0)
+        assert np.array_equal(z, np.arange(4))
+    c.barrier()
+
+
+def body():
+    c = collectives.init(timeout=30)
+    local_errors(c)
+    mismatches(c)
+    c.close()
+
+
+rank_main(body)

@@ -1,0 +1,58 @@
+"""A rank that never joins: the others get CollectiveTimeoutError naming the operation; no hang."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives import CollectiveTimeoutError, CommunicatorBrokenError
+
+
+def body():
+    c = collectives.init(timeout=1.5)
+    absent = c.size - 1
+    if c.rank != absent:
+        t0 = time.monotonic()
+        algo = sys.argv[1]
+        try:
+            c.all_reduce(np.ones(1 << 16, np.float32), algo=algo, timeout=1.0)
+        except CollectiveTimeoutError as err:
+            assert "all_reduce" in str(err) and "timed out" in str(err), str(err)
+            print(f"rank {c.rank}: {err}")
+        else:
+            raise AssertionError("all_reduce with an absent peer did not time out")
+        assert time.monotonic() - t0 < 30
+        # The communicator is now marked broken rather than silently reused.
+        try:
+            c.all_reduce(np.ones(4))
+        except CommunicatorBrokenError as err:
+            assert "earlier failure" in str(err)
+        else:
+            raise AssertionError("a broken communicator was reused")
+        # An async handle times out too, through wait().
+        c2 = collectives.init(timeout=1.0)
+        h = c2.broadcast(np.ones(4), root=absent, async_op=True)
+        try:
+            h.wait()
+        except CollectiveTimeoutError as err:
+            assert "broadcast" in str(err)
+        else:
+            raise AssertionError("async broadcast from an absent root did not time out")
+    else:
+        collectives.init(timeout=1.0)
+        time.sleep(4)
+    MPI.COMM_WORLD.Barrier()  # plain MPI still works: the absent rank is alive, just absent
+
+
+def main():
+    rank_main(body)
+    sys.stdout.flush()
+    os._exit(0)  # pending requests of the abandoned operations would make MPI_Finalize wait
+
+
+main()

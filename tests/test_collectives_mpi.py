@@ -1,0 +1,28 @@
+"""Multi-rank correctness of every collective under the real mpiexec, world sizes 1 to 4."""
+import pytest
+
+from tests.mpi_harness import run_ranks
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_collective_matches_numpy(n):
+    run_ranks("collectives_correctness.py", n, timeout=240)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_bad_input_and_mismatches_raise_on_every_rank(n):
+    run_ranks("collectives_errors.py", n, timeout=120)
+
+
+@pytest.mark.parametrize("algo", ["ring", "native"])
+@pytest.mark.parametrize("n", [2, 3])
+def test_absent_peer_times_out_naming_the_operation(n, algo):
+    out = run_ranks("collectives_timeout.py", n, args=[algo], timeout=90)
+    assert out.count("all_reduce timed out") == n - 1
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_async_handles_keep_order_and_overlap(n):
+    run_ranks("collectives_async.py", n, timeout=120)

@@ -1,0 +1,85 @@
+"""Single-process tests of the pieces that need no peers: bounds, ops, dtypes, array views."""
+import numpy as np
+import pytest
+
+from collectives.arrays import as_buffer
+from collectives.call import split_bounds
+from collectives.dtypes import check_reducible, dtype_of_numpy, parse_op, reducer
+from collectives.handle import Executor
+from collectives.select import algorithms_for, resolve
+
+
+@pytest.mark.parametrize("n,parts", [(0, 3), (1, 4), (7, 3), (12, 4), (5, 1)])
+def test_split_bounds_match_array_split(n, parts):
+    ref = [len(a) for a in np.array_split(np.arange(n), parts)]
+    got = [hi - lo for lo, hi in split_bounds(n, parts)]
+    assert got == ref
+    b = split_bounds(n, parts, unit=3)
+    assert b[0][0] == 0 and b[-1][1] == 3 * n
+    assert all(b[i][1] == b[i + 1][0] for i in range(parts - 1))
+
+
+def test_parse_op_accepts_names_and_enums():
+    assert parse_op("SUM") == "sum"
+
+    class Fake:
+        name = "AVG"
+
+    assert parse_op(Fake()) == "avg"
+    with pytest.raises(ValueError, match="valid ops"):
+        parse_op("band")
+
+
+def test_reducers_combine_in_place():
+    a, b = np.array([1, 5], np.int32), np.array([3, 2], np.int32)
+    for op, want in [("sum", [4, 7]), ("prod", [3, 10]), ("min", [1, 2]), ("max", [3, 5])]:
+        acc = a.copy()
+        reducer(dtype_of_numpy(acc.dtype), op)(acc, b)
+        assert acc.tolist() == want
+
+
+def test_object_and_bool_dtypes():
+    with pytest.raises(TypeError, match="Python objects"):
+        dtype_of_numpy(np.dtype(object))
+    with pytest.raises(TypeError, match="can't be reduced"):
+        check_reducible(dtype_of_numpy(np.dtype(bool)), "sum")
+
+
+def test_as_buffer_views_without_copy():
+    x = np.arange(6.0).reshape(2, 3)
+    buf = as_buffer(x)
+    buf.flat()[0] = 42
+    assert x[0, 0] == 42
+
+
+def test_as_buffer_torch_bfloat16_is_a_view():
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(4, dtype=torch.bfloat16)
+    buf = as_buffer(t)
+    assert buf.dtype.name == "bfloat16" and buf.view.dtype == np.uint16
+    buf.flat()[:] = torch.ones(4, dtype=torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert torch.all(t == 1)
+    with pytest.raises(ValueError, match="contiguous"):
+        as_buffer(torch.zeros(4, 4).t())
+
+
+def test_resolve_rejects_unknown_and_picks_ring_for_large():
+    assert "ring" in algorithms_for("all_reduce")
+    assert resolve("all_reduce", "auto", 64 << 20, 4) == "ring"
+    assert resolve("all_reduce", "auto", 8, 4) == "native"
+    assert resolve("all_reduce", "auto", 64 << 20, 1) == "native"
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        resolve("broadcast", "ring", 8, 2)
+
+
+def test_executor_runs_in_issue_order():
+    ex = Executor("t")
+    seen = []
+    handles = [ex.submit(str(i), lambda i=i: seen.append(i) or i) for i in range(20)]
+    assert ex.run("sync", lambda: seen.append("sync") or "s") == "s"
+    assert seen == list(range(20)) + ["sync"]
+    assert [h.wait() for h in handles] == list(range(20))
+    boom = ex.submit("bad", lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        boom.wait()
+    ex.close()
