@@ -206,3 +206,17 @@ def test_rail_rings_uneven_raise():
 def test_single_rank_ring():
     t = parse_spec("1")
     assert flat_ring(t) == [0] and crossings(t, [0]) == {"node": 0, "switch": 0}
+
+
+def test_public_api_documented_and_independent_of_collectives():
+    import subprocess
+    import sys
+
+    import topology
+    for name in topology.__all__:
+        obj = getattr(topology, name)
+        if callable(obj):
+            assert (obj.__doc__ or "").strip(), f"topology.{name} lacks a docstring"
+    code = "import sys, topology, topology.rings, topology.slurm; " \
+           "assert not any(m.startswith('collectives') for m in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
