@@ -1,1 +1,15 @@
-"""topocoll: topology (see ../shared/DESIGN.md)."""
+"""topocoll.topology: what the machine looks like (ranks -> nodes -> switches, link costs).
+
+Knows nothing of collectives; ``collectives`` reads a :class:`Topology` to pick rings and
+algorithms. See docs/topology.md.
+"""
+from .detect import detect
+from .model import DEFAULT_LINKS, LinkParams, Topology, TopologyError, load
+from .rings import crossings, flat_ring, leader_ring, min_crossings, neighbours, node_ring, rail_rings
+from .virtual import parse_links, parse_spec
+
+__all__ = [
+    "Topology", "LinkParams", "TopologyError", "DEFAULT_LINKS", "detect", "load", "parse_spec",
+    "parse_links", "flat_ring", "node_ring", "rail_rings", "leader_ring", "neighbours",
+    "crossings", "min_crossings",
+]

@@ -1,0 +1,215 @@
+"""Detect the Topology of a running job, identical on every rank.
+
+Precedence: the ``spec``/``path`` arguments; then ``TOPOCOLL_TOPOLOGY`` (a virtual spec such as
+"2x4" or a JSON/YAML file); then real detection: nodes from ``Split_type(COMM_TYPE_SHARED)`` and
+hostnames, switches from a SLURM topology.conf (``TOPOCOLL_SLURM_TOPOLOGY`` or
+``SLURM_TOPOLOGY_CONF``), GPUs from NVML when pynvml and a GPU are present. Link parameters come
+from ``TOPOCOLL_LINKS`` (per level), else the topology file, else a probe file
+(``TOPOCOLL_LINKS_FILE`` or ``~/.cache/topocoll/links.json``), else the model's defaults.
+Rank 0 decides and broadcasts, so every rank gets the same Topology or the same TopologyError.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from .model import LinkParams, Topology, TopologyError, load
+from .virtual import is_spec, parse_link, parse_links, parse_nics, parse_spec
+
+ENV_TOPOLOGY = "TOPOCOLL_TOPOLOGY"
+ENV_SLURM = ("TOPOCOLL_SLURM_TOPOLOGY", "SLURM_TOPOLOGY_CONF")
+ENV_LINKS = "TOPOCOLL_LINKS"
+ENV_LINKS_FILE = "TOPOCOLL_LINKS_FILE"
+ENV_NICS = "TOPOCOLL_NICS"
+ENV_EMULATE = "TOPOCOLL_EMULATE"
+DEFAULT_LINKS_FILE = Path("~/.cache/topocoll/links.json")
+
+
+def detect(comm: Any = None, spec: str | None = None, path: str | Path | None = None) -> Topology:
+    """The Topology of ``comm`` (mpi4py communicator, object with ``.mpi_comm``, or COMM_WORLD)."""
+    mpi_comm = as_mpi_comm(comm)
+    rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
+    facts = _local_facts(mpi_comm)
+    gathered = mpi_comm.gather(facts, root=0)
+    result: tuple[str, str]
+    if rank == 0:
+        try:
+            topo = _decide(size, gathered, spec, path)
+            result = ("ok", topo.to_json(indent=None))
+        except TopologyError as e:
+            result = ("error", str(e))
+    else:
+        result = ("", "")
+    status, payload = mpi_comm.bcast(result, root=0)
+    if status == "error":
+        raise TopologyError(payload)
+    return Topology.from_json(payload)
+
+
+def as_mpi_comm(comm: Any = None) -> Any:
+    """The mpi4py communicator behind ``comm`` (itself, its ``mpi_comm``, or COMM_WORLD if None)."""
+    if comm is None:
+        from mpi4py import MPI
+        return MPI.COMM_WORLD
+    inner = getattr(comm, "mpi_comm", None)
+    return inner if inner is not None else comm
+
+
+def resolve_links(file_links: dict[str, LinkParams] | None = None) -> dict[str, LinkParams]:
+    """Link parameters by precedence: TOPOCOLL_LINKS, then ``file_links``, then the probe file."""
+    links = dict(read_links_file() or {})
+    links.update(file_links or {})
+    if os.environ.get(ENV_LINKS, "").strip():
+        try:
+            links.update(parse_links(os.environ[ENV_LINKS]))
+        except TopologyError as e:
+            raise TopologyError(f"{ENV_LINKS}: {e}") from None
+    return links
+
+
+def read_links_file(path: str | Path | None = None) -> dict[str, LinkParams] | None:
+    """Links from a probe file (``TOPOCOLL_LINKS_FILE`` or the default cache path), or None."""
+    if path is None:
+        env = os.environ.get(ENV_LINKS_FILE)
+        path = Path(env) if env else DEFAULT_LINKS_FILE.expanduser()
+        if not env and not path.exists():
+            return None
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+        links = data["links"]
+        return {k: parse_link(v, k) for k, v in links.items()}
+    except OSError as e:
+        raise TopologyError(f"{p}: cannot read link file: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise TopologyError(f"{p} line {e.lineno}: invalid JSON: {e.msg}") from None
+    except (KeyError, TypeError, AttributeError):
+        raise TopologyError(f"{p}: link file needs an object 'links' with levels "
+                            f"intra/inter/switch") from None
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def _decide(size: int, facts: list[dict[str, Any]], spec: str | None,
+            path: str | Path | None) -> Topology:
+    """Rank 0's choice of Topology from the arguments, environment and gathered facts."""
+    overrides: dict[str, Any] = {}
+    if os.environ.get(ENV_NICS, "").strip():
+        overrides["nics_per_node"] = _env(ENV_NICS, parse_nics)
+    if os.environ.get(ENV_EMULATE, "").strip():
+        overrides["emulate"] = _env(ENV_EMULATE, _parse_bool)
+    env_topo = os.environ.get(ENV_TOPOLOGY, "").strip()
+    if spec is not None:
+        topo = parse_spec(spec, size)
+    elif path is not None:
+        topo = _load_file(path, size)
+    elif env_topo:
+        try:
+            topo = parse_spec(env_topo, size) if is_spec(env_topo) else _load_file(env_topo, size)
+        except TopologyError as e:
+            raise TopologyError(f"{ENV_TOPOLOGY}={env_topo!r}: {e}") from None
+    else:
+        topo = _real(size, facts)
+    file_links = dict(topo.links) if topo.source.startswith("file:") else None
+    return topo.with_(links=resolve_links(file_links), **overrides)
+
+
+def _load_file(path: str | Path, size: int) -> Topology:
+    topo = load(path)
+    if topo.world_size != size:
+        raise TopologyError(f"{path}: topology has {topo.world_size} ranks but the world size "
+                            f"is {size}")
+    return topo.with_(source=f"file:{path}")
+
+
+def _real(size: int, facts: list[dict[str, Any]]) -> Topology:
+    """Nodes by shared-memory leader, renumbered by first rank; switches from SLURM if given."""
+    leaders: dict[int, int] = {}
+    node_of = [leaders.setdefault(f["leader"], len(leaders)) for f in facts]
+    hosts = [""] * len(leaders)
+    for f, n in zip(facts, node_of):
+        hosts[n] = hosts[n] or f["host"]
+    levels = ["rank", "node", "switch"]
+    parents: list[list[int]] = [node_of]
+    names: dict[str, list[str]] = {"node": hosts}
+    conf = next((os.environ[k] for k in ENV_SLURM if os.environ.get(k)), None)
+    if conf:
+        from .slurm import load_topology_conf, switch_levels
+        tree = load_topology_conf(conf)
+        leaves = []
+        for h in hosts:
+            leaf = tree.leaf_of(h) or tree.leaf_of(h.split(".")[0])
+            if leaf is None:
+                raise TopologyError(f"{conf}: host {h!r} is under no switch (hosts listed: "
+                                    f"{', '.join(tree.hosts()[:8])}...)")
+            leaves.append(leaf)
+        sw_parents, sw_names = switch_levels(tree, leaves)
+        parents += sw_parents
+        levels += [f"switch{i + 1}" for i in range(1, len(sw_parents))]
+        names.update({lvl: nm for lvl, nm in zip(levels[2:], sw_names)})
+        source = f"mpi+slurm:{conf}"
+    else:
+        parents.append([0] * len(hosts))
+        names["switch"] = ["switch0"]
+        source = "mpi"
+    gpus = [f["gpu"] for f in facts]
+    has_gpus = any(g is not None for g in gpus)
+    return Topology(size, parents, levels=levels, names=names, source=source,
+                    gpus=gpus if has_gpus else None, nics_per_node=None if has_gpus else 1)
+
+
+def _local_facts(mpi_comm: Any) -> dict[str, Any]:
+    """This rank's hostname, node leader (lowest rank sharing memory) and GPU, gathered to rank 0."""
+    from mpi4py import MPI
+    shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
+    try:
+        leader = shared.bcast(mpi_comm.Get_rank(), root=0)
+        local_rank = shared.Get_rank()
+    finally:
+        shared.Free()
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return {"host": host, "leader": leader, "gpu": gpu_info(local_rank)}
+
+
+def gpu_info(local_rank: int) -> dict[str, Any] | None:
+    """NVML facts of the GPU this rank would use (local rank mod GPU count), or None if none."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            if count == 0:
+                return None
+            index = local_rank % count
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            bus = pynvml.nvmlDeviceGetPciInfo(handle).busId
+            return {"index": index, "count": count,
+                    "name": name.decode() if isinstance(name, bytes) else str(name),
+                    "bus_id": bus.decode() if isinstance(bus, bytes) else str(bus)}
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - NVML present but unusable (no driver): skip silently
+        return None
+
+
+def _parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise TopologyError(f"expected 1/0, true/false, yes/no or on/off, got {text!r}")
+
+
+def _env(name: str, parse: Any) -> Any:
+    try:
+        return parse(os.environ[name])
+    except TopologyError as e:
+        raise TopologyError(f"{name}: {e}") from None
