@@ -25,7 +25,7 @@ BACKENDS = ("auto", "mpi")
 
 
 def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
-         check: bool | None = None) -> Communicator:
+         check: bool | None = None, topology: Any = None) -> Communicator:
     """Create a communicator over ``comm`` (an mpi4py communicator; default ``MPI.COMM_WORLD``).
 
     Args:
@@ -35,6 +35,9 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
             (default ``TOPOCOLL_TIMEOUT`` or 300).
         check: agree on shape/dtype/op across ranks before each collective, so mismatches raise
             MismatchError on every rank (default on; ``TOPOCOLL_CHECK=0`` turns it off).
+        topology: a ``topology.Topology``, a virtual spec such as ``"2x4"``, or None to detect it
+            (``TOPOCOLL_TOPOLOGY`` and the rest of docs/topology.md apply). A topology with
+            ``emulate`` set paces traffic across its node/switch boundaries (docs/algorithms.md).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -51,4 +54,21 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         comm = comm.mpi_comm
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
-    return Communicator(MPIBackend(comm), timeout=timeout, check=check)
+    import topology as topo_mod
+
+    backend_obj = MPIBackend(comm)
+    if topology is None or isinstance(topology, str):
+        topo = topo_mod.detect(comm, spec=topology)
+    elif isinstance(topology, topo_mod.Topology):
+        topo = topology
+    else:
+        raise TypeError(f"topology must be a topology.Topology, a spec string or None, "
+                        f"got {type(topology).__name__}")
+    if topo.world_size != backend_obj.size:
+        raise ValueError(f"topology describes {topo.world_size} ranks but the communicator "
+                         f"has {backend_obj.size}")
+    if topo.emulate:
+        from .backends.emulated import EmulatedBackend
+
+        backend_obj = EmulatedBackend.create(backend_obj, topo)
+    return Communicator(backend_obj, timeout=timeout, check=check, topology=topo)

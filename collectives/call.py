@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -22,6 +22,7 @@ class Call:
     shift: int = 1
     bounds: Sequence[tuple[int, int]] = field(default_factory=list)  # element range of each rank
     ring: Sequence[int] | None = None  # rank order of the ring (None: 0..size-1)
+    topology: Any = None               # the communicator's topology.Topology, if known
 
 
 def split_bounds(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:

@@ -29,9 +29,11 @@ class Communicator:
     """A group of ranks and the collectives over it (``async_op=True`` returns a Handle)."""
 
     def __init__(self, backend: Backend, timeout: float | None = None,
-                 check: bool | None = None, name: str = "world") -> None:
+                 check: bool | None = None, name: str = "world", topology: Any = None) -> None:
         self.backend = backend
         self.name = name
+        self.topology = topology
+        """The :class:`topology.Topology` of these ranks (rank ``i`` here is rank ``i`` there)."""
         self.timeout = _default_timeout() if timeout is None else _positive(timeout)
         self.check = _default_check() if check is None else bool(check)
         self._executor = Executor(name)
@@ -63,8 +65,9 @@ class Communicator:
         sub = self.backend.split(int(color), int(key))
         if sub is None:
             return None
+        topo = self.topology.restrict(sub.parent_ranks) if self.topology is not None else None
         return Communicator(sub, timeout=self.timeout, check=self.check,
-                            name=f"{self.name}.{int(color)}")
+                            name=f"{self.name}.{int(color)}", topology=topo)
 
     # -- collectives --
     def all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
@@ -224,8 +227,11 @@ class Communicator:
                 copy_out: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
         """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread."""
         kind = call.kind
-        chosen = select.resolve(kind, algo, buf.nbytes, self.size)
+        chosen = select.resolve(kind, algo, buf.nbytes, self.size, self.topology)
         algorithm = select.ALGORITHMS[kind][chosen]
+        call.topology = self.topology
+        if chosen == "ring" and self.topology is not None and call.ring is None:
+            call.ring = self._flat_ring()
         sig, fields = _signature(call, chosen, buf)
         limit = self._timeout(timeout)
         moves = call.send.size > 0 or (call.recv is not None and call.recv.size > 0)
@@ -286,6 +292,13 @@ class Communicator:
                 np.shares_memory(buf.view, like.view):
             raise ValueError(f"{what}: out overlaps x; pass a separate output array")
         return buf
+
+    def _flat_ring(self) -> list[int]:
+        if not hasattr(self, "_flat_ring_cache"):
+            from topology import flat_ring
+
+            self._flat_ring_cache = list(flat_ring(self.topology))
+        return self._flat_ring_cache
 
     def _root(self, root: int) -> int:
         if not isinstance(root, (int, np.integer)) or isinstance(root, bool):

@@ -7,9 +7,9 @@ wherever that algorithm exists, like NCCL_ALGO.
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Any, Callable
 
-from .algorithms import native, ring, rotate
+from .algorithms import hier, ho_ring, native, ring, rotate
 from .backends.base import Backend
 from .call import Call
 from .context import OpContext
@@ -17,9 +17,12 @@ from .context import OpContext
 Algorithm = Callable[[Backend, OpContext, Call], None]
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {
-    "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce},
-    "all_gather": {"ring": ring.all_gather, "native": native.all_gather},
-    "reduce_scatter": {"ring": ring.reduce_scatter, "native": native.reduce_scatter},
+    "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce,
+                   "hier": hier.all_reduce, "ho_ring": ho_ring.all_reduce},
+    "all_gather": {"ring": ring.all_gather, "native": native.all_gather,
+                   "hier": hier.all_gather, "ho_ring": ho_ring.all_gather},
+    "reduce_scatter": {"ring": ring.reduce_scatter, "native": native.reduce_scatter,
+                       "hier": hier.reduce_scatter, "ho_ring": ho_ring.reduce_scatter},
     "broadcast": {"native": native.broadcast},
     "reduce": {"native": native.reduce},
     "all_to_all": {"native": native.all_to_all},
@@ -37,8 +40,11 @@ def algorithms_for(kind: str) -> tuple[str, ...]:
     return ("auto", *ALGORITHMS[kind])
 
 
-def resolve(kind: str, algo: str, nbytes: int, size: int) -> str:
-    """Check ``algo`` for ``kind`` and replace ``auto`` by a concrete choice (same on all ranks)."""
+def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None) -> str:
+    """Check ``algo`` for ``kind`` and replace ``auto`` by a concrete choice (same on all ranks).
+
+    With a multi-node topology of equal node sizes, bandwidth-bound messages take HO-Ring.
+    """
     table = ALGORITHMS[kind]
     if not isinstance(algo, str):
         raise TypeError(f"algo must be a string, got {type(algo).__name__}")
@@ -51,5 +57,12 @@ def resolve(kind: str, algo: str, nbytes: int, size: int) -> str:
     if forced and forced in table:
         return forced
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
+        if "ho_ring" in table and _hierarchical(topology, size):
+            return "ho_ring"
         return "ring"
     return "native" if "native" in table else next(iter(table))
+
+
+def _hierarchical(topology: Any, size: int) -> bool:
+    """Whether the topology has several nodes of equal size with more than one rank each."""
+    return (topology is not None and 1 < topology.num_nodes < size and topology.is_uniform())

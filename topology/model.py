@@ -194,6 +194,32 @@ class Topology:
         """A copy with some fields changed (links, emulate, nics_per_node, ...)."""
         return replace(self, **changes)
 
+    def restrict(self, ranks: Sequence[int]) -> "Topology":
+        """The topology of a sub-communicator: ``ranks[i]`` of this one becomes rank ``i``.
+
+        Groups are renumbered in order of first appearance, so node 0 still holds rank 0; names,
+        links, NICs and emulation carry over.
+        """
+        members = [self._check_rank(r) for r in ranks]
+        if len(set(members)) != len(members) or not members:
+            raise TopologyError(f"restrict needs distinct ranks, got {list(ranks)}")
+        parent: list[tuple[int, ...]] = []
+        names: dict[str, tuple[str, ...]] = {}
+        current = members  # group ids at the level below, in sub-communicator order
+        for i, level in enumerate(self.levels[1:]):
+            up = [self.parent[i][g] for g in current]
+            renum: dict[int, int] = {}
+            for g in up:
+                renum.setdefault(g, len(renum))
+            below = sorted(set(current), key=current.index)
+            parent.append(tuple(renum[self.parent[i][g]] for g in below) if i else
+                          tuple(renum[g] for g in up))
+            if level in self.names:
+                names[level] = tuple(self.name_of(level, g) for g in renum)
+            current = list(renum)
+        return replace(self, world_size=len(members), parent=tuple(parent), names=names,
+                       gpus=None, source=f"{self.source} restricted to {len(members)} ranks")
+
     def to_dict(self) -> dict[str, Any]:
         """Plain dict in the file format (see docs/topology.md)."""
         return {

@@ -24,6 +24,8 @@ class Backend(ABC):
     rank: int
     size: int
     name: str = "base"
+    parent_ranks: list[int]
+    """For a backend made by ``split``: each of its ranks' rank in the backend it was split from."""
 
     # -- point to point (the collective channel; user send/recv use ``channel="p2p"``) --
     @abstractmethod

@@ -16,16 +16,18 @@ class MPIBackend(Backend):
 
     name = "mpi"
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, owns: bool = False) -> None:
         from mpi4py import MPI
 
         self._MPI = MPI
         self.parent = comm
+        self._owns_parent = owns
         self.coll = comm.Dup()
         self.p2p = comm.Dup()
         self.rank = self.coll.Get_rank()
         self.size = self.coll.Get_size()
         self._user_ops: dict[tuple[str, str], Any] = {}
+        self.parent_ranks: list[int] = list(range(self.size))  # set by split()
 
     # -- point to point --
     def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
@@ -99,22 +101,24 @@ class MPIBackend(Backend):
 
     def split(self, color: int, key: int) -> "MPIBackend | None":
         MPI = self._MPI
-        sub = self.parent.Split(MPI.UNDEFINED if color < 0 else color, key)
+        sub = self.coll.Split(MPI.UNDEFINED if color < 0 else color, key)
         if sub == MPI.COMM_NULL:
             return None
-        try:
-            return MPIBackend(sub)
-        finally:
-            sub.Free()
+        child = MPIBackend(sub, owns=True)
+        child.parent_ranks = list(MPI.Group.Translate_ranks(
+            sub.Get_group(), list(range(child.size)), self.coll.Get_group()))
+        return child
 
     def close(self) -> None:
-        for c in (self.coll, self.p2p):
+        owned = [self.parent] if self._owns_parent else []
+        for c in [self.coll, self.p2p, *owned]:
             try:
                 if c != self._MPI.COMM_NULL and not self._MPI.Is_finalized():
                     c.Free()
             except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
                 pass
         self.coll = self.p2p = self._MPI.COMM_NULL
+        self._owns_parent = False
 
     # -- helpers --
     def _comm(self, channel: str) -> Any:
