@@ -58,9 +58,18 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None) 
         return forced
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
         if "ho_ring" in table and _hierarchical(topology, size):
-            return "ho_ring"
+            return _modelled_choice(kind, nbytes, topology)
         return "ring"
     return "native" if "native" in table else next(iter(table))
+
+
+def _modelled_choice(kind: str, nbytes: int, topology: Any) -> str:
+    """The algorithm the cost model predicts fastest among ring, hier and ho_ring."""
+    from .schedules import fastest, model_for
+
+    total = nbytes * topology.world_size if kind == "all_gather" else nbytes
+    best = fastest(kind, ("ho_ring", "hier", "ring"), total, model_for(topology))
+    return best[0] if best else "ring"
 
 
 def _hierarchical(topology: Any, size: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -140,19 +141,36 @@ class Topology:
     def ranks_in_node(self, node: int) -> list[int]:
         """Ranks of ``node`` in ascending order (index = local rank)."""
         self._check_group(node, "node")
-        return [r for r in range(self.world_size) if self.parent[0][r] == node]
+        return list(self._node_lists[node])
+
+    @cached_property
+    def _node_lists(self) -> tuple[tuple[int, ...], ...]:
+        """Every node's ranks, computed once (large simulated topologies ask for them often)."""
+        out: list[list[int]] = [[] for _ in range(max(self.parent[0]) + 1)]
+        for r, n in enumerate(self.parent[0]):
+            out[n].append(r)
+        return tuple(tuple(n) for n in out)
+
+    @cached_property
+    def _local_index(self) -> tuple[int, ...]:
+        idx = [0] * self.world_size
+        for ranks in self._node_lists:
+            for i, r in enumerate(ranks):
+                idx[r] = i
+        return tuple(idx)
 
     def local_rank(self, rank: int) -> int:
         """Index of ``rank`` among the ranks of its node."""
-        return self.ranks_in_node(self.node_of(rank)).index(rank)
+        return self._local_index[self._check_rank(rank)]
 
     def local_size(self, node: int) -> int:
         """Number of ranks in ``node``."""
-        return len(self.ranks_in_node(node))
+        self._check_group(node, "node")
+        return len(self._node_lists[node])
 
     def node_sizes(self) -> list[int]:
         """Number of ranks of every node."""
-        return [len(n) for n in self.nodes()]
+        return [len(n) for n in self._node_lists]
 
     def switch_of_node(self, node: int) -> int:
         """Leaf switch id of ``node``."""

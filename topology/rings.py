@@ -26,12 +26,18 @@ from .model import Topology, TopologyError
 def node_ring(topo: Topology) -> list[int]:
     """Node ids in ring order: a depth-first walk of the switch tree, smallest ids first."""
     path = [_path(topo, n) for n in range(topo.num_nodes)]
-    return sorted(range(topo.num_nodes), key=lambda n: (_first_key(path, n), n))
+    first: dict[tuple[int, ...], int] = {}  # subtree prefix -> smallest node id under it
+    for n, p in enumerate(path):
+        for depth in range(1, len(p) + 1):
+            first.setdefault(p[:depth], n)
+    return sorted(range(topo.num_nodes),
+                  key=lambda n: (tuple(first[path[n][:d]] for d in range(1, len(path[n]) + 1)), n))
 
 
 def flat_ring(topo: Topology) -> list[int]:
     """All ranks in ring order: nodes in :func:`node_ring` order, each node's ranks kept adjacent."""
-    return [r for n in node_ring(topo) for r in topo.ranks_in_node(n)]
+    nodes = topo.nodes()
+    return [r for n in node_ring(topo) for r in nodes[n]]
 
 
 def rail_rings(topo: Topology) -> list[list[int]]:
@@ -41,7 +47,8 @@ def rail_rings(topo: Topology) -> list[list[int]]:
         raise TopologyError(f"rail rings need nodes of equal size, but node sizes are {sizes}: "
                             f"use a flat or node-leader ring instead")
     order = node_ring(topo)
-    return [[topo.ranks_in_node(n)[i] for n in order] for i in range(sizes[0])]
+    nodes = topo.nodes()
+    return [[nodes[n][i] for n in order] for i in range(sizes[0])]
 
 
 def leader_ring(topo: Topology) -> list[int]:
@@ -81,12 +88,3 @@ def _path(topo: Topology, node: int) -> tuple[int, ...]:
         g = p[g]
         ids.append(g)
     return tuple(reversed(ids))
-
-
-def _first_key(paths: list[tuple[int, ...]], node: int) -> tuple[int, ...]:
-    """Sort key: at each tree depth, the smallest node id under that subtree (DFS, small first)."""
-    key = []
-    for depth in range(1, len(paths[node]) + 1):
-        prefix = paths[node][:depth]
-        key.append(min(n for n, p in enumerate(paths) if p[:depth] == prefix))
-    return tuple(key)

@@ -3,7 +3,9 @@
 Same phases as ``hier`` (intra-node reduce-scatter, one inter-node ring per local index, all at
 once so every NIC is busy, intra-node all-gather), but the data is cut into chunks so the phases
 of different chunks overlap, and the rails are ordered so neighbouring nodes share a switch.
-Chunk size: ``TOPOCOLL_HORING_CHUNK`` bytes (default 2 MiB), at most 8 chunks.
+The chunk count is the one the cost model (``collectives/schedules.py``) predicts fastest for
+the message and topology (1, 2, 4 or 8); ``TOPOCOLL_HORING_CHUNK=<bytes>`` fixes the chunk size
+instead (at most 8 chunks), e.g. to force many chunks in tests.
 """
 from __future__ import annotations
 
@@ -32,10 +34,14 @@ def all_gather(b: Backend, ctx: OpContext, call: Call) -> None:
     _run(b, ctx, call, hierarchy.all_gather, ring.all_gather)
 
 
-def chunk_count(nbytes: int) -> int:
+def chunk_count(kind: str, nbytes: int, topology) -> int:
     """How many pipeline chunks a message of ``nbytes`` is cut into."""
-    target = int(os.environ.get("TOPOCOLL_HORING_CHUNK", 2 << 20))
-    return max(1, min(MAX_CHUNKS, nbytes // max(target, 1)))
+    fixed = os.environ.get("TOPOCOLL_HORING_CHUNK")
+    if fixed:
+        return max(1, min(MAX_CHUNKS, nbytes // max(int(fixed), 1)))
+    from ..schedules import best_chunks
+
+    return best_chunks(kind, nbytes, topology)
 
 
 def _run(b, ctx, call, two_level, flat) -> None:
@@ -47,4 +53,4 @@ def _run(b, ctx, call, two_level, flat) -> None:
     total = call.recv.nbytes * b.size if call.kind == "reduce_scatter" else call.send.nbytes
     if call.kind == "all_gather":
         total = call.recv.nbytes
-    two_level(b, ctx, call, plan, chunks=chunk_count(total))
+    two_level(b, ctx, call, plan, chunks=chunk_count(call.kind, total, call.topology))

@@ -1,0 +1,157 @@
+"""The communication schedule of each algorithm as alpha-beta phases, for prediction at any scale.
+
+Each builder mirrors the code in ``collectives/algorithms/``: the same ring orders (from
+``topology.rings``), the same chunking and, for HO-Ring, the same pipeline task order
+(``topology.cost.pipeline_time`` replays ``algorithms/pipeline.py``). Sizes follow nccl-tests:
+``nbytes`` is the buffer for all_reduce, the total output for all_gather and the total input for
+reduce_scatter.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Callable
+
+from topology import Topology, flat_ring, node_ring
+from topology.cost import CostModel, Phase, pipeline_time
+
+MODELLED = {
+    "all_reduce": ("ring", "hier", "ho_ring"),
+    "all_gather": ("ring", "hier", "ho_ring"),
+    "reduce_scatter": ("ring", "hier", "ho_ring"),
+    "rotate": ("p2p",),
+}
+"""Algorithms with a schedule here; MPI's native collectives are not modelled."""
+
+STEP_OVERHEAD_S = float(os.environ.get("TOPOCOLL_STEP_OVERHEAD", "30e-6"))
+"""Software cost of one step of our algorithms (Python, polling), added to every phase step."""
+
+
+def model_for(topology: Topology) -> CostModel:
+    """The cost model ``auto`` and HO-Ring use for ``topology`` (cached per topology)."""
+    key = id(topology)
+    hit = _MODELS.get(key)
+    if hit is None or hit.topology is not topology:
+        hit = CostModel(topology, step_overhead_s=STEP_OVERHEAD_S)
+        _MODELS[key] = hit
+    return hit
+
+
+_MODELS: dict[int, CostModel] = {}
+
+
+def predict(kind: str, algo: str, nbytes: float, model: CostModel) -> float | None:
+    """Predicted seconds for ``kind`` with ``algo`` on ``nbytes``, or None if not modelled."""
+    if algo not in MODELLED.get(kind, ()):
+        return None
+    topo = model.topology
+    if topo.world_size == 1:
+        return 0.0
+    if kind == "rotate":
+        order = flat_ring(topo)
+        return model.time([Phase.of(_ring_pairs(order), nbytes)])
+    if algo in ("hier", "ho_ring") and _two_level(topo):
+        if algo == "hier":
+            return two_level_time(kind, nbytes, model, 1, switch_aware=False)
+        return min(two_level_time(kind, nbytes, model, k) for k in chunk_choices(nbytes))
+    order = flat_ring(topo)
+    p = topo.world_size
+    pairs = _ring_pairs(order)
+    if kind == "all_reduce":
+        return model.time([Phase.of(pairs, nbytes / p, p - 1, nbytes / p, "ring RS"),
+                           Phase.of(pairs, nbytes / p, p - 1, 0, "ring AG")])
+    if kind == "reduce_scatter":
+        return model.time([Phase.of(pairs, nbytes / p, p - 1, nbytes / p, "ring RS")])
+    return model.time([Phase.of(pairs, nbytes / p, p - 1, 0, "ring AG")])
+
+
+def two_level_time(kind: str, nbytes: float, model: CostModel, chunks: int,
+                   switch_aware: bool = True) -> float:
+    """Predicted time of the two-level schedule with ``chunks`` pipeline chunks."""
+    topo = model.topology
+    nodes = topo.nodes()
+    order = node_ring(topo) if switch_aware else list(range(topo.num_nodes))
+    stages = _TWO_LEVEL[kind]
+    piece = nbytes / chunks
+    times = [[model.time(build(nodes, order, piece)) for _, build in stages]] * chunks
+    return pipeline_time(times, [w for w, _ in stages])
+
+
+def best_chunks(kind: str, nbytes: int, topology: Topology) -> int:
+    """The pipeline chunk count with the lowest predicted HO-Ring time on ``topology``."""
+    return _best_chunks(kind, int(nbytes), topology)
+
+
+@lru_cache(maxsize=256)
+def _best_chunks(kind: str, nbytes: int, topology: Topology) -> int:
+    model = model_for(topology)
+    return min(chunk_choices(nbytes), key=lambda k: two_level_time(kind, nbytes, model, k))
+
+
+def chunk_choices(nbytes: float) -> list[int]:
+    """Chunk counts HO-Ring considers: powers of two up to 8, chunks of at least 64 KiB."""
+    return [k for k in (1, 2, 4, 8) if k == 1 or nbytes / k >= 64 * 1024]
+
+
+def fastest(kind: str, candidates: tuple[str, ...], nbytes: float,
+            model: CostModel) -> tuple[str, float] | None:
+    """The modelled candidate with the lowest predicted time (ties: the earlier candidate)."""
+    best = None
+    for algo in candidates:
+        t = predict(kind, algo, nbytes, model)
+        if t is not None and (best is None or t < best[1] * 0.999):
+            best = (algo, t)
+    return best
+
+
+# -- two-level phases ---------------------------------------------------------------------------
+Builder = Callable[[list, list, float], list]
+"""``build(nodes, order, chunk)``: phases for one chunk; ``nodes[n]`` lists node n's ranks and
+``order`` is the rail ring's node order."""
+
+
+def _intra(reduce: bool) -> Builder:
+    """Ring inside every node at once over L blocks of the chunk: L-1 steps."""
+    def build(nodes: list, order: list, chunk: float) -> list:
+        L = len(nodes[0])
+        pairs = [p for ranks in nodes for p in _ring_pairs(ranks)]
+        block = chunk / L
+        return [Phase.of(pairs, block, L - 1, block if reduce else 0.0, "intra")]
+    return build
+
+
+def _rail(steps: str) -> Builder:
+    """One ring per local index over the nodes (in ``order``), all rails at once."""
+    def build(nodes: list, order: list, chunk: float) -> list:
+        L, N = len(nodes[0]), len(nodes)
+        pairs = [p for i in range(L) for p in _ring_pairs([nodes[n][i] for n in order])]
+        piece = chunk / (L * N)
+        out = []
+        if "rs" in steps:
+            out.append(Phase.of(pairs, piece, N - 1, piece, "rail RS"))
+        if "ag" in steps:
+            out.append(Phase.of(pairs, piece, N - 1, 0.0, "rail AG"))
+        return out
+    return build
+
+
+_TWO_LEVEL: dict[str, list[tuple[str, Builder]]] = {
+    # all_reduce: intra RS of the chunk, rail all-reduce of each shard, intra AG
+    "all_reduce": [("intra", _intra(True)), ("inter", _rail("rs+ag")),
+                   ("intra", _intra(False))],
+    # reduce_scatter (total input): intra RS over local blocks, rail RS of each block
+    "reduce_scatter": [("intra", _intra(True)), ("inter", _rail("rs"))],
+    # all_gather (total output): rail AG, then intra AG of the node blocks
+    "all_gather": [("inter", _rail("ag")), ("intra", _intra(False))],
+}
+
+
+def _two_level(topo: Topology) -> bool:
+    return 1 < topo.num_nodes < topo.world_size and topo.is_uniform()
+
+
+def _ring_pairs(order) -> list[tuple[int, int]]:
+    order = list(order)
+    if len(order) < 2:
+        return []
+    return list(zip(order, order[1:] + order[:1]))
