@@ -98,7 +98,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     """The argparse parser for one collective's flags (errors raise instead of exiting)."""
-    p = _Parser(prog=f"python -m bench {collective}", exit_on_error=False,
+    p = ArgParser(prog=f"python -m bench {collective}", exit_on_error=False,
                 description="nccl-tests-style sweep of one collective over message sizes.")
     add = p.add_argument
     add("-b", "--minbytes", default="32M", help="smallest size, e.g. 8, 64K, 1M (default 32M)")
@@ -134,7 +134,7 @@ def launcher_rank() -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
+class ArgParser(argparse.ArgumentParser):
     """argparse that raises on errors and prints help on rank 0 only."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
