@@ -64,14 +64,15 @@ def header(params: str, ranks: Sequence[tuple[int, str, int]], algo_column: bool
     """The lines before the rows: parameters, one line per rank, the column titles."""
     lines = [f"# {params}", "#", "# Using ranks"]
     lines += [f"#  Rank {r:3d} Pid {pid:7d} on {host:>12s}" for r, host, pid in ranks]
-    algo_w = 8 if algo_column else 0
-    pad = " " * (56 + algo_w)
-    lines += ["#", f"#{pad}out-of-place                       in-place",
-              "#       size         count      type   redop    root" +
-              ("    algo" if algo_column else "") +
-              "     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-              "#        (B)    (elements)                        " + " " * algo_w +
-              "      (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)       "]
+    lead = _cells(("size", "count", "type", "redop", "root"), ("(B)", "(elements)", "", "", ""),
+                  algo_column)
+    block = [("time", "(us)"), ("algbw", "(GB/s)"), ("busbw", "(GB/s)"), ("#wrong", "")]
+    names = "".join(f"  {t:>{w}s}" for _ in MODES for (t, _u), w in zip(block, _WIDTHS))
+    units = "".join(f"  {u:>{w}s}" for _ in MODES for (_t, u), w in zip(block, _WIDTHS))
+    span = sum(_WIDTHS) + 2 * len(_WIDTHS)
+    modes = "".join(f"{title:^{span}s}" for _, title in MODES)
+    lines += ["#", "#" + " " * (len(lead[0]) - 1) + modes.rstrip(),
+              "#" + lead[0][1:] + names, "#" + lead[1][1:] + units]
     return lines
 
 
@@ -83,10 +84,10 @@ def row_line(row: Row, algo_column: bool) -> str:
     for mode, _ in MODES:
         res = row.result(mode)
         if res is None:
-            s += f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>5s}"
+            s += f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>6s}"
         else:
             wrong = "N/A" if res.wrong is None else str(res.wrong)
-            s += f"  {_time(res.time_us):>7s}  {res.algbw:6.2f}  {res.busbw:6.2f}  {wrong:>5s}"
+            s += f"  {_time(res.time_us):>7s}  {res.algbw:6.2f}  {res.busbw:6.2f}  {wrong:>6s}"
     return s
 
 
@@ -163,6 +164,19 @@ def plot(path: str | Path, rows: Sequence[Row], title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+_WIDTHS = (7, 6, 6, 6)
+
+
+def _cells(titles: Sequence[str], units: Sequence[str], algo_column: bool) -> tuple[str, str]:
+    """The leading columns' title and unit lines, with the widths ``row_line`` uses."""
+    widths = (12, 12, 8, 6, 6) + ((6,) if algo_column else ())
+    titles = tuple(titles) + (("algo",) if algo_column else ())
+    units = tuple(units) + (("",) if algo_column else ())
+    first = "  ".join(f"{t:>{w}s}" for t, w in zip(titles, widths))
+    second = "  ".join(f"{u:>{w}s}" for u, w in zip(units, widths))
+    return first, second
 
 
 def _time(us: float) -> str:

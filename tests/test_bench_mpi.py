@@ -49,7 +49,7 @@ def test_all_reduce_ring_vs_native_checked_with_json_and_plot(tmp_path):
                                   "all_to_all", "rotate", "sendrecv"])
 def test_each_collective_small_sweep(coll):
     out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "64K", "-f", "64", "-n", "3",
-                                        "-w", "1", "-d", "int32,bfloat16", "--quiet"], timeout=90)
+                                        "-w", "1", "-d", "int32,half", "--quiet"], timeout=90)
     rows = _table_rows(out)
     assert len(rows) == 2 * 3, out
     for r in rows:
@@ -89,8 +89,3 @@ def test_overlap_prints_ratio():
     assert m and float(m.group(1)) > 0, out
     for phase in ("all_reduce", "matmul", "sequence", "overlapped"):
         assert re.search(rf"^\s+{phase}\s+[\d.]+", out, re.M), phase
-
-
-@pytest.mark.parametrize("n", [1, 2, 3])
-def test_benchmark_check_catches_wrong_results_and_overruns(n):
-    run_ranks("bench_check.py", n, timeout=90)
