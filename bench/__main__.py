@@ -1,0 +1,71 @@
+"""``python -m bench <collective> [flags]`` runs the microbenchmark; ``python -m bench <tool>``
+runs ``bench.<tool>.main(argv)`` (overlap, and the model benchmarks others add)."""
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .colls import SPECS
+from .options import launcher_rank
+
+INTERNAL = {"__init__", "__main__", "colls", "micro", "options", "report", "sizes"}
+"""Modules of this package that are parts of the microbenchmark, not tools."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch on the first word: a collective name, a tool module, or help."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        _say(usage())
+        return 0 if argv else 2
+    word, rest = argv[0], argv[1:]
+    if word in SPECS:
+        from . import micro
+
+        return micro.main(argv)
+    if word not in tools():
+        _say(f"python -m bench: error: unknown collective or tool {word!r}; collectives: "
+             f"{', '.join(SPECS)}; tools: {', '.join(tools()) or 'none'}", err=True)
+        return 2
+    module = importlib.import_module(f"{__package__}.{word}")
+    return int(module.main(rest) or 0)
+
+
+def tools() -> dict[str, str]:
+    """Tool modules beside this one and the first line of their docstrings (read, not imported)."""
+    out = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if path.stem in INTERNAL or path.stem.startswith("_"):
+            continue
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        except SyntaxError:
+            doc = ""
+        out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+    return out
+
+
+def usage() -> str:
+    """The help text: both kinds of first word."""
+    lines = ["usage: [mpiexec -n N] python -m bench <collective> [flags]   (microbenchmark)",
+             "       [mpiexec -n N] python -m bench <tool> [args]",
+             "",
+             f"collectives: {', '.join(SPECS)}",
+             "  flags (nccl-tests names): -b/-e/-f/-i sizes, -n iters, -w warmup, -c check,",
+             "  -o op, -d datatype, -r root, -z blocking, -a average, --algo a,b,",
+             "  --json PATH, --plot PATH.png, --quiet;  python -m bench all_reduce --help",
+             "", "tools:"]
+    lines += [f"  {name:12s} {doc}" for name, doc in tools().items()]
+    return "\n".join(lines)
+
+
+def _say(text: str, err: bool = False) -> None:
+    if launcher_rank() == 0:
+        print(text, file=sys.stderr if err else sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Command-line flags of the microbenchmark (nccl-tests names), parsed and checked with no MPI.
+
+Parsing is pure and identical on every rank, so a bad flag fails everywhere before any
+communication and nothing can hang.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+import collectives
+
+from .colls import DTYPE_ALIASES, DTYPES, SPECS, valid_algos, valid_op
+from .sizes import parse_size, sweep
+
+AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
+"""``-a`` values, like nccl-tests: how per-rank times combine into one."""
+
+
+class UsageError(ValueError):
+    """A bad command line; the message says which flag and what is valid."""
+
+
+@dataclass
+class Options:
+    """A checked benchmark request."""
+
+    collective: str
+    sizes: list[int]
+    minbytes: int
+    maxbytes: int
+    stepfactor: float
+    stepbytes: int
+    iters: int
+    warmup: int
+    check: bool
+    ops: list[str]
+    dtypes: list[str]
+    roots: list[int] | None   # None: every rank ("-r all"), known only once the world size is
+    blocking: bool
+    average: int
+    algos: list[str]
+    json: str | None
+    plot: str | None
+    quiet: bool
+
+    def combos(self, nranks: int) -> list[tuple[str, str, int]]:
+        """The (dtype, op, root) triples to sweep, skipping ops a dtype can't do (avg on ints)."""
+        spec = SPECS[self.collective]
+        ops = self.ops if spec.reduces else ["none"]
+        roots = (self.roots if self.roots is not None else list(range(nranks))) \
+            if spec.rooted else [-1]
+        return [(d, o, r) for d in self.dtypes for o in ops for r in roots
+                if o == "none" or valid_op(d, o)]
+
+
+def parse(collective: str, argv: Sequence[str]) -> Options:
+    """Parse the flags after the collective's name; raise UsageError with a clear message."""
+    if collective not in SPECS:
+        raise UsageError(f"unknown collective {collective!r}; choose one of {', '.join(SPECS)}")
+    try:
+        ns = parser(collective).parse_args(list(argv))
+    except argparse.ArgumentError as err:
+        raise UsageError(str(err)) from None
+    spec = SPECS[collective]
+    minb = _size(ns.minbytes, "-b/--minbytes")
+    maxb = _size(ns.maxbytes, "-e/--maxbytes")
+    stepb = _size(ns.stepbytes, "-i/--stepbytes")
+    try:
+        sizes = sweep(minb, maxb, ns.stepfactor, stepb)
+    except ValueError as err:
+        raise UsageError(f"bad size range: {err}") from None
+    for flag, value, low in (("-n/--iters", ns.iters, 1), ("-w/--warmup_iters", ns.warmup, 0)):
+        if value < low:
+            raise UsageError(f"{flag} must be at least {low}, got {value}")
+    for flag, value in (("-c/--check", ns.check), ("-z/--blocking", ns.blocking)):
+        if value not in (0, 1):
+            raise UsageError(f"{flag} must be 0 or 1, got {value}")
+    if ns.average not in AVERAGE_MODES:
+        raise UsageError(f"-a/--average must be 0 (rank 0), 1 (avg), 2 (min) or 3 (max), "
+                         f"got {ns.average}")
+    ops = _choice(ns.op, collectives.OPS, "-o/--op", "reduction op")
+    dtypes = _choice(ns.datatype, tuple(DTYPES), "-d/--datatype", "datatype", DTYPE_ALIASES)
+    if spec.reduces and not any(valid_op(d, o) for d in dtypes for o in ops):
+        raise UsageError(f"op {'/'.join(ops)} can't reduce {'/'.join(dtypes)}: 'avg' needs a "
+                         f"floating type (half, float, double, bfloat16)")
+    algos = _algos(collective, ns.algo)
+    roots = None if ns.root.strip().lower() == "all" else [_root(ns.root)]
+    if ns.plot is not None and not ns.plot.lower().endswith(".png"):
+        raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
+    return Options(collective, sizes, minb, maxb, ns.stepfactor, stepb, ns.iters, ns.warmup,
+                   bool(ns.check), ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
+                   ns.json, ns.plot, ns.quiet)
+
+
+def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
+    """The argparse parser for one collective's flags (errors raise instead of exiting)."""
+    p = ArgParser(prog=f"python -m bench {collective}", exit_on_error=False,
+                description="nccl-tests-style sweep of one collective over message sizes.")
+    add = p.add_argument
+    add("-b", "--minbytes", default="32M", help="smallest size, e.g. 8, 64K, 1M (default 32M)")
+    add("-e", "--maxbytes", default="32M", help="largest size (default 32M)")
+    add("-f", "--stepfactor", type=float, default=1.0,
+        help="multiply the size by this each step (default 1: add --stepbytes instead)")
+    add("-i", "--stepbytes", default="1M", help="bytes added each step when -f is 1 (default 1M)")
+    add("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
+    add("-w", "--warmup_iters", dest="warmup", type=int, default=5,
+        help="untimed iterations before (default 5)")
+    add("-c", "--check", type=int, default=1, help="0/1: check results, count #wrong (default 1)")
+    add("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
+    add("-d", "--datatype", default="float",
+        help=f"{', '.join(DTYPES)} or all; comma lists work (default float)")
+    add("-r", "--root", default="0", help="root rank of broadcast/reduce, or all (default 0)")
+    add("-z", "--blocking", type=int, default=0,
+        help="0: issue iterations with async_op=True and wait at the end; 1: wait each (default 0)")
+    add("-a", "--average", type=int, default=3,
+        help="combine per-rank times: 0 rank 0, 1 avg, 2 min, 3 max (default 3)")
+    add("--algo", default="auto",
+        help="comma list of algorithms to compare side by side, e.g. ring,native (default auto)")
+    add("--json", metavar="PATH", help="write every row and the run's metadata as JSON")
+    add("--plot", metavar="PATH.png", help="plot busbw vs size, one line per algorithm")
+    add("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+def launcher_rank() -> int:
+    """This process's rank as the launcher tells it (no MPI call), 0 when run alone."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse that raises on errors and prints help on rank 0 only."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(message)
+
+    def _print_message(self, message: str, file=None) -> None:  # noqa: ANN001
+        if launcher_rank() == 0:
+            super()._print_message(message, file or sys.stdout)
+
+
+def _size(text: str, flag: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise UsageError(f"{flag}: {err}") from None
+
+
+def _choice(text: str, valid: Sequence[str], flag: str, what: str,
+            aliases: dict[str, str] | None = None) -> list[str]:
+    words = [w.strip().lower() for w in text.split(",") if w.strip()]
+    if words == ["all"]:
+        return list(valid)
+    out = []
+    for w in words:
+        w = (aliases or {}).get(w, w)
+        if w not in valid:
+            raise UsageError(f"{flag}: unknown {what} {w!r}; valid: {', '.join(valid)} or all")
+        if w not in out:
+            out.append(w)
+    if not out:
+        raise UsageError(f"{flag}: no {what} given")
+    return out
+
+
+def _algos(collective: str, text: str) -> list[str]:
+    valid = valid_algos(collective)
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words:
+        raise UsageError("--algo: no algorithm given")
+    for w in words:
+        if w not in valid:
+            raise UsageError(f"--algo: unknown algorithm {w!r} for {collective}; "
+                             f"valid: {', '.join(valid)}")
+    if len(set(words)) != len(words):
+        raise UsageError(f"--algo: {text!r} names an algorithm twice")
+    return words
+
+
+def _root(text: str) -> int:
+    try:
+        root = int(text)
+    except ValueError:
+        raise UsageError(f"-r/--root: expected a rank number or 'all', got {text!r}") from None
+    if root < 0:
+        raise UsageError(f"-r/--root must not be negative, got {root}")
+    return root

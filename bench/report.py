@@ -1,0 +1,183 @@
+"""The nccl-tests table (header, rows, footer), the algorithm comparison, JSON and the plot."""
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+MODES = (("oop", "out-of-place"), ("ip", "in-place"))
+
+
+@dataclass
+class Result:
+    """One timed mode of one row: time per iteration and the bandwidths it gives."""
+
+    time_us: float
+    algbw: float   # GB/s, size / time
+    busbw: float   # GB/s, algbw * the collective's factor
+    wrong: int | None  # mismatching elements summed over ranks (None: not checked)
+
+
+@dataclass
+class Row:
+    """One size x dtype x op x root x algorithm, with a Result per mode the API offers."""
+
+    collective: str
+    algo: str
+    resolved: str
+    size: int
+    count: int
+    type: str
+    redop: str
+    root: int
+    out_of_place: Result | None = None
+    in_place: Result | None = None
+    out_of_bounds: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def result(self, mode: str) -> Result | None:
+        """The Result for ``"oop"`` or ``"ip"``."""
+        return self.out_of_place if mode == "oop" else self.in_place
+
+    def busbw(self) -> float | None:
+        """The row's headline bus bandwidth: out-of-place where measured, else in-place."""
+        res = self.out_of_place or self.in_place
+        return res.busbw if res else None
+
+    def algbw(self) -> float | None:
+        """Like ``busbw`` but algorithm bandwidth (same ratios; defined on one rank too)."""
+        res = self.out_of_place or self.in_place
+        return res.algbw if res else None
+
+
+def bandwidths(size: int, seconds: float, factor: float) -> tuple[float, float]:
+    """``(algbw, busbw)`` in GB/s (1e9 bytes/s) for ``size`` bytes moved in ``seconds``."""
+    if seconds <= 0:
+        return 0.0, 0.0
+    algbw = size / seconds / 1e9
+    return algbw, algbw * factor
+
+
+def header(params: str, ranks: Sequence[tuple[int, str, int]], algo_column: bool) -> list[str]:
+    """The lines before the rows: parameters, one line per rank, the column titles."""
+    lines = [f"# {params}", "#", "# Using ranks"]
+    lines += [f"#  Rank {r:3d} Pid {pid:7d} on {host:>12s}" for r, host, pid in ranks]
+    lead = _cells(("size", "count", "type", "redop", "root"), ("(B)", "(elements)", "", "", ""),
+                  algo_column)
+    block = [("time", "(us)"), ("algbw", "(GB/s)"), ("busbw", "(GB/s)"), ("#wrong", "")]
+    names = "".join(f"  {t:>{w}s}" for _ in MODES for (t, _u), w in zip(block, _WIDTHS))
+    units = "".join(f"  {u:>{w}s}" for _ in MODES for (_t, u), w in zip(block, _WIDTHS))
+    span = sum(_WIDTHS) + 2 * len(_WIDTHS)
+    modes = "".join(f"{title:^{span}s}" for _, title in MODES)
+    lines += ["#", "#" + " " * (len(lead[0]) - 1) + modes.rstrip(),
+              "#" + lead[0][1:] + names, "#" + lead[1][1:] + units]
+    return lines
+
+
+def row_line(row: Row, algo_column: bool) -> str:
+    """One table line, nccl-tests columns (N/A where the API has no such mode)."""
+    s = f"{row.size:12d}  {row.count:12d}  {row.type:>8s}  {row.redop:>6s}  {row.root:6d}"
+    if algo_column:
+        s += f"  {row.algo:>6s}"
+    for mode, _ in MODES:
+        res = row.result(mode)
+        if res is None:
+            s += f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>6s}"
+        else:
+            wrong = "N/A" if res.wrong is None else str(res.wrong)
+            s += f"  {_time(res.time_us):>7s}  {res.algbw:6.2f}  {res.busbw:6.2f}  {wrong:>6s}"
+    return s
+
+
+def footer(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
+    """Out-of-bounds total and the mean bus bandwidth (per algorithm when there are several)."""
+    oob = sum(r.out_of_bounds for r in rows)
+    lines = [f"# Out of bounds values : {oob} {'OK' if oob == 0 else 'FAILED'}"]
+    for algo in algos:
+        mine = [r for r in rows if r.algo == algo]
+        avg = avg_busbw(mine)
+        suffix = f" ({algo})" if len(algos) > 1 else ""
+        lines.append(f"# Avg bus bandwidth    : {avg:g}{suffix}")
+    return lines + ["#"]
+
+
+def avg_busbw(rows: Sequence[Row]) -> float:
+    """Mean busbw over every measured mode of every row (nccl-tests' footer number)."""
+    vals = [res.busbw for r in rows for m, _ in MODES if (res := r.result(m)) is not None]
+    return statistics.fmean(vals) if vals else 0.0
+
+
+def comparison(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
+    """busbw of each algorithm divided by the baseline's (``native``, else the first), per size."""
+    if len(algos) < 2:
+        return []
+    base = "native" if "native" in algos else algos[0]
+    table: dict[tuple[int, str, str, int], dict[str, float | None]] = {}
+    for r in rows:
+        table.setdefault((r.size, r.type, r.redop, r.root), {})[r.algo] = r.algbw()
+    lines = [f"# busbw ratio vs {base} (out-of-place where offered; >1 is faster than {base})",
+             "#       size      type   redop    root" + "".join(f"  {a:>8s}" for a in algos)]
+    for (size, typ, redop, root), got in table.items():
+        ref = got.get(base)
+        cells = []
+        for a in algos:
+            v = got.get(a)
+            cells.append(f"  {v / ref:8.2f}" if v is not None and ref else f"  {'N/A':>8s}")
+        lines.append(f"{size:12d}  {typ:>8s}  {redop:>6s}  {root:6d}" + "".join(cells))
+    return lines + ["#"]
+
+
+def write_json(path: str | Path, meta: dict[str, Any], rows: Sequence[Row]) -> None:
+    """Write ``{"meta": ..., "rows": [...]}`` (one dict per row, modes as nested dicts or null)."""
+    doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
+    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def plot(path: str | Path, rows: Sequence[Row], title: str) -> None:
+    """busbw vs size, log-x, one line per algorithm (per dtype/op/root too when several)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = {(r.type, r.redop, r.root) for r in rows}
+    lines: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        bw = r.busbw()
+        if bw is None or r.size == 0:
+            continue
+        label = r.algo if len(keys) == 1 else f"{r.algo} {r.type} {r.redop} root {r.root}"
+        lines.setdefault(label, []).append((r.size, bw))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, pts in lines.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    if lines:
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+_WIDTHS = (7, 6, 6, 6)
+
+
+def _cells(titles: Sequence[str], units: Sequence[str], algo_column: bool) -> tuple[str, str]:
+    """The leading columns' title and unit lines, with the widths ``row_line`` uses."""
+    widths = (12, 12, 8, 6, 6) + ((6,) if algo_column else ())
+    titles = tuple(titles) + (("algo",) if algo_column else ())
+    units = tuple(units) + (("",) if algo_column else ())
+    first = "  ".join(f"{t:>{w}s}" for t, w in zip(titles, widths))
+    second = "  ".join(f"{u:>{w}s}" for u, w in zip(units, widths))
+    return first, second
+
+
+def _time(us: float) -> str:
+    return f"{us:7.2f}" if us < 1000 else f"{us:7.1f}" if us < 100000 else f"{us:7.0f}"

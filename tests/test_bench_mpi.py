@@ -1,0 +1,91 @@
+"""The benchmark CLI on real ranks under mpiexec: checked sweeps, JSON, plot, errors, overlap."""
+import json
+import re
+
+import pytest
+
+from tests.mpi_harness import run_ranks
+
+pytestmark = pytest.mark.mpi
+
+
+_ROW = re.compile(r"(\d+)\s+(\d+)\s+(u?int\d+|half|float|double|bfloat16)\s")
+
+
+def _table_rows(out):
+    """Table rows as word lists (mpiexec may glue another rank's line in front of one)."""
+    rows = []
+    for line in out.splitlines():
+        m = _ROW.search(line)
+        if m and not line.lstrip().startswith("#"):
+            rows.append(line[m.start():].split())
+    return rows
+
+
+def test_all_reduce_ring_vs_native_checked_with_json_and_plot(tmp_path):
+    js, png = tmp_path / "ar.json", tmp_path / "ar.png"
+    out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "8", "-e", "1M", "-f", "8",
+                                        "-c", "1", "-n", "3", "-w", "1", "--algo", "ring,native",
+                                        "--json", str(js), "--plot", str(png)], timeout=120)
+    assert "RANK 0 RC 0" in out and "RANK 1 RC 0" in out
+    assert "# Out of bounds values : 0 OK" in out and "# busbw ratio vs native" in out
+    assert out.count("#  Rank ") == 2 and "[ 1/12] all_reduce ring 8 B" in out
+    doc = json.loads(js.read_text())
+    rows = doc["rows"]
+    sizes = [8, 64, 512, 4096, 32768, 262144]
+    assert [(r["size"], r["algo"]) for r in rows] == [(s, a) for s in sizes
+                                                      for a in ("ring", "native")]
+    for r in rows:
+        assert r["out_of_place"]["wrong"] == 0 and r["in_place"]["wrong"] == 0
+        assert r["out_of_bounds"] == 0 and r["out_of_place"]["time_us"] > 0
+        assert r["resolved"] == r["algo"] and r["type"] == "float" and r["redop"] == "sum"
+    assert doc["meta"]["world_size"] == 2 and len(doc["meta"]["ranks"]) == 2
+    assert set(doc["meta"]["avg_busbw"]) == {"ring", "native"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    assert len(_table_rows(out)) == len(rows)
+
+
+@pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter", "broadcast", "reduce",
+                                  "all_to_all", "rotate", "sendrecv"])
+def test_each_collective_small_sweep(coll):
+    out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "64K", "-f", "64", "-n", "3",
+                                        "-w", "1", "-d", "int32,half", "--quiet"], timeout=90)
+    rows = _table_rows(out)
+    assert len(rows) == 2 * 3, out
+    for r in rows:
+        wrong = r[9::4]  # #wrong of out-of-place, then of in-place
+        assert set(wrong) <= {"0", "N/A"} and "0" in wrong, r
+    assert "# Out of bounds values : 0 OK" in out
+    assert not re.search(r"^\[\s*\d+/", out, re.M), "--quiet still printed progress"
+
+
+def test_three_ranks_blocking_and_every_root():
+    out = run_ranks("bench_cli.py", 3, ["0", "reduce", "-b", "1K", "-e", "4K", "-f", "4",
+                                        "-r", "all", "-o", "max", "-z", "1", "-n", "2", "-w", "1",
+                                        "--quiet"], timeout=90)
+    assert sorted({r[4] for r in _table_rows(out)}) == ["0", "1", "2"]
+    out = run_ranks("bench_cli.py", 3, ["0", "sendrecv", "-b", "2M", "-e", "2M", "-n", "2",
+                                        "-w", "1", "--quiet"], timeout=90)
+    assert _table_rows(out)[0][:2] == ["2097152", "524288"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["all_reduce", "-o", "xor"], "unknown reduction op 'xor'"),
+    (["all_reduce", "--algo", "ring,warp"], "unknown algorithm 'warp' for all_reduce"),
+    (["all_reduce", "-b", "1M", "-e", "1K"], "larger than maxbytes"),
+    (["broadcast", "-r", "5", "-b", "8", "-e", "8"], "-r/--root 5 is out of range for 2 rank"),
+])
+def test_bad_flag_fails_on_every_rank(argv, msg):
+    out = run_ranks("bench_cli.py", 2, ["2", *argv], timeout=60)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out
+    assert out.count(msg) == 1, out  # printed once, by rank 0
+    assert "Traceback" not in out
+
+
+def test_overlap_prints_ratio():
+    out = run_ranks("bench_cli.py", 2, ["0", "overlap", "--size", "1M", "--repeats", "2"],
+                    timeout=120)
+    m = re.search(r"overlap ratio \(sequence / overlapped\): ([\d.]+)", out)
+    assert m and float(m.group(1)) > 0, out
+    for phase in ("all_reduce", "matmul", "sequence", "overlapped"):
+        assert re.search(rf"^\s+{phase}\s+[\d.]+", out, re.M), phase

@@ -1,0 +1,184 @@
+"""Single-process tests of the microbenchmark: sizes, sweeps, busbw factors, flags, the table."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bench import report
+from bench.__main__ import tools, usage
+from bench.colls import SPECS, busbw_factor, counts, pattern, reduce_ranks, valid_algos
+from bench.options import UsageError, parse
+from bench.sizes import format_size, parse_size, sweep
+from tests.mpi_harness import ROOT, YIELD_ENV
+
+
+@pytest.mark.parametrize("text,want", [
+    ("8", 8), ("0", 0), ("64K", 65536), ("64k", 65536), ("1M", 1 << 20), ("2G", 2 << 30),
+    ("4KB", 4096), ("4KiB", 4096), ("3 M", 3 << 20), ("16B", 16), (512, 512),
+])
+def test_parse_size(text, want):
+    assert parse_size(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "M", "1.5M", "-8", "8Q", "8MM", "eight", "1e3"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+def test_format_size():
+    assert [format_size(n) for n in (0, 8, 1024, 1536, 4 << 20, 1 << 30)] == \
+        ["0 B", "8 B", "1 KiB", "1.5 KiB", "4 MiB", "1 GiB"]
+
+
+def test_sweep_factor_and_step():
+    assert sweep(8, 64 << 20, 2) == [8 << i for i in range(24)]
+    assert sweep(8, 100, 4) == [8, 32]
+    assert sweep(1 << 20, 3 << 20, 1, 1 << 20) == [1 << 20, 2 << 20, 3 << 20]
+    assert sweep(32, 32) == [32]
+    assert sweep(0, 0) == [0]
+    assert sweep(10, 11, 1.01) == [10, 11]  # a tiny factor still advances
+
+
+@pytest.mark.parametrize("args,msg", [
+    ((64, 8, 2), "larger than maxbytes"), ((0, 8, 2), "minbytes > 0"),
+    ((8, 64, 0.5), "factor"), ((8, 64, 1, 0), "step bytes"),
+])
+def test_sweep_rejects(args, msg):
+    with pytest.raises(ValueError, match=msg):
+        sweep(*args)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_busbw_factors(n):
+    ring = (n - 1) / n
+    assert busbw_factor("all_reduce", n) == pytest.approx(2 * ring)
+    for name in ("all_gather", "reduce_scatter", "all_to_all"):
+        assert busbw_factor(name, n) == pytest.approx(ring)
+    for name in ("broadcast", "reduce", "rotate", "sendrecv"):
+        assert busbw_factor(name, n) == 1.0
+
+
+def test_counts_follow_nccl_tests():
+    assert counts("all_reduce", 1000, 4, 4) == (250, 1000)
+    assert counts("all_gather", 1000, 4, 4) == (62, 992)    # per-rank count, total size
+    assert counts("reduce_scatter", 64, 4, 3) == (5, 60)
+    assert counts("all_to_all", 8, 4, 4) == (0, 0)
+    assert counts("broadcast", 7, 2, 4) == (3, 6)
+
+
+def test_bandwidths():
+    assert report.bandwidths(2_000_000_000, 2.0, 1.5) == pytest.approx((1.0, 1.5))
+    assert report.bandwidths(8, 0.0, 1.0) == (0.0, 0.0)
+
+
+def test_pattern_reductions_are_exact_small_integers():
+    idx = np.arange(100)
+    for op in ("sum", "prod", "min", "max"):
+        every = np.stack([pattern(idx, r, op) for r in range(4)])
+        want = {"sum": every.sum(0), "prod": every.prod(0), "min": every.min(0),
+                "max": every.max(0)}[op]
+        assert np.array_equal(reduce_ranks(idx, 4, op), want)
+    assert np.unique(pattern(idx, 1, "prod")).tolist() == [1, 2]
+    assert np.allclose(reduce_ranks(idx, 3, "avg"), reduce_ranks(idx, 3, "sum") / 3)
+
+
+def test_parse_defaults_and_lists():
+    o = parse("all_reduce", ["-b", "8", "-e", "64M", "-f", "2", "--algo", "ring,native"])
+    assert o.sizes[0] == 8 and o.sizes[-1] == 64 << 20 and len(o.sizes) == 24
+    assert o.algos == ["ring", "native"] and o.dtypes == ["float"] and o.ops == ["sum"]
+    assert o.check and not o.blocking and o.average == 3
+    o = parse("all_reduce", ["-d", "all", "-o", "all"])
+    combos = o.combos(2)
+    assert ("int32", "avg", -1) not in combos and ("half", "avg", -1) in combos
+    assert len(combos) == 6 * 4 + 4 * 5
+    o = parse("broadcast", ["-r", "all", "-d", "float32,bf16", "-o", "max"])
+    assert o.combos(3) == [(d, "none", r) for d in ("float", "bfloat16") for r in range(3)]
+    assert parse("rotate", ["--algo", "p2p"]).algos == ["p2p"]
+
+
+@pytest.mark.parametrize("coll,argv,msg", [
+    ("all_reduce", ["-o", "xor"], "unknown reduction op 'xor'"),
+    ("all_reduce", ["-d", "float128"], "unknown datatype 'float128'"),
+    ("all_reduce", ["--algo", "ring,bogus"], "unknown algorithm 'bogus'"),
+    ("broadcast", ["--algo", "ring"], "unknown algorithm 'ring' for broadcast"),
+    ("all_reduce", ["-b", "64M", "-e", "8"], "larger than maxbytes"),
+    ("all_reduce", ["-b", "8X"], "-b/--minbytes: bad size suffix"),
+    ("all_reduce", ["-o", "avg", "-d", "int32"], "'avg' needs a floating type"),
+    ("all_reduce", ["-n", "0"], "-n/--iters must be at least 1"),
+    ("all_reduce", ["-c", "2"], "-c/--check must be 0 or 1"),
+    ("all_reduce", ["-a", "7"], "-a/--average"),
+    ("all_reduce", ["-r", "x"], "-r/--root"),
+    ("all_reduce", ["--plot", "out.svg"], ".png"),
+    ("all_reduce", ["--nope"], "unrecognized arguments"),
+    ("all_reduce", ["-n", "many"], "invalid int value"),
+    ("gather", [], "unknown collective 'gather'"),
+])
+def test_bad_flags_raise_clear_errors(coll, argv, msg):
+    with pytest.raises(UsageError, match=msg.replace("(", r"\(").replace("/", "/")):
+        parse(coll, argv)
+
+
+def test_algos_come_from_collectives():
+    import collectives
+
+    assert valid_algos("all_reduce") == collectives.algorithms_for("all_reduce")
+    assert valid_algos("sendrecv") == ("auto",)
+    assert set(SPECS) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                          "all_to_all", "rotate", "sendrecv"}
+
+
+def _row(algo, size, busbw, wrong=0):
+    res = report.Result(10.0, busbw / 2, busbw, wrong)
+    return report.Row("all_reduce", algo, algo, size, size // 4, "float", "sum", -1,
+                      out_of_place=res, in_place=res)
+
+
+def test_table_lines_footer_and_comparison():
+    rows = [_row("ring", 1024, 4.0), _row("native", 1024, 2.0), _row("ring", 2048, 6.0),
+            _row("native", 2048, 3.0)]
+    line = report.row_line(rows[0], algo_column=True)
+    assert line.split() == ["1024", "256", "float", "sum", "-1", "ring",
+                            "10.00", "2.00", "4.00", "0", "10.00", "2.00", "4.00", "0"]
+    half = report.Row("all_gather", "auto", "ring", 8, 1, "float", "none", -1,
+                      out_of_place=report.Result(5.0, 1.0, 0.5, None))
+    assert report.row_line(half, True).split()[6:] == ["5.00", "1.00", "0.50"] + ["N/A"] * 5
+    foot = report.footer(rows, ["ring", "native"])
+    assert foot[0] == "# Out of bounds values : 0 OK"
+    assert "# Avg bus bandwidth    : 5 (ring)" in foot and \
+        "# Avg bus bandwidth    : 2.5 (native)" in foot
+    cmp = report.comparison(rows, ["ring", "native"])
+    assert cmp[0].startswith("# busbw ratio vs native")
+    assert cmp[2].split() == ["1024", "float", "sum", "-1", "2.00", "1.00"]
+    assert report.comparison(rows, ["ring"]) == []
+
+
+def test_help_lists_collectives_and_tools():
+    text = usage()
+    assert "all_reduce" in text and "sendrecv" in text and "overlap" in text
+    assert "overlap" in tools() and "micro" not in tools()
+
+
+def _bench(*args, timeout=120):
+    env = {**__import__("os").environ, **YIELD_ENV}
+    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_without_mpiexec_runs_as_one_rank():
+    p = _bench("all_reduce", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1")
+    assert p.returncode == 0, p.stderr
+    assert "ranks 1 " in p.stdout and "# Out of bounds values : 0 OK" in p.stdout
+    assert "[1/4] all_reduce auto 8 B" in p.stderr
+    sizes = [int(line.split()[0]) for line in p.stdout.splitlines() if not line.startswith("#")]
+    assert sizes == [8, 64, 512, 4096]
+
+
+def test_cli_help_and_unknown_word():
+    p = _bench("--help")
+    assert p.returncode == 0 and "collectives:" in p.stdout and "overlap" in p.stdout
+    p = _bench("frobnicate")
+    assert p.returncode == 2 and "unknown collective or tool 'frobnicate'" in p.stderr
+    p = _bench("all_reduce", "--help")
+    assert p.returncode == 0 and "--minbytes" in p.stdout
