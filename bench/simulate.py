@@ -1,0 +1,249 @@
+"""Predict collective times at any scale from the algorithms' schedules (and check the model here).
+
+    python -m bench simulate --topology docs/clusters/h100-fat-tree.json --op all_reduce \\
+        --algo ring,hier,ho_ring -b 1M -e 4G -f 4 [--ranks 16,128,1024,16384] [--plot p.png]
+    mpiexec -n 4 python -m bench simulate --validate --algo ring,hier,ho_ring -b 1M -e 16M
+        (with TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 ...: predicted vs measured, here)
+
+The table follows nccl-tests (size, count, type, predicted time, algbw, busbw); ``--ranks``
+rescales the topology's node count, keeping its node size, switch size and links.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Sequence
+
+from .colls import busbw_factor
+from .sizes import format_size, parse_size, sweep
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point: print predicted (or predicted vs measured) tables."""
+    try:
+        args = _parse(argv)
+    except _Usage as err:
+        print(f"python -m bench simulate: error: {err}", file=sys.stderr)
+        return 2
+    if args.validate:
+        return _validate(args)
+    from topology.cost import CostModel
+
+    base = _topology(args.topology, args.links, args.nics)
+    sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    results: list[dict[str, Any]] = []
+    for topo in _scaled(base, args.ranks):
+        model = CostModel(topo, step_overhead_s=args.step_overhead,
+                          reduce_bytes_per_s=args.reduce_rate)
+        print(f"# {args.op} on {topo.world_size} ranks: {topo.num_nodes} nodes x "
+              f"{topo.local_size(0)} ranks, {topo.num_switches} switches, NICs per node: "
+              f"{topo.nics_per_node or 'one per rank'}; links " +
+              ", ".join(f"{k}={v}" for k, v in topo.links.items()))
+        results += _table(args, topo, model, sizes)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"op": args.op, "rows": results}, f, indent=1)
+    if args.plot:
+        _plot(args.plot, results, args.op)
+    return 0
+
+
+# -- prediction tables --------------------------------------------------------------------------
+def _table(args: argparse.Namespace, topo: Any, model: Any, sizes: list[int]) -> list[dict]:
+    from collectives.schedules import predict
+
+    p = topo.world_size
+    factor = busbw_factor(args.op, p)
+    algos = args.algo
+    print("#" + "".join(f"{h:>14s}" for h in ["size", "count", "type"]) +
+          "".join(f"{a + ' us':>14s}{a + ' busbw':>14s}" for a in algos) +
+          "".join(f"{a + '/' + algos[0]:>16s}" for a in algos[1:]))
+    rows = []
+    for size in sizes:
+        times = {a: predict(args.op, a, size, model) for a in algos}
+        line = f" {size:>13d}{size // 4:>14d}{'float':>14s}"
+        for a in algos:
+            t = times[a]
+            bw = size / t / 1e9 * factor if t else 0.0
+            line += f"{t * 1e6:>14.1f}{bw:>14.2f}" if t is not None else f"{'n/a':>14s}" * 2
+            rows.append({"ranks": p, "size": size, "algo": a, "time_s": t, "busbw_GBps": bw})
+        for a in algos[1:]:
+            ratio = times[algos[0]] / times[a] if times[a] and times[algos[0]] else float("nan")
+            line += f"{ratio:>16.2f}"
+        print(line)
+    return rows
+
+
+def _scaled(base: Any, ranks: list[int] | None) -> list[Any]:
+    """The base topology, or copies with as many nodes as ``ranks`` asks (node size kept)."""
+    if not ranks:
+        return [base]
+    from topology import parse_spec
+
+    L = base.local_size(0)
+    per_switch = max(1, base.num_nodes // max(base.num_switches, 1))
+    out = []
+    for p in ranks:
+        if p % L:
+            raise _Usage(f"--ranks {p} is not a multiple of the node size {L}")
+        nodes = p // L
+        spec = (f"{nodes // per_switch}x{per_switch}x{L}" if nodes % per_switch == 0
+                and nodes > per_switch else f"{nodes}x{L}")
+        out.append(parse_spec(spec, links=base.links, nics_per_node=base.nics_per_node))
+    return out
+
+
+# -- validation against measurement ---------------------------------------------------------------
+def _validate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    import collectives
+    from collectives.schedules import model_for, predict
+
+    comm = collectives.init()
+    model = model_for(comm.topology)
+    rows = []
+    for size in sweep(args.minbytes, args.maxbytes, args.stepfactor):
+        for algo in args.algo:
+            x = np.ones(max(size // 4, 1), np.float32)
+            out = np.empty(x.size * comm.size, np.float32) if args.op == "all_gather" else None
+            run = _runner(comm, args.op, algo, x, out)
+            run()
+            samples = []
+            for _ in range(args.iters):
+                comm.barrier()
+                t0 = time.perf_counter()
+                run()
+                samples.append(time.perf_counter() - t0)
+            worst = np.zeros(1)
+            comm.all_reduce(np.array([float(np.median(samples))]), op="max", out=worst)
+            total = size * comm.size if args.op == "all_gather" else size
+            pred = predict(args.op, algo, total, model)
+            err = (pred - worst[0]) / worst[0] * 100 if pred else float("nan")
+            rows.append((total, algo, pred, worst[0], err))
+            if comm.rank == 0:
+                print(f"{format_size(total):>10s} {algo:>8s} predicted {pred * 1e3:9.2f} ms  "
+                      f"measured {worst[0] * 1e3:9.2f} ms  error {err:+6.1f}%", flush=True)
+    if comm.rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(zip(("size", "algo", "predicted_s", "measured_s", "error_pct"), r))
+                       for r in rows], f, indent=1)
+    return 0
+
+
+def _runner(comm: Any, op: str, algo: str, x: Any, out: Any):
+    if op == "all_reduce":
+        return lambda: comm.all_reduce(x, algo=algo)
+    if op == "reduce_scatter":
+        return lambda: comm.reduce_scatter(x, algo=algo)
+    return lambda: comm.all_gather(x, out=out, algo=algo)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+class _Usage(ValueError):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise _Usage(message)
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    p = _Parser(prog="python -m bench simulate", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", default=None, help="spec (e.g. 64x32x8) or topology file")
+    p.add_argument("--links", default=None, help="TOPOCOLL_LINKS grammar, overrides the file's")
+    p.add_argument("--nics", default=None, help="NICs per node, or per-rank")
+    p.add_argument("--op", default="all_reduce", choices=OPS)
+    p.add_argument("--algo", default="ring,hier,ho_ring")
+    p.add_argument("-b", "--minbytes", default="1M")
+    p.add_argument("-e", "--maxbytes", default="1G")
+    p.add_argument("-f", "--stepfactor", type=float, default=4)
+    p.add_argument("-n", "--iters", type=int, default=5)
+    p.add_argument("--ranks", default=None, help="comma list of world sizes to rescale to")
+    p.add_argument("--step-overhead", type=float, default=None,
+                   help="software seconds per algorithm step (default TOPOCOLL_STEP_OVERHEAD)")
+    p.add_argument("--reduce-rate", type=_rate, default=None,
+                   help="local reduction throughput, e.g. 4GB/s (numpy on a CPU; GPUs: ~1TB/s)")
+    p.add_argument("--validate", action="store_true",
+                   help="under mpiexec: measure here and compare with the prediction")
+    p.add_argument("--json", default=None)
+    p.add_argument("--plot", default=None)
+    args = p.parse_args(list(argv))
+    args.minbytes, args.maxbytes = parse_size(args.minbytes), parse_size(args.maxbytes)
+    if args.minbytes > args.maxbytes:
+        raise _Usage(f"-b {args.minbytes} is larger than -e {args.maxbytes}")
+    args.algo = [a.strip() for a in args.algo.split(",") if a.strip()]
+    from collectives.schedules import MODELLED, STEP_OVERHEAD_S
+
+    bad = [a for a in args.algo if a not in MODELLED[args.op]]
+    if bad:
+        raise _Usage(f"no schedule for {', '.join(bad)} on {args.op}; modelled: "
+                     f"{', '.join(MODELLED[args.op])}")
+    args.ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else None
+    if args.step_overhead is None:
+        args.step_overhead = STEP_OVERHEAD_S
+    if args.reduce_rate is None:
+        from topology.cost import REDUCE_BYTES_PER_S
+
+        args.reduce_rate = REDUCE_BYTES_PER_S
+    if not args.validate and args.topology is None:
+        raise _Usage("--topology is required (a spec such as 8x8 or a file); "
+                     "or use --validate under mpiexec")
+    return args
+
+
+def _rate(text: str) -> float:
+    from topology.virtual import parse_links
+
+    try:
+        return parse_links(f"intra=0s:{text}")["intra"].beta_bytes_per_s
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _topology(source: str, links: str | None, nics: str | None) -> Any:
+    from topology import TopologyError, load, parse_spec
+    from topology.virtual import is_spec, parse_links
+
+    try:
+        topo = parse_spec(source) if is_spec(source) else load(source)
+        changes: dict[str, Any] = {}
+        if links:
+            merged = dict(topo.links)
+            merged.update(parse_links(links))
+            changes["links"] = merged
+        if nics:
+            changes["nics_per_node"] = None if nics == "per-rank" else int(nics)
+        return topo.with_(**changes) if changes else topo
+    except (TopologyError, OSError, ValueError) as err:
+        raise _Usage(f"--topology {source!r}: {err}") from None
+
+
+def _plot(path: str, rows: list[dict], op: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    keys = sorted({(r["ranks"], r["algo"]) for r in rows})
+    for ranks, algo in keys:
+        pts = [(r["size"], r["busbw_GBps"]) for r in rows
+               if r["ranks"] == ranks and r["algo"] == algo]
+        ax.plot([s for s, _ in pts], [b for _, b in pts], marker="o",
+                label=f"{algo} ({ranks} ranks)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("predicted busbw (GB/s)")
+    ax.set_title(f"{op}: predicted bus bandwidth")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
