@@ -231,13 +231,18 @@ def _plot(path: str, rows: list[dict], op: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    keys = sorted({(r["ranks"], r["algo"]) for r in rows})
-    for ranks, algo in keys:
-        pts = [(r["size"], r["busbw_GBps"]) for r in rows
-               if r["ranks"] == ranks and r["algo"] == algo]
-        ax.plot([s for s, _ in pts], [b for _, b in pts], marker="o",
-                label=f"{algo} ({ranks} ranks)")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    algos = sorted({r["algo"] for r in rows})
+    sizes = sorted({r["ranks"] for r in rows})
+    styles = ["-", "--", "-.", ":"]
+    markers = ["o", "s", "^", "D", "v"]
+    for ai, algo in enumerate(algos):
+        for si, ranks in enumerate(sizes):
+            pts = [(r["size"], r["busbw_GBps"]) for r in rows
+                   if r["ranks"] == ranks and r["algo"] == algo]
+            ax.plot([s for s, _ in pts], [b for _, b in pts], color=f"C{ai}",
+                    linestyle=styles[si % len(styles)], marker=markers[si % len(markers)],
+                    label=f"{algo}, {ranks} ranks")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("predicted busbw (GB/s)")
