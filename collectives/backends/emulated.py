@@ -101,6 +101,7 @@ class EmulatedBackend(Backend):
         return self.inner.agree(sig, ctx)
 
     def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
+        """Bytes in the next user message from ``src`` (the wrapped backend's answer)."""
         return self.inner.probe_count(src, tag, ctx)  # type: ignore[attr-defined]
 
     def split(self, color: int, key: int) -> "EmulatedBackend | None":
