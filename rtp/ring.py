@@ -1,9 +1,10 @@
 """The ring RTP rotates over: a private duplicate of the caller's communicator, and shard layouts.
 
-Each user communicator gets one Ring (cached), built on a duplicate so RTP's rotations never
-interleave with the caller's own operations on that communicator. Per-rotation agreement checks
-are off there (layouts are checked once, when a layer is built); the caller's communicator, with
-its checks, carries the once-per-backward reduction of replicated gradients.
+Each communicator gets one Ring (cached). Rotations run on the caller's communicator, in issue
+order with the caller's own operations on it. Layer layouts are agreed once, when a layer is built,
+so the communicator's per-operation agreement checks (``check=True``) only add one small
+all-reduce per rotation; a communicator built with ``check=False`` skips them (the default world
+communicator RTP makes for ``comm=None`` does).
 """
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ class Ring:
 
     def __init__(self, comm: collectives.Communicator) -> None:
         self.user = comm
-        self.comm = collectives.init(comm, timeout=comm.timeout, check=False)
+        # rotations go over ``comm`` itself: a private copy would be cleaner, but a split
+        # communicator can't be split or duplicated again (its MPI parent is freed)
+        self.comm = comm
         self.size, self.rank = self.comm.size, self.comm.rank
         self.replicated: Any = None  # set by rtp.sync.ReplicatedGrads
 
@@ -57,7 +60,7 @@ def ring_for(comm: Any = None) -> Ring:
     """The Ring over ``comm`` (a collectives Communicator; None: the world), built once."""
     if comm is None:
         if not _WORLD:
-            _WORLD.append(collectives.init())
+            _WORLD.append(collectives.init(check=False))
         comm = _WORLD[0]
     if not isinstance(comm, collectives.Communicator):
         raise TypeError(f"comm must be a collectives.Communicator (from collectives.init() or "
