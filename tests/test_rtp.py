@@ -48,19 +48,16 @@ def test_bounds_match_torch_init():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("mode", ["sgd", "adam", "eval", "block"])
 @pytest.mark.parametrize("n", [2, 4])
-def test_rtp_matches_dense_twin(n, mode):
-    run_ranks("rtp_train.py", n, args=[mode], timeout=120)
+def test_rtp_matches_dense_twin(n):
+    """Flyweight init bit-equal; logits, losses, weights after 3 SGD and 3 Adam steps; repeated
+    eval; a standalone block; and (4 ranks) RTP over split pairs with DP across them."""
+    modes = "sgd,adam,eval,block" + (",split" if n == 4 else "")
+    run_ranks("rtp_train.py", n, args=[modes], timeout=180)
 
 
 @pytest.mark.mpi
-def test_rtp_over_split_comm_composes_with_data_parallel():
-    run_ranks("rtp_train.py", 4, args=["split"], timeout=120)
-
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("n", [1, 3])
 def test_bad_input_raises_on_every_rank(n):
     out = run_ranks("rtp_errors.py", n, timeout=90)
     assert out.count("DONE") == n

@@ -27,7 +27,8 @@ def body():
     raises(ValueError, lambda: lin(x), "rank 0" if r else "[..., 6]")
     raises(ValueError, lambda: lin(torch.randn(2, 6, dtype=torch.float64)), "float64")
     # ranks that build different layers: every rank raises naming the disagreement
-    raises(ValueError, lambda: rtp.Linear(6, 5 + r % 2, comm=world), "disagree")
+    if world.size > 1:
+        raises(ValueError, lambda: rtp.Linear(6, 5 + r % 2, comm=world), "disagree")
     raises(TypeError, lambda: rtp.Linear(6, 5, comm="world"), "collectives.Communicator")
     raises(ValueError, lambda: rtp.Linear(0, 5, comm=world), "in_features")
     mha = rtp.MultiheadAttention(8, 2, comm=world)

@@ -46,6 +46,7 @@ def assert_state_equal(model, dense, tol, what):
 
 def train(opt_name):
     torch.set_default_dtype(torch.float64)
+    torch.manual_seed(0)
     world = collectives.init()
     dense, model = build(world)
     assert_state_equal(model, dense, 0, "flyweight init")
@@ -149,4 +150,4 @@ MODES = {"sgd": lambda: train("sgd"), "adam": lambda: train("adam"), "eval": eva
          "split": split, "block": block}
 
 if __name__ == "__main__":
-    rank_main(MODES[sys.argv[1]])
+    rank_main(lambda: [MODES[m]() for m in sys.argv[1].split(",")])
