@@ -1,0 +1,221 @@
+"""RTP vs DDP vs FSDP on a small GPT: per-rank memory by kind and step throughput, side by side.
+
+    mpiexec -n 2 python -m bench.rtp [--layers 4 --d-model 256 ...] [--plot docs/rtp_bench.png]
+
+Memory is counted exactly, per rank, from tensors: parameters, gradients and optimizer state
+(Adam) that the rank holds, and activations = the peak bytes autograd saves for backward during a
+forward (distinct storages, parameters excluded; for FSDP this includes the gathered full
+parameters). RTP's rotation buffers are reported apart: 2 blocks in forward, 5 in backward, of the
+largest layer. Throughput is 1 / the median step time; the methods take turns step by step in one job (so load
+from other jobs on a shared machine hits them alike).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import collectives
+import rtp
+from rtp.models import GPT
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison; print a table on rank 0 (and save a plot with ``--plot``)."""
+    args = _parse(argv)
+    torch.set_num_threads(args.threads)
+    comm = collectives.init(check=False)
+    p, r = comm.size, comm.rank
+    _init_gloo(comm)
+    cfg = dict(vocab=args.vocab, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+               seq=args.seq)
+    gen = torch.Generator().manual_seed(100 + r)
+    data = [torch.randint(0, args.vocab, (args.micro, args.seq + 1), generator=gen)
+            for _ in range(args.steps + args.warmup)]
+    runs = [_Run(name, BUILDERS[name](cfg, comm)) for name in args.methods.split(",")]
+    for i, ids in enumerate(data):  # interleaved: every method takes step i before step i+1
+        for run in runs:
+            run.step(ids, comm, timed=i >= args.warmup)
+    rows = [run.summary(comm) for run in runs]
+    if r == 0:
+        _report(rows, p, args)
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+def build_ddp(cfg: dict, comm: Any) -> torch.nn.Module:
+    """Dense GPT in torch DDP over gloo."""
+    torch.manual_seed(0)
+    return torch.nn.parallel.DistributedDataParallel(GPT(**cfg))
+
+
+def build_fsdp(cfg: dict, comm: Any) -> torch.nn.Module:
+    """Dense GPT under FSDP2 ``fully_shard`` (each block, then the root), over gloo."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = GPT(**cfg)
+    for block in model.blocks:
+        fully_shard(block)
+    return fully_shard(model)
+
+
+def build_rtp(cfg: dict, comm: Any, overlap: bool = True) -> torch.nn.Module:
+    """GPT built on meta, converted to RTP (flyweight init)."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = GPT(**cfg)
+    return rtp.RotatedTensorParallel(model, comm=comm, overlap=overlap, check_inputs=False)
+
+
+BUILDERS: dict[str, Callable[[dict, Any], torch.nn.Module]] = {
+    "ddp": build_ddp, "fsdp": build_fsdp, "rtp": build_rtp,
+    "rtp-no-overlap": lambda cfg, comm: build_rtp(cfg, comm, overlap=False),
+}
+
+
+class _Run:
+    """One method's model and optimizer, its step times and its memory counts."""
+
+    def __init__(self, name: str, model: torch.nn.Module) -> None:
+        self.name, self.model = name, model
+        self.opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+        self.times: list[float] = []
+        self.peak_saved = 0
+        self.pids = {q.data_ptr() for q in _locals(model.parameters())}
+
+    def step(self, ids: torch.Tensor, comm: Any, timed: bool) -> None:
+        """One training step (synchronised start, so ranks time the same step)."""
+        live: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if not timed and t.data_ptr() not in self.pids:
+                live[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        comm.barrier()
+        t0 = time.perf_counter()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            logits = self.model(ids[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
+        self.peak_saved = max(self.peak_saved, sum(live.values()))
+        self.opt.zero_grad(set_to_none=False)
+        loss.backward()
+        self.opt.step()
+        comm.barrier()
+        if timed:
+            self.times.append(time.perf_counter() - t0)
+
+    def summary(self, comm: Any) -> dict:
+        """Worst-rank memory by kind, median steps/s, and rotation buffers for RTP."""
+        model, opt = self.model, self.opt
+        grads = _local_bytes(q.grad for q in model.parameters() if q.grad is not None)
+        state = _local_bytes(t for s in opt.state.values() for t in s.values()
+                             if isinstance(t, torch.Tensor) and t.dim() > 0)
+        mem = np.array([_local_bytes(model.parameters()), grads, state, self.peak_saved],
+                       np.float64)
+        comm.all_reduce(mem, op="max")
+        rate = 1.0 / float(np.median(self.times))
+        buffers = _rotation_buffer_bytes(model) if self.name.startswith("rtp") else 0.0
+        return {"name": self.name, "params": mem[0], "grads": mem[1], "optim": mem[2],
+                "acts": mem[3], "steps_per_s": rate, "buffers": buffers}
+
+
+def _rotation_buffer_bytes(model: torch.nn.Module) -> float:
+    """Peak rotation scratch: 5 blocks of the largest layer (backward), 4 bytes per element."""
+    biggest = max((m.shards.numel for m in model.modules() if hasattr(m, "shards")), default=0)
+    return 5.0 * biggest * 4
+
+
+def _locals(tensors: Any) -> list[torch.Tensor]:
+    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+
+
+def _local_bytes(tensors: Any) -> float:
+    return float(sum(t.numel() * t.element_size() for t in _locals(tensors)))
+
+
+def _report(rows: list[dict], p: int, args: argparse.Namespace) -> None:
+    mib = 1 / 2 ** 20
+    ddp = next((x for x in rows if x["name"] == "ddp"), rows[0])
+    ddp_state = ddp["params"] + ddp["grads"] + ddp["optim"]
+    print(f"# RTP benchmark: GPT layers={args.layers} d_model={args.d_model} heads={args.heads} "
+          f"seq={args.seq} vocab={args.vocab} micro-batch={args.micro}/rank, p={p}, Adam, "
+          f"{args.steps} timed steps, {args.threads} thread(s)/rank")
+    print("| method | params MiB | grads MiB | optim MiB | model state vs DDP/p | "
+          "activations MiB | rotation buffers MiB | steps/s | vs DDP |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for x in rows:
+        state = x["params"] + x["grads"] + x["optim"]
+        print(f"| {x['name']} | {x['params'] * mib:.2f} | {x['grads'] * mib:.2f} | "
+              f"{x['optim'] * mib:.2f} | {state / (ddp_state / p):.3f} | {x['acts'] * mib:.2f} | "
+              f"{x['buffers'] * mib:.2f} | {x['steps_per_s']:.3f} | "
+              f"{x['steps_per_s'] / ddp['steps_per_s']:.2f}x |")
+    if args.plot:
+        _plot(rows, args.plot, p)
+        print(f"plot: {args.plot}")
+
+
+def _plot(rows: list[dict], path: str, p: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [x["name"] for x in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    bottom = np.zeros(len(rows))
+    for key, label in (("params", "parameters"), ("grads", "gradients"),
+                       ("optim", "optimizer state"), ("acts", "activations"),
+                       ("buffers", "rotation buffers")):
+        vals = np.array([x[key] for x in rows]) / 2 ** 20
+        a.bar(names, vals, bottom=bottom, label=label)
+        bottom += vals
+    a.set_ylabel("MiB per rank (worst rank)")
+    a.set_title(f"memory per rank, p={p}")
+    a.legend(fontsize=8)
+    b.bar(names, [x["steps_per_s"] for x in rows], color="tab:gray")
+    b.set_ylabel("training steps / s")
+    b.set_title("throughput (same job, steps interleaved)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _init_gloo(comm: Any) -> None:
+    """torch.distributed over gloo for DDP/FSDP, on a free port rank 0 picks."""
+    port = np.zeros(1, np.int64)
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port[0] = s.getsockname()[1]
+    comm.broadcast(port, root=0)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(int(port[0]))
+    torch.distributed.init_process_group("gloo", rank=comm.rank, world_size=comm.size)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.rtp", description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--micro", type=int, default=8, help="micro-batch per rank")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--methods", default="ddp,fsdp,rtp,rtp-no-overlap")
+    ap.add_argument("--plot", default=None, help="save a PNG here")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,91 @@
+"""``RotatedTensorParallel``: turn a dense model into an RTP one, in place.
+
+``nn.Linear``, ``nn.Embedding`` and ``nn.MultiheadAttention`` submodules become their rtp
+counterparts; every other parameter stays replicated and has its gradient averaged over the ranks.
+A model built on the meta device is initialised flyweight: modules are visited in registration
+order and each takes, from the default generator, the draws its dense init would, so the result
+equals, bit for bit, the dense model built on CPU from the same seed (for models whose init is
+their modules' own ``reset_parameters``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .layers import Embedding, Linear, MultiheadAttention
+from .ring import ring_for
+from .sync import sync_replicated
+
+CONVERTERS: dict[type, Any] = {
+    nn.Linear: Linear.from_dense,
+    nn.Embedding: Embedding.from_dense,
+    nn.MultiheadAttention: MultiheadAttention.from_dense,
+}
+RTP_LAYERS = (Linear, Embedding, MultiheadAttention)
+
+
+class RotatedTensorParallel(nn.Module):
+    """Wraps ``model`` after converting it in place; ``forward`` is the model's.
+
+    Args:
+        model: a dense ``nn.Module`` (materialised, or on the meta device for flyweight init).
+        comm: the collectives Communicator whose ranks share the weights (default: the world);
+            pass a ``split`` one to combine RTP with data parallelism over another.
+        overlap: overlap each rotation with compute (False: wait for it first; for measuring).
+        check_inputs: agree across ranks that every layer's input is valid (one small
+            all-reduce per layer call), so bad input raises on every rank instead of hanging.
+    """
+
+    def __init__(self, model: nn.Module, comm: Any = None, overlap: bool = True,
+                 check_inputs: bool = True) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        self.ring = ring_for(comm)
+        self.module = convert(model, comm=self.ring.user, overlap=overlap,
+                              check_inputs=check_inputs)
+        self.replicated = sync_replicated(self.module, self.ring)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's forward on this rank's micro-batch."""
+        return self.module(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict:
+        """The dense model's state dict (gathered; every rank must call it), unprefixed."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False) -> Any:
+        """Load a dense state dict: each rank keeps its own rows."""
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def set_overlap(self, overlap: bool) -> None:
+        """Turn rotation/compute overlap on or off in every RTP layer."""
+        for m in self.module.modules():
+            if isinstance(m, RTP_LAYERS):
+                m.overlap = overlap
+
+
+def convert(model: nn.Module, comm: Any = None, **kw: Any) -> nn.Module:
+    """Replace, in place and in registration order, the convertible submodules of ``model``;
+    materialise (``to_empty`` + ``reset_parameters``) the other meta ones. Returns the model."""
+    if type(model) in CONVERTERS:
+        return CONVERTERS[type(model)](model, comm=comm, **kw)
+    _materialise(model)
+    for name, child in list(model.named_children()):
+        setattr(model, name, convert(child, comm=comm, **kw))
+    return model
+
+
+def _materialise(module: nn.Module) -> None:
+    """Give a meta module's own tensors storage and its dense init (same draws, same order)."""
+    own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+    if not any(t.is_meta for t in own):
+        return
+    module.to_empty(device="cpu", recurse=False)
+    reset = getattr(module, "reset_parameters", None)
+    if reset is None:
+        raise ValueError(f"{type(module).__name__} has meta tensors but no reset_parameters(); "
+                         f"materialise it before RotatedTensorParallel")
+    reset()

@@ -1,0 +1,129 @@
+"""The ring RTP rotates over: a private duplicate of the caller's communicator, and shard layouts.
+
+Each communicator gets one Ring (cached). Rotations run on the caller's communicator, in issue
+order with the caller's own operations on it. Layer layouts are agreed once, when a layer is built,
+so the communicator's per-operation agreement checks (``check=True``) only add one small
+all-reduce per rotation; a communicator built with ``check=False`` skips them (the default world
+communicator RTP makes for ``comm=None`` does).
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import collectives
+
+_RINGS: "weakref.WeakKeyDictionary[collectives.Communicator, Ring]" = weakref.WeakKeyDictionary()
+_WORLD: list[collectives.Communicator] = []
+
+
+class Ring:
+    """Rotations and small agreements over one communicator's ranks."""
+
+    def __init__(self, comm: collectives.Communicator) -> None:
+        self.user = comm
+        # rotations go over ``comm`` itself: a private copy would be cleaner, but a split
+        # communicator can't be split or duplicated again (its MPI parent is freed)
+        self.comm = comm
+        self.size, self.rank = self.comm.size, self.comm.rank
+        self.replicated: Any = None  # set by rtp.sync.ReplicatedGrads
+
+    def rotate(self, x: torch.Tensor, out: torch.Tensor, shift: int = 1) -> Any:
+        """Start sending ``x`` ``shift`` ranks on and receiving into ``out``; returns the Handle."""
+        return self.comm.rotate(x, out=out, shift=shift, async_op=True)
+
+    def agree(self, ok: bool, what: str) -> None:
+        """Raise ValueError on every rank if ``ok`` is False on any (``what`` says why)."""
+        flags = np.array([0 if ok else 1, self.rank if not ok else -1], np.int64)
+        self.comm.all_reduce(flags, op="max")
+        if flags[0]:
+            raise ValueError(what if not ok else f"rank {flags[1]} of the RTP communicator "
+                             f"rejected its input: {what}")
+
+    def agree_on(self, values: tuple[int, ...], what: str) -> None:
+        """Raise ValueError on every rank unless every rank passes the same ``values``."""
+        mine = np.array(values, np.int64)
+        lo, hi = mine.copy(), mine.copy()
+        self.comm.all_reduce(lo, op="min")
+        self.comm.all_reduce(hi, op="max")
+        if not np.array_equal(lo, hi):
+            raise ValueError(f"{what}: ranks of the RTP communicator disagree (this rank, rank "
+                             f"{self.rank}, has {list(values)}; range over ranks "
+                             f"{lo.tolist()}..{hi.tolist()}); build the same model on every rank")
+
+
+def ring_for(comm: Any = None) -> Ring:
+    """The Ring over ``comm`` (a collectives Communicator; None: the world), built once."""
+    if comm is None:
+        if not _WORLD:
+            _WORLD.append(collectives.init(check=False))
+        comm = _WORLD[0]
+    if not isinstance(comm, collectives.Communicator):
+        raise TypeError(f"comm must be a collectives.Communicator (from collectives.init() or "
+                        f".split()), got {type(comm).__name__}")
+    ring = _RINGS.get(comm)
+    if ring is None:
+        ring = _RINGS[comm] = Ring(comm)
+    return ring
+
+
+def split_bounds(n: int, p: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` of each of ``p`` parts of ``n`` rows, numpy.array_split style (first parts
+    one longer)."""
+    q, rem = divmod(n, p)
+    out, lo = [], 0
+    for r in range(p):
+        hi = lo + q + (1 if r < rem else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+@dataclass(frozen=True)
+class RowShards:
+    """How a ``[rows, *row_shape]`` weight (plus an optional ``[rows]`` bias) is cut into one block
+    of rows per rank, and packed into equal-size flat buffers for rotation (padded to the largest
+    block; true sizes kept in ``bounds``)."""
+
+    bounds: tuple[tuple[int, int], ...]
+    row_shape: tuple[int, ...]
+    bias: bool
+    width: int = field(init=False)
+    max_rows: int = field(init=False)
+    numel: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        width = int(np.prod(self.row_shape, dtype=np.int64))
+        max_rows = max((hi - lo for lo, hi in self.bounds), default=0)
+        object.__setattr__(self, "width", width)
+        object.__setattr__(self, "max_rows", max_rows)
+        object.__setattr__(self, "numel", max_rows * width + (max_rows if self.bias else 0))
+
+    def rows(self, owner: int) -> int:
+        """How many rows ``owner`` holds."""
+        lo, hi = self.bounds[owner]
+        return hi - lo
+
+    def empty(self, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed flat buffer for one block (padding stays zero)."""
+        return torch.zeros(self.numel, dtype=dtype)
+
+    def views(self, buf: torch.Tensor, owner: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``owner``'s weight block and bias block inside the flat ``buf``."""
+        n = self.rows(owner)
+        w = buf[:n * self.width].view(n, *self.row_shape)
+        b = buf[self.max_rows * self.width:self.max_rows * self.width + n] if self.bias else None
+        return w, b
+
+    def pack(self, owner: int, w: torch.Tensor, b: torch.Tensor | None,
+             out: torch.Tensor) -> torch.Tensor:
+        """Copy ``owner``'s blocks into the flat ``out``."""
+        wv, bv = self.views(out, owner)
+        wv.copy_(w.detach())
+        if bv is not None:
+            bv.copy_(b.detach())
+        return out

@@ -1,0 +1,50 @@
+"""Bad input to RTP layers raises a clear error on every rank, and nothing hangs."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import torch
+
+import collectives
+import rtp
+
+
+def raises(exc, fn, *words):
+    try:
+        fn()
+    except exc as err:
+        msg = str(err)
+        assert all(w in msg for w in words), f"message {msg!r} lacks {words}"
+        return
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
+def body():
+    world = collectives.init(timeout=60)
+    r = world.rank
+    lin = rtp.Linear(6, 5, comm=world)
+    # one rank's bad input: every rank raises (its own message, or naming the bad rank)
+    x = torch.randn(2, 7 if r == 0 else 6)
+    raises(ValueError, lambda: lin(x), "rank 0" if r else "[..., 6]")
+    raises(ValueError, lambda: lin(torch.randn(2, 6, dtype=torch.float64)), "float64")
+    # ranks that build different layers: every rank raises naming the disagreement
+    if world.size > 1:
+        raises(ValueError, lambda: rtp.Linear(6, 5 + r % 2, comm=world), "disagree")
+    raises(TypeError, lambda: rtp.Linear(6, 5, comm="world"), "collectives.Communicator")
+    raises(ValueError, lambda: rtp.Linear(0, 5, comm=world), "in_features")
+    mha = rtp.MultiheadAttention(8, 2, comm=world)
+    q = torch.randn(1, 3, 8)
+    raises(ValueError, lambda: mha(q, q.clone(), q), "self-attention")
+    raises(ValueError, lambda: rtp.MultiheadAttention(8, 3, comm=world), "divisible")
+    emb = rtp.Embedding(10, 4, comm=world)
+    raises(ValueError, lambda: emb(torch.tensor([[1, 10 if r == 0 else 2]])), "[0, 10)")
+    raises(ValueError, lambda: rtp.RotatedTensorParallel(
+        torch.nn.Embedding(5, 3, padding_idx=0), comm=world), "padding_idx")
+    raises(TypeError, lambda: rtp.RotatedTensorParallel("model", comm=world), "nn.Module")
+    bad = {"weight": torch.zeros(5, 7), "bias": torch.zeros(5)}
+    raises(RuntimeError, lambda: lin.load_state_dict(bad), "size mismatch", "weight")
+    # the layer still works after all that (no rank is out of step)
+    assert lin(torch.randn(2, 6)).shape == (2, 5)
+
+
+if __name__ == "__main__":
+    rank_main(body)

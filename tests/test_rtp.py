@@ -1,0 +1,63 @@
+"""RTP under the real mpiexec on 2 and 4 ranks, plus single-process flyweight-init checks."""
+import math
+
+import pytest
+import torch
+
+from rtp import init
+from tests.mpi_harness import run_ranks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(7, 5), (64, 33), (301, 17)])
+def test_uniform_rows_equal_the_dense_draw(shape, dtype):
+    rows = shape[0]
+    for ranges in ([(0, 2)], [(2, rows)], [(1, 3), (5, 7)], [(rows - 1, rows)], []):
+        torch.manual_seed(3)
+        dense = torch.empty(shape, dtype=dtype).uniform_(-0.3, 0.3)
+        after = torch.rand(3)
+        torch.manual_seed(3)
+        got = init.uniform_rows(shape, ranges, 0.3, dtype)
+        want = torch.cat([dense[lo:hi] for lo, hi in ranges]) if ranges else dense[:0]
+        assert torch.equal(got, want), ranges
+        assert torch.equal(torch.rand(3), after), "generator left in another state"
+
+
+@pytest.mark.parametrize("n", [5, 16, 37, 48, 1000, 10007])
+def test_normal_range_equals_the_dense_draw(n):
+    for lo, hi in ((0, n), (0, n // 2), (n // 3, n), (n - 1, n), (n // 2, min(n, n // 2 + 3))):
+        torch.manual_seed(4)
+        dense = torch.empty(n).normal_()
+        after = torch.rand(3)
+        torch.manual_seed(4)
+        assert torch.equal(init.normal_range(n, lo, hi), dense[lo:hi]), (lo, hi)
+        assert torch.equal(torch.rand(3), after)
+
+
+def test_bounds_match_torch_init():
+    w = torch.empty(40, 30)
+    torch.manual_seed(0)
+    torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+    torch.manual_seed(0)
+    assert torch.equal(init.uniform_rows((40, 30), [(0, 40)], init.kaiming_uniform_bound(30)), w)
+    torch.manual_seed(0)
+    torch.nn.init.xavier_uniform_(w)
+    torch.manual_seed(0)
+    assert torch.equal(init.uniform_rows((40, 30), [(0, 40)],
+                                         init.xavier_uniform_bound(30, 40)), w)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_rtp_matches_dense_twin(n):
+    """Flyweight init bit-equal; logits, losses, weights after 3 SGD and 3 Adam steps; repeated
+    eval; a standalone block; and (4 ranks) RTP over split pairs with DP across them."""
+    modes = "sgd,adam,eval,block" + (",split" if n == 4 else "")
+    run_ranks("rtp_train.py", n, args=[modes], timeout=180)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 3])
+def test_bad_input_raises_on_every_rank(n):
+    out = run_ranks("rtp_errors.py", n, timeout=90)
+    assert out.count("DONE") == n
