@@ -5,7 +5,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["collectives", "topology", "bench"]
+PACKAGES = ["collectives", "topology", "bench", "rtp"]
 
 
 def _modules():
