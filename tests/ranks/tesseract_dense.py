@@ -1,7 +1,8 @@
 """A Tesseract model on a [q, q, d] grid matches the dense model: outputs, input and parameter
 gradients, over several SGD steps; depth (and row) replicas hold identical, full gradients.
 
-Args: q d dtype model steps  (model: linear | mlp | block)
+Args: q d CASE...  with CASE = model:dtype:steps, model one of linear | mlp | block, or
+megatron (the 1-D baseline on the whole communicator, with its call counts checked).
 """
 import sys
 
@@ -12,6 +13,7 @@ import torch
 
 import collectives
 import tesseract
+from tesseract import megatron
 from tesseract.reference import DenseLinear, DenseMLP, DenseTransformerBlock
 
 TOL = {"float64": dict(rtol=1e-9, atol=1e-11), "float32": dict(rtol=2e-4, atol=2e-5)}
@@ -50,51 +52,89 @@ def close(name, got, want, tol, step):
 
 
 def body():
-    q, d, dtype_name, kind, steps = sys.argv[1:6]
-    q, d, steps, dtype = int(q), int(d), int(steps), getattr(torch, dtype_name)
-    tol = TOL[dtype_name]
-    comm = collectives.init()
+    q, d = int(sys.argv[1]), int(sys.argv[2])
+    meter = tesseract.Meter()
+    comm = meter.wrap(collectives.init())
     grid = tesseract.Grid(comm, q, d)
     if comm.rank == 0:
         print(f"grid {grid}, spans {grid.spans()}", flush=True)
-    dense, par, x = build(kind, grid, dtype)
-    gy = torch.randn(x.shape[:-1] + (dense(x).shape[-1],), generator=torch.Generator().manual_seed(2),
-                     dtype=dtype)
+    for case in sys.argv[3:]:
+        kind, dtype_name, steps = case.split(":")
+        run_case(grid, meter, kind, dtype_name, int(steps))
+        if comm.rank == 0:
+            print(f"OK {kind} q={q} d={d} {dtype_name} steps={steps}", flush=True)
+    grid.close()
+
+
+def run_case(grid, meter, kind, dtype_name, steps):
+    dtype, tol = getattr(torch, dtype_name), TOL[dtype_name]
+    if kind == "megatron":
+        dense, par, x = build_megatron(grid.comm, dtype)
+        split = (lambda t: t.detach().clone(), lambda t, lay: megatron.split_param(t, lay, grid.comm))
+    else:
+        dense, par, x = build(kind, grid, dtype)
+        split = (lambda t: tesseract.split_activation(t, grid),
+                 lambda t, lay: tesseract.split_param(t, lay, grid))
+    gy = torch.randn(x.shape[:-1] + (dense(x).shape[-1],),
+                     generator=torch.Generator().manual_seed(2), dtype=dtype)
     dparams, pparams = dict(dense.named_parameters()), dict(par.named_parameters())
-    lr = 0.05
     for step in range(steps):
         xd = x.clone().requires_grad_(True)
         yd = dense(xd)
         (yd * gy).sum().backward()
 
-        xl = tesseract.split_activation(x, grid).requires_grad_(True)
+        meter.reset()
+        xl = split[0](x).requires_grad_(True)
         yl = par(xl)
-        (yl * tesseract.split_activation(gy, grid)).sum().backward()
+        (yl * split[0](gy)).sum().backward()
 
-        close("output", yl.detach(), tesseract.split_activation(yd.detach(), grid), tol, step)
-        close("input gradient", xl.grad, tesseract.split_activation(xd.grad, grid), tol, step)
-        if step == 0:
-            full = tesseract.gather_activation(yl, grid)
-            close("gathered output", full, yd.detach(), tol, step)
+        close("output", yl.detach(), split[0](yd.detach()), tol, step)
+        close("input gradient", xl.grad, split[0](xd.grad), tol, step)
         for name, p in pparams.items():
-            want = tesseract.split_param(dparams[name].grad, p.tesseract_layout, grid)
-            close(f"gradient of {name}", p.grad, want, tol, step)
-            for group in ("dep", "col_dep"):  # replicas agree bit for bit
-                g = getattr(grid, group)
-                if p.tesseract_layout[0] == "block" and group == "col_dep":
-                    continue
-                every = g.all_gather(p.grad.contiguous()).reshape(g.size, *p.grad.shape)
-                assert all(torch.equal(every[0], e) for e in every), \
-                    f"step {step}: {name} gradient differs across the {group} replicas"
+            layout = getattr(p, "tesseract_layout", None) or p.megatron_layout
+            close(f"gradient of {name}", p.grad, split[1](dparams[name].grad, layout), tol, step)
+        if kind == "megatron":
+            check_megatron_calls(meter, grid.comm, x)
+        else:
+            check_replicas(grid, pparams, step)
+        if step == 0 and kind != "megatron":
+            close("gathered output", tesseract.gather_activation(yl, grid), yd.detach(), tol, step)
         with torch.no_grad():
             for name, p in pparams.items():
-                p -= lr * p.grad
-                dparams[name] -= lr * dparams[name].grad
-                p.grad = None
-                dparams[name].grad = None
-    if comm.rank == 0:
-        print(f"OK {kind} q={q} d={d} {dtype_name} steps={steps}", flush=True)
-    grid.close()
+                p -= 0.05 * p.grad
+                dparams[name] -= 0.05 * dparams[name].grad
+                p.grad = dparams[name].grad = None
+
+
+def check_replicas(grid, pparams, step):
+    """Depth replicas of every parameter (and row replicas of vectors) agree bit for bit."""
+    for name, p in pparams.items():
+        groups = ("dep",) if p.tesseract_layout[0] == "block" else ("dep", "col_dep")
+        for group in groups:
+            g = getattr(grid, group)
+            every = g.all_gather(p.grad.contiguous()).reshape(g.size, *p.grad.shape)
+            assert all(torch.equal(every[0], e) for e in every), \
+                f"step {step}: {name} gradient differs across the {group} replicas"
+
+
+def build_megatron(comm, dtype):
+    gen = torch.Generator().manual_seed(3)
+    dense = DenseMLP(8, dtype=dtype, generator=gen)
+    with torch.no_grad():
+        dense.ln.weight.add_(0.3 * torch.randn(8, generator=gen, dtype=dtype))
+    par = tesseract.MegatronMLP(comm, 8, dtype=dtype)
+    tesseract.load_dense(par, dense, lambda t, lay: megatron.split_param(t, lay, comm))
+    return dense, par, torch.randn(6, 8, generator=gen, dtype=dtype)
+
+
+def check_megatron_calls(meter, comm, x):
+    """One all-reduce of [rows, hidden] forward, one backward, nothing else."""
+    want = 2 if comm.size > 1 else 0
+    assert meter.calls[("split", "all_reduce")] == 0
+    got = {k: v for k, v in meter.calls.items() if v}
+    assert got == ({("world", "all_reduce"): 2} if want else {}), got
+    if want:
+        assert meter.payload[("world", "all_reduce")] == 2 * x.numel() * x.element_size()
 
 
 rank_main(body)
