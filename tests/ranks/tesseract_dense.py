@@ -13,7 +13,7 @@ import torch
 
 import collectives
 import tesseract
-from tesseract import megatron
+from tesseract import megatron, volume
 from tesseract.reference import DenseLinear, DenseMLP, DenseTransformerBlock
 
 TOL = {"float64": dict(rtol=1e-9, atol=1e-11), "float32": dict(rtol=2e-4, atol=2e-5)}
@@ -96,6 +96,8 @@ def run_case(grid, meter, kind, dtype_name, steps):
         if kind == "megatron":
             check_megatron_calls(meter, grid.comm, x)
         else:
+            if kind == "mlp":
+                check_volume(meter, grid, x, dense.fc1.weight.shape[1])
             check_replicas(grid, pparams, step)
         if step == 0 and kind != "megatron":
             close("gathered output", tesseract.gather_activation(yl, grid), yd.detach(), tol, step)
@@ -115,6 +117,13 @@ def check_replicas(grid, pparams, step):
             every = g.all_gather(p.grad.contiguous()).reshape(g.size, *p.grad.shape)
             assert all(torch.equal(every[0], e) for e in every), \
                 f"step {step}: {name} gradient differs across the {group} replicas"
+
+
+def check_volume(meter, grid, x, ffn):
+    """The metered bytes of one MLP forward+backward equal the analytic formula."""
+    want = volume.mlp_2p5d(x.shape[0], x.shape[1], ffn, grid.q, grid.d, x.element_size())
+    got = meter.total_sent()
+    assert abs(got - want) <= 1e-9 * max(want, 1), f"metered {got} B, formula {want} B"
 
 
 def build_megatron(comm, dtype):
