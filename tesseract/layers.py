@@ -26,8 +26,8 @@ class Linear(torch.nn.Module):
                  dtype: torch.dtype = torch.float32, seed: int = 0, parts: int = 1) -> None:
         super().__init__()
         q = grid.q
-        _check_split(f"Linear in_features", in_features, q)
-        _check_split(f"Linear out_features", out_features, q * parts)
+        _check_split("Linear in_features", in_features, q)
+        _check_split("Linear out_features", out_features, q * parts)
         self.grid, self.in_features, self.out_features = grid, in_features, out_features
         bound = 1.0 / math.sqrt(in_features)
         self.weight = _param(_uniform((in_features // q, out_features // q), bound, dtype,
