@@ -1,0 +1,164 @@
+"""Tesseract (2.5-D) layers: Linear, LayerNorm, MLP block and self-attention on a [q, q, d] grid.
+
+Activations are ``[rows, ..., hidden]`` blocks (rows split over depth and grid rows, hidden over
+columns: see :mod:`tesseract.shard`). Weights are q x q blocks replicated over depth, vectors are
+column blocks replicated over rows and depth; each replicated parameter goes through
+:func:`tesseract.ops.copy_to` on its replica group, so after ``backward()`` every replica holds the
+same, full gradient and plain per-rank optimizer steps keep the replicas identical.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .grid import Grid
+from .ops import all_reduce_, copy_to
+from .summa import summa
+
+
+class Linear(torch.nn.Module):
+    """``y = x @ W + b`` with ``W [in, out]`` in q x q blocks; the product is SUMMA (summa.py)."""
+
+    def __init__(self, grid: Grid, in_features: int, out_features: int, bias: bool = True,
+                 dtype: torch.dtype = torch.float32, seed: int = 0, parts: int = 1) -> None:
+        super().__init__()
+        q = grid.q
+        _check_split("Linear in_features", in_features, q)
+        _check_split("Linear out_features", out_features, q * parts)
+        self.grid, self.in_features, self.out_features = grid, in_features, out_features
+        bound = 1.0 / math.sqrt(in_features)
+        self.weight = _param(_uniform((in_features // q, out_features // q), bound, dtype,
+                                      seed, grid.i, grid.j), ("block", parts))
+        self.bias = _param(_uniform((out_features // q,), bound, dtype, seed, -1, grid.j),
+                           ("vector", parts)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply to this rank's activation block ``[..., in/q]``; returns ``[..., out/q]``."""
+        g = self.grid
+        if x.shape[-1] != self.weight.shape[0]:
+            raise ValueError(f"Linear expects input blocks with last dim in_features/q = "
+                             f"{self.weight.shape[0]}, got shape {list(x.shape)}")
+        y = summa(x.reshape(-1, x.shape[-1]), copy_to(self.weight, g.dep), g.row, g.col)
+        if self.bias is not None:
+            y = y + copy_to(self.bias, g.col_dep)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+class LayerNorm(torch.nn.Module):
+    """LayerNorm over a hidden dimension split across the row group (statistics all-reduced)."""
+
+    def __init__(self, grid: Grid, hidden: int, eps: float = 1e-5,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        _check_split("LayerNorm hidden", hidden, grid.q)
+        self.grid, self.hidden, self.eps = grid, hidden, eps
+        self.weight = _param(torch.ones(hidden // grid.q, dtype=dtype), ("vector", 1))
+        self.bias = _param(torch.zeros(hidden // grid.q, dtype=dtype), ("vector", 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalise this rank's block ``[..., hidden/q]`` with the statistics of the full rows."""
+        g = self.grid
+        y = _LayerNorm.apply(x.reshape(-1, x.shape[-1]), self.hidden, self.eps, g.row)
+        y = y * copy_to(self.weight, g.col_dep) + copy_to(self.bias, g.col_dep)
+        return y.reshape(x.shape)
+
+
+class MLP(torch.nn.Module):
+    """Pre-norm transformer MLP block: ``x + fc2(gelu(fc1(ln(x))))``."""
+
+    def __init__(self, grid: Grid, hidden: int, ffn: int | None = None,
+                 dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        super().__init__()
+        ffn = 4 * hidden if ffn is None else ffn
+        self.ln = LayerNorm(grid, hidden, dtype=dtype)
+        self.fc1 = Linear(grid, hidden, ffn, dtype=dtype, seed=seed)
+        self.fc2 = Linear(grid, ffn, hidden, dtype=dtype, seed=seed + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One block on this rank's activation block."""
+        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+
+
+class SelfAttention(torch.nn.Module):
+    """Pre-norm self-attention block ``x + proj(attn(qkv(ln(x))))``, heads split over columns.
+
+    Input blocks are ``[batch/(d*q), seq, hidden/q]``: a rank holds whole sequences, and column j
+    holds heads ``j*heads/q ...``, so attention itself needs no communication.
+    """
+
+    def __init__(self, grid: Grid, hidden: int, heads: int, causal: bool = False,
+                 dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        super().__init__()
+        _check_split("SelfAttention heads", heads, grid.q)
+        _check_split("SelfAttention hidden", hidden, heads)
+        self.heads_local, self.causal = heads // grid.q, causal
+        self.ln = LayerNorm(grid, hidden, dtype=dtype)
+        self.qkv = Linear(grid, hidden, 3 * hidden, dtype=dtype, seed=seed, parts=3)
+        self.proj = Linear(grid, hidden, hidden, dtype=dtype, seed=seed + 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One block on this rank's ``[batch, seq, hidden/q]`` block."""
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(h, dim=-1)
+        q, k, v = (t.reshape(b, s, self.heads_local, -1).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return x + self.proj(o.transpose(1, 2).reshape(b, s, h))
+
+
+class TransformerBlock(torch.nn.Module):
+    """Self-attention block followed by an MLP block."""
+
+    def __init__(self, grid: Grid, hidden: int, heads: int, ffn: int | None = None,
+                 causal: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
+        super().__init__()
+        self.attn = SelfAttention(grid, hidden, heads, causal=causal, dtype=dtype, seed=seed)
+        self.mlp = MLP(grid, hidden, ffn, dtype=dtype, seed=seed + 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """One transformer layer on this rank's ``[batch, seq, hidden/q]`` block."""
+        return self.mlp(self.attn(x))
+
+
+class _LayerNorm(torch.autograd.Function):
+    """Normalise rows whose hidden dim is split over ``row``: sums all-reduced there."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, hidden: int, eps: float, row: Any) -> torch.Tensor:
+        mean = all_reduce_(x.sum(-1, keepdim=True), row) / hidden
+        xc = x - mean
+        var = all_reduce_((xc * xc).sum(-1, keepdim=True), row) / hidden
+        rstd = torch.rsqrt(var + eps)
+        xhat = xc * rstd
+        ctx.save_for_backward(xhat, rstd)
+        ctx.hidden, ctx.row = hidden, row
+        return xhat
+
+    @staticmethod
+    def backward(ctx: Any, dxhat: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        xhat, rstd = ctx.saved_tensors
+        sums = torch.stack([dxhat.sum(-1), (dxhat * xhat).sum(-1)], dim=-1).contiguous()
+        sums = all_reduce_(sums, ctx.row) / ctx.hidden
+        dx = rstd * (dxhat - sums[:, :1] - xhat * sums[:, 1:])
+        return dx, None, None, None
+
+
+def _param(t: torch.Tensor, layout: tuple[str, int]) -> torch.nn.Parameter:
+    p = torch.nn.Parameter(t)
+    p.tesseract_layout = layout
+    return p
+
+
+def _uniform(shape: tuple[int, ...], bound: float, dtype: torch.dtype, seed: int, i: int,
+             j: int) -> torch.Tensor:
+    """Block (i, j) drawn from its own seed, so depth replicas (and row replicas of vectors) agree
+    and no rank ever builds the dense weight."""
+    gen = torch.Generator().manual_seed(hash((seed, i, j)) & 0x7FFFFFFF)
+    return (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1).mul_(bound).to(dtype)
+
+
+def _check_split(what: str, n: int, by: int) -> None:
+    if n % by:
+        raise ValueError(f"{what} = {n} is not divisible by {by}")
