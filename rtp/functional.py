@@ -29,7 +29,30 @@ import torch.nn.functional as F
 from .ring import Ring, RowShards
 
 
-class LinearKernel:
+class Kernel:
+    """What one row-sharded layer computes with a block of rows ``[lo, hi)`` of its weight."""
+
+    def out_shape(self, x: torch.Tensor, shards: RowShards) -> tuple[int, ...]:
+        """Shape of the full output for input ``x``."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                lo: int, hi: int, y: torch.Tensor) -> None:
+        """Fill the part of ``y`` that rows ``[lo, hi)`` (weight block ``w``, bias ``b``) give."""
+        raise NotImplementedError
+
+    def weight_grad(self, x: torch.Tensor, gy: torch.Tensor, lo: int, hi: int,
+                    gw: torch.Tensor, gb: torch.Tensor | None) -> None:
+        """This rank's contribution to the block's weight (and bias) gradient, into gw/gb."""
+        raise NotImplementedError
+
+    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, lo: int, hi: int,
+                   gx: torch.Tensor) -> None:
+        """Add the block's part of the input gradient into ``gx``."""
+        raise NotImplementedError
+
+
+class LinearKernel(Kernel):
     """Rows are output features: block o fills output columns ``[lo, hi)``."""
 
     def out_shape(self, x: torch.Tensor, shards: RowShards) -> tuple[int, ...]:
@@ -51,7 +74,7 @@ class LinearKernel:
         gx.view(-1, gx.shape[-1]).addmm_(gy.reshape(-1, gy.shape[-1])[:, lo:hi], w)
 
 
-class EmbeddingKernel:
+class EmbeddingKernel(Kernel):
     """Rows are vocabulary entries: block o looks up the ids in ``[lo, hi)``."""
 
     def out_shape(self, x: torch.Tensor, shards: RowShards) -> tuple[int, ...]:

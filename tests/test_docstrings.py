@@ -5,7 +5,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["collectives", "topology", "bench", "rtp"]
+PACKAGES = ["collectives", "topology", "bench", "rtp", "tesseract"]
 
 
 def _modules():
