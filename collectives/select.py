@@ -18,11 +18,11 @@ Algorithm = Callable[[Backend, OpContext, Call], None]
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce,
-                   "hier": hier.all_reduce, "ho_ring": ho_ring.all_reduce},
+                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring},
     "all_gather": {"ring": ring.all_gather, "native": native.all_gather,
-                   "hier": hier.all_gather, "ho_ring": ho_ring.all_gather},
+                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring},
     "reduce_scatter": {"ring": ring.reduce_scatter, "native": native.reduce_scatter,
-                       "hier": hier.reduce_scatter, "ho_ring": ho_ring.reduce_scatter},
+                       "hier": hier.hier, "ho_ring": ho_ring.ho_ring},
     "broadcast": {"native": native.broadcast},
     "reduce": {"native": native.reduce},
     "all_to_all": {"native": native.all_to_all},

@@ -66,6 +66,21 @@ def plan_for(b: Backend, topology: Any, switch_aware: bool, name: str) -> Plan |
     return cache[key]
 
 
+def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
+        chunks: Any) -> None:
+    """Run ``call.kind`` two-level where the topology allows, else on the flat ring.
+
+    ``chunks(kind, total_bytes, topology)`` gives the pipeline chunk count.
+    """
+    plan = plan_for(b, call.topology, switch_aware, name)
+    if plan is None:
+        call.ring = flat_ring_order(call.topology, b.size)
+        _FLAT[call.kind](b, ctx, call)
+        return
+    total = call.recv.nbytes if call.kind == "all_gather" else call.send.nbytes
+    _TWO_LEVEL[call.kind](b, ctx, call, plan, chunks(call.kind, total, call.topology))
+
+
 def flat_ring_order(topology: Any, size: int) -> list[int] | None:
     """The switch-aware flat ring order where a topology is known (node-mates adjacent)."""
     if topology is None:
@@ -236,3 +251,9 @@ def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+_FLAT = {"all_reduce": ring.all_reduce, "reduce_scatter": ring.reduce_scatter,
+         "all_gather": ring.all_gather}
+_TWO_LEVEL = {"all_reduce": all_reduce, "reduce_scatter": reduce_scatter,
+              "all_gather": all_gather}

@@ -14,24 +14,14 @@ import os
 from ..backends.base import Backend
 from ..call import Call
 from ..context import OpContext
-from . import hierarchy, ring
+from . import hierarchy
 
 MAX_CHUNKS = 8
 
 
-def all_reduce(b: Backend, ctx: OpContext, call: Call) -> None:
-    """HO-Ring all-reduce."""
-    _run(b, ctx, call, hierarchy.all_reduce, ring.all_reduce)
-
-
-def reduce_scatter(b: Backend, ctx: OpContext, call: Call) -> None:
-    """HO-Ring reduce-scatter."""
-    _run(b, ctx, call, hierarchy.reduce_scatter, ring.reduce_scatter)
-
-
-def all_gather(b: Backend, ctx: OpContext, call: Call) -> None:
-    """HO-Ring all-gather."""
-    _run(b, ctx, call, hierarchy.all_gather, ring.all_gather)
+def ho_ring(b: Backend, ctx: OpContext, call: Call) -> None:
+    """HO-Ring all_reduce / reduce_scatter / all_gather (by ``call.kind``)."""
+    hierarchy.run(b, ctx, call, "ho_ring", switch_aware=True, chunks=chunk_count)
 
 
 def chunk_count(kind: str, nbytes: int, topology) -> int:
@@ -42,15 +32,3 @@ def chunk_count(kind: str, nbytes: int, topology) -> int:
     from ..schedules import best_chunks
 
     return best_chunks(kind, nbytes, topology)
-
-
-def _run(b, ctx, call, two_level, flat) -> None:
-    plan = hierarchy.plan_for(b, call.topology, switch_aware=True, name="ho_ring")
-    if plan is None:
-        call.ring = hierarchy.flat_ring_order(call.topology, b.size)
-        flat(b, ctx, call)
-        return
-    total = call.recv.nbytes * b.size if call.kind == "reduce_scatter" else call.send.nbytes
-    if call.kind == "all_gather":
-        total = call.recv.nbytes
-    two_level(b, ctx, call, plan, chunks=chunk_count(call.kind, total, call.topology))

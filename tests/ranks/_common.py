@@ -45,3 +45,15 @@ def valid_ops(dtype):
     if kind in "fc":
         ops.append("avg")
     return ops
+
+
+def expect_raises(exc, fn, *words):
+    """Call ``fn``; it must raise ``exc`` whose message contains every one of ``words``."""
+    try:
+        fn()
+    except exc as err:
+        msg = str(err)
+        missing = [w for w in words if w not in msg]
+        assert not missing, f"message {msg!r} lacks {missing}"
+        return err
+    raise AssertionError(f"{fn} did not raise {exc.__name__}")

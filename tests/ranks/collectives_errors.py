@@ -1,22 +1,12 @@
 """Bad input raises before communicating; disagreeing ranks all get MismatchError; no hang."""
 import _common  # noqa: F401
+from _common import expect_raises as expect
 from _common import rank_main
 
 import numpy as np
 
 import collectives
 from collectives import MismatchError
-
-
-def expect(exc, fn, *words):
-    try:
-        fn()
-    except exc as err:
-        msg = str(err)
-        for w in words:
-            assert w in msg, f"message {msg!r} lacks {w!r}"
-        return err
-    raise AssertionError(f"{fn} did not raise {exc.__name__}")
 
 
 def local_errors(c):

@@ -1,21 +1,12 @@
 """Bad input to RTP layers raises a clear error on every rank, and nothing hangs."""
 import _common  # noqa: F401
 from _common import rank_main
+from _common import expect_raises as raises
 
 import torch
 
 import collectives
 import rtp
-
-
-def raises(exc, fn, *words):
-    try:
-        fn()
-    except exc as err:
-        msg = str(err)
-        assert all(w in msg for w in words), f"message {msg!r} lacks {words}"
-        return
-    raise AssertionError(f"{fn} did not raise {exc.__name__}")
 
 
 def body():

@@ -2,6 +2,7 @@
 the broadcast stream has step t+1 in flight while step t is used and delivers every root's block."""
 import _common  # noqa: F401
 from _common import rank_main
+from _common import expect_raises
 
 import torch
 
@@ -11,13 +12,7 @@ from tesseract.summa import BroadcastStream
 
 
 def raises(exc, words, fn):
-    try:
-        fn()
-    except exc as err:
-        msg = str(err)
-        assert all(w in msg for w in words), f"message {msg!r} lacks {words}"
-        return
-    raise AssertionError(f"{fn} did not raise {exc.__name__}")
+    expect_raises(exc, fn, *words)
 
 
 def body():
