@@ -104,8 +104,7 @@ def body():
     strategies = sys.argv[1].split(",") if len(sys.argv) > 1 else list(paro.STRATEGIES)
     g = len(comm.topology.nodes()[0])
     steps = 3
-    cases = [("sgd", 1, torch.float64), ("adamw", 1, torch.float64), ("adamw", 3, torch.float64),
-             ("adamw", 2, torch.float32)]
+    cases = [("sgd", 1, torch.float64), ("adamw", 3, torch.float64), ("adamw", 2, torch.float32)]
     for strategy in strategies:
         for opt_name, k, dtype in cases:
             what = f"{strategy} {opt_name} k={k} {dtype}"
