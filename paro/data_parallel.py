@@ -181,6 +181,8 @@ class ParoDataParallel(torch.nn.Module):
     def _reduce_micro_batch(self) -> None:
         """Fold this micro-batch's gradients into the kept ones; drop gathered parameters."""
         s, g = self.strategy, self.groups
+        if s.params != "N" and self._full_params is None:
+            raise RuntimeError("step() needs a forward and backward through this wrapper first")
         grads = self._grad_acc if s.grads == "N" else self._micro_grads
         if grads is not None:
             self._check_grads(grads)
