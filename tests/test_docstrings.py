@@ -5,7 +5,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["collectives", "topology", "bench", "rtp", "tesseract"]
+PACKAGES = ["collectives", "topology", "bench", "rtp", "tesseract", "paro"]
 
 
 def _modules():

@@ -1,0 +1,223 @@
+"""Step time and per-rank memory of every PaRO strategy, side by side in one run.
+
+    TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 TOPOCOLL_LINKS="inter=50us:200MB/s" \\
+        mpiexec -n 4 python -m bench.paro --accum 1,4 --plot docs/img/paro.png
+
+All strategies train copies of one MLP on the same data; each round times ``--steps`` optimizer
+steps of every strategy in turn (the order rotates per round), so a noisy machine slows them all
+alike. Reported: the median over rounds of the slowest rank's time per optimizer step, the bytes
+each rank keeps (measured, and checked against the formula), and the advisor's predicted
+communication time on the topology's link parameters.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from typing import Any, Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; rank 0 prints the table (and writes --json / --plot). Returns 0."""
+    args = _parse(argv)
+    import torch
+    from mpi4py import MPI
+
+    import collectives
+    import paro
+
+    torch.set_num_threads(1)
+    comm = collectives.init()
+    topo = comm.topology
+    g = topo.node_sizes()[0]
+    results: list[dict[str, Any]] = []
+    for k in args.accum:
+        models = {}
+        for s in args.strategies:
+            torch.manual_seed(0)
+            net = _mlp(args.width, args.layers)
+            models[s] = paro.ParoDataParallel(
+                net, s, comm, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                accumulation_steps=k)
+        torch.manual_seed(0)
+        models[LOCAL] = _Local(_mlp(args.width, args.layers), k)
+        numel = sum(p.numel() for p in _mlp(args.width, args.layers).parameters())
+        data = _batches(args, k, comm.rank)
+        names = [*args.strategies, LOCAL]
+        times: dict[str, list[float]] = {s: [] for s in names}
+        for r in range(args.warmup + args.rounds):
+            for s in names[r % len(names):] + names[:r % len(names)]:
+                dt = _time_steps(models[s], data, args.steps, comm)
+                if r >= args.warmup:
+                    times[s].append(dt / args.steps)
+        results.append({"strategy": LOCAL, "accumulation_steps": k, "params": numel,
+                        "step_s": statistics.median(times[LOCAL]), "min_s": min(times[LOCAL])})
+        for s in args.strategies:
+            mem = models[s].memory()
+            want = paro.expected_memory(s, numel, g, comm.size, 4, 2)
+            assert all(mem[x] == want[x] for x in ("params", "grads", "optimizer")), (s, mem)
+            predicted = paro.step_time(s, numel, topo, 4, k)
+            results.append({"strategy": s, "accumulation_steps": k, "params": numel,
+                            "step_s": statistics.median(times[s]), "min_s": min(times[s]),
+                            "memory": {x: mem[x] for x in ("params", "grads", "optimizer",
+                                                           "total")},
+                            "predicted_comm_s": predicted,
+                            "inter_calls_per_step": (models[s].calls["rail"] +
+                                                     models[s].calls["global"]) /
+                            ((args.warmup + args.rounds) * args.steps)})
+        for s in args.strategies:
+            models[s].close()
+    if comm.rank == 0:
+        header = (f"paro bench: {comm.size} ranks, topology {topo.num_nodes}x{g}, links "
+                  f"intra {topo.links['intra']} inter {topo.links['inter']}, emulate "
+                  f"{topo.emulate}; MLP width {args.width} x {args.layers} layers; batch "
+                  f"{args.batch}/rank/micro-step; AdamW fp32; {args.rounds} rounds x "
+                  f"{args.steps} steps (median)")
+        print(header)
+        print(_table(results))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"header": header, "results": results}, f, indent=1)
+        if args.plot:
+            _plot(results, args.plot, header)
+    comm.close()
+    MPI.COMM_WORLD.Barrier()
+    return 0
+
+
+LOCAL = "local"
+"""Baseline row: the same training on one rank's data with no communication at all."""
+
+
+class _Local:
+    """Plain single-rank training with the wrapper's call/step interface (the compute floor)."""
+
+    def __init__(self, net: Any, k: int) -> None:
+        import torch
+
+        self.net, self.k, self.micro = net, k, 0
+        self.opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
+
+    def __call__(self, x: Any) -> Any:
+        return self.net(x)
+
+    def step(self) -> bool:
+        self.micro += 1
+        if self.micro < self.k:
+            return False
+        self.micro = 0
+        self.opt.step()
+        self.opt.zero_grad()
+        return True
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.paro", description=__doc__.splitlines()[0])
+    p.add_argument("--strategies", default="NNG,NGG,GGG,NII,NIG,IIG,IGG,ING",
+                   type=lambda s: [x.strip().upper() for x in s.split(",") if x.strip()])
+    p.add_argument("--accum", default="1,4", type=lambda s: [int(x) for x in s.split(",")],
+                   help="accumulation steps to run (comma list)")
+    p.add_argument("--width", type=int, default=500, help="MLP hidden width")
+    p.add_argument("--layers", type=int, default=4, help="Linear+LayerNorm blocks")
+    p.add_argument("--batch", type=int, default=8, help="samples per rank per micro-batch")
+    p.add_argument("--steps", type=int, default=2, help="optimizer steps per timed sample")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--json", default=None, help="write results as JSON here (rank 0)")
+    p.add_argument("--plot", default=None, help="write a PNG bar chart here (rank 0)")
+    return p.parse_args(list(argv) if argv is not None else None)
+
+
+def _mlp(width: int, layers: int) -> Any:
+    import torch
+
+    blocks: list[Any] = []
+    for _ in range(layers):
+        blocks += [torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.GELU()]
+    return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 1))
+
+
+def _batches(args: argparse.Namespace, k: int, rank: int) -> list[tuple[Any, Any]]:
+    import torch
+
+    gen = torch.Generator().manual_seed(rank)
+    return [(torch.randn(args.batch, args.width, generator=gen),
+             torch.randn(args.batch, 1, generator=gen)) for _ in range(k)]
+
+
+def _time_steps(model: Any, data: list[tuple[Any, Any]], steps: int, comm: Any) -> float:
+    """Seconds for ``steps`` optimizer steps, the slowest rank's."""
+    import numpy as np
+    import torch
+
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        for x, y in data:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            model.step()
+    dt = np.array([time.perf_counter() - t0])
+    comm.all_reduce(dt, op="max")
+    return float(dt[0])
+
+
+def _table(results: list[dict[str, Any]]) -> str:
+    rows = ["| strategy | accum k | step time (ms) | vs NNG | params | grads | optimizer | total "
+            "(bytes/rank) | inter-group collectives/step | predicted comm (ms) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    base = {r["accumulation_steps"]: r["step_s"] for r in results if r["strategy"] == "NNG"}
+    for r in results:
+        k = r["accumulation_steps"]
+        rel = f"{r['step_s'] / base[k]:.2f}x" if k in base else "-"
+        if r["strategy"] == LOCAL:
+            rows.append(f"| {LOCAL} (no communication) | {k} | {r['step_s'] * 1e3:.1f} | {rel} "
+                        f"| - | - | - | - | 0 | 0 |")
+            continue
+        m = r["memory"]
+        rows.append(f"| {r['strategy']} | {k} | {r['step_s'] * 1e3:.1f} | {rel} | "
+                    f"{m['params']:,} | {m['grads']:,} | {m['optimizer']:,} | {m['total']:,} | "
+                    f"{r['inter_calls_per_step']:.0f} | {r['predicted_comm_s'] * 1e3:.1f} |")
+    return "\n".join(rows)
+
+
+def _plot(results: list[dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted({r["accumulation_steps"] for r in results})
+    local = {r["accumulation_steps"]: r["step_s"] for r in results if r["strategy"] == LOCAL}
+    results = [r for r in results if r["strategy"] != LOCAL]
+    names = [r["strategy"] for r in results if r["accumulation_steps"] == ks[0]]
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.2))
+    width = 0.8 / len(ks)
+    for i, k in enumerate(ks):
+        rows = {r["strategy"]: r for r in results if r["accumulation_steps"] == k}
+        xs = [j + i * width for j in range(len(names))]
+        ax_t.bar(xs, [rows[n]["step_s"] * 1e3 for n in names], width, label=f"k={k} measured")
+        ax_t.plot(xs, [rows[n]["predicted_comm_s"] * 1e3 for n in names], "k_", markersize=12,
+                  label="predicted comm" if i == 0 else None)
+        if k in local:
+            ax_t.axhline(local[k] * 1e3, color=f"C{i}", linestyle=":", linewidth=1,
+                         label=f"k={k} no communication")
+    ax_t.set_xticks([j + width * (len(ks) - 1) / 2 for j in range(len(names))], names)
+    ax_t.set_ylabel("ms per optimizer step (slowest rank, median)")
+    ax_t.legend(fontsize=8)
+    rows = {r["strategy"]: r for r in results if r["accumulation_steps"] == ks[0]}
+    bottom = [0.0] * len(names)
+    for part in ("params", "grads", "optimizer"):
+        vals = [rows[n]["memory"][part] / 2**20 for n in names]
+        ax_m.bar(names, vals, bottom=bottom, label=part)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax_m.set_ylabel("MiB kept per rank")
+    ax_m.legend(fontsize=8)
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Every PaRO strategy trains like plain data parallel (all-reduce mean + same optimizer), keeps
+exactly the memory of its formula, and talks across groups as often as the strategy says.
+
+argv: strategies (comma list, default all). Run with TOPOCOLL_TOPOLOGY=2x2 on 4 ranks.
+"""
+import copy
+import sys
+
+import _common  # noqa: F401
+from _common import rank_main
+
+import torch
+from mpi4py import MPI
+
+import collectives
+import paro
+
+IN, HIDDEN, OUT = 6, 9, 2          # 101 parameters: not a multiple of 2 or 4
+BATCH = 5
+
+
+def make_model(dtype):
+    torch.manual_seed(1234 + MPI.COMM_WORLD.Get_rank())  # ranks differ: the wrapper broadcasts
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.LayerNorm(HIDDEN),
+                               torch.nn.GELU(), torch.nn.Linear(HIDDEN, OUT)).to(dtype)
+
+
+def batch(step, micro, rank, dtype):
+    g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+    x = torch.randn(BATCH, IN, generator=g, dtype=torch.float64).to(dtype)
+    y = torch.randn(BATCH, OUT, generator=g, dtype=torch.float64).to(dtype)
+    return x, y
+
+
+OPTIMIZERS = {
+    "sgd": (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), 1),
+    "adamw": (lambda ps: torch.optim.AdamW(ps, lr=0.05, weight_decay=0.1), 2),
+}
+
+
+def reference(model, comm, opt_name, k, steps, dtype):
+    """Plain data parallel: sum micro-batch grads, all-reduce, divide by ranks * k, step."""
+    for p in model.parameters():            # start where the wrapper did: rank 0's weights
+        comm.broadcast(p.data, root=0)
+    opt = OPTIMIZERS[opt_name][0](list(model.parameters()))
+    for step in range(steps):
+        for micro in range(k):
+            x, y = batch(step, micro, comm.rank, dtype)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            comm.all_reduce(p.grad)
+            p.grad.div_(comm.size * k)
+        opt.step()
+        opt.zero_grad()
+    return dict(model.named_parameters())
+
+
+def train(strategy, comm, opt_name, k, steps, dtype):
+    net = make_model(dtype)
+    start = copy.deepcopy(net)
+    model = paro.ParoDataParallel(net, strategy, comm, optimizer=OPTIMIZERS[opt_name][0],
+                                  accumulation_steps=k)
+    updates = 0
+    for step in range(steps):
+        for micro in range(k):
+            x, y = batch(step, micro, comm.rank, dtype)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            updates += model.step()
+    assert updates == steps, f"{strategy}: {updates} updates in {steps} steps"
+    return model, start
+
+
+def check_same_on_all_ranks(params, what):
+    blobs = MPI.COMM_WORLD.allgather(b"".join(t.numpy().tobytes() for t in params.values()))
+    assert all(b == blobs[0] for b in blobs), f"{what}: parameters differ between ranks"
+
+
+def check_calls(model, strategy, k, steps):
+    """Collectives per communicator match the strategy's plan (inter-group = rail + global)."""
+    s = paro.parse_strategy(strategy)
+    gathers = {"N": (0, 0), "I": (1, 0), "G": (0, 1)}[s.params]     # (group, global) per micro
+    grads = {"N": (0, 0), "I": (1, 0), "G": (0, 1)}[s.grads]
+    group = k * (gathers[0] + grads[0])
+    glob = k * (gathers[1] + grads[1])
+    rail = 0
+    if s.grads == "N":
+        glob += 1
+    elif s.grads == "I":
+        rail += 1
+    if s.params != s.states:
+        if s.params == "I":
+            rail += 1
+        elif s.states == "I":
+            group += 1
+        else:
+            glob += 1
+    want = {"group": group * steps, "rail": rail * steps, "global": glob * steps}
+    got = {key: model.calls[key] for key in want}
+    assert got == want, f"{strategy} k={k}: collectives per communicator {got}, expected {want}"
+
+
+def body():
+    comm = collectives.init(timeout=60)
+    strategies = sys.argv[1].split(",") if len(sys.argv) > 1 else list(paro.STRATEGIES)
+    g = len(comm.topology.nodes()[0])
+    steps = 3
+    cases = [("sgd", 1, torch.float64), ("adamw", 3, torch.float64), ("adamw", 2, torch.float32)]
+    for strategy in strategies:
+        for opt_name, k, dtype in cases:
+            what = f"{strategy} {opt_name} k={k} {dtype}"
+            model, start = train(strategy, comm, opt_name, k, steps, dtype)
+            check_calls(model, strategy, k, steps)
+            got = model.full_parameters()
+            want = reference(start, comm, opt_name, k, steps, dtype)
+            tol = 1e-10 if dtype == torch.float64 else 2e-5
+            for name, w in want.items():
+                assert got[name].shape == w.shape, f"{what}: {name} shape"
+                err = (got[name] - w.detach()).abs().max().item()
+                assert err <= tol, f"{what}: {name} differs from plain DP by {err:.3g}"
+            check_same_on_all_ranks(got, what)
+            mem = model.memory()
+            numel = sum(w.numel() for w in want.values())
+            itemsize = torch.empty(0, dtype=dtype).element_size()
+            expect = paro.expected_memory(strategy, numel, g, comm.size, itemsize,
+                                          OPTIMIZERS[opt_name][1])
+            for key in ("params", "grads", "optimizer", "total"):
+                assert mem[key] == expect[key], \
+                    f"{what}: {key} holds {mem[key]} bytes, formula says {expect[key]}"
+            model.close()
+            if comm.rank == 0:
+                print(f"ok {what} memory {mem}", flush=True)
+    comm.close()
+
+
+rank_main(body)
