@@ -7,7 +7,9 @@ way one ring step repeats ``p-1`` times. A phase takes the slowest of:
 - each NIC's egress and ingress: all bytes through it / the link class's beta (ranks share a NIC
   when ``nics_per_node`` is an integer; local rank ``i`` uses NIC ``i % nics``),
 
-plus the largest latency ``alpha`` among the link classes it uses. Knows nothing of collectives:
+plus the largest latency ``alpha`` among the link classes it uses. On an emulated topology
+(``topology.emulate``) a crossing flow also pays its real shared-memory transfer after the
+emulated link's time, as ``collectives/backends/emulated.py`` does. Knows nothing of collectives:
 the schedules that produce phases live in ``collectives/schedules.py``.
 """
 from __future__ import annotations
@@ -89,7 +91,12 @@ class CostModel:
             beta = links[cls].beta_bytes_per_s
             egress = np.bincount(self._nic[ph.src[mask]], weights=ph.nbytes[mask])
             ingress = np.bincount(self._nic[ph.dst[mask]], weights=ph.nbytes[mask])
-            worst = max(worst, float(egress.max()) / beta, float(ingress.max()) / beta)
+            nic_time = max(float(egress.max()), float(ingress.max())) / beta
+            if self.topology.emulate:
+                # the emulator sleeps for the link's time, then the bytes really move over
+                # shared memory: both costs add up
+                nic_time += float(ph.nbytes[mask].max()) / links["intra"].beta_bytes_per_s
+            worst = max(worst, nic_time)
             alpha = max(alpha, links[cls].alpha_s)
         return alpha + worst + ph.reduce_bytes / self.reduce_bytes_per_s + self.step_overhead_s
 
