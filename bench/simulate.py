@@ -104,8 +104,13 @@ def _validate(args: argparse.Namespace) -> int:
     import collectives
     from collectives.schedules import model_for, predict
 
-    comm = collectives.init()
+    comm = collectives.init(check=False)  # time the algorithms, not our argument check
     model = model_for(comm.topology)
+    if args.calibrate:
+        model.step_overhead_s = _calibrate(comm, model)
+        if comm.rank == 0:
+            print(f"# calibrated software cost per algorithm step: "
+                  f"{model.step_overhead_s * 1e6:.1f} us (from a latency-bound ring all_reduce)")
     rows = []
     for size in sweep(args.minbytes, args.maxbytes, args.stepfactor):
         for algo in args.algo:
@@ -133,6 +138,30 @@ def _validate(args: argparse.Namespace) -> int:
             json.dump([dict(zip(("size", "algo", "predicted_s", "measured_s", "error_pct"), r))
                        for r in rows], f, indent=1)
     return 0
+
+
+def _calibrate(comm: Any, model: Any) -> float:
+    """Software seconds per ring step: a tiny ring all_reduce's time beyond the links' latency."""
+    import numpy as np
+
+    from collectives.schedules import predict
+
+    x = np.ones(comm.size, np.float32)
+    for _ in range(3):
+        comm.all_reduce(x, algo="ring")
+    samples = []
+    for _ in range(30):
+        comm.barrier()
+        t0 = time.perf_counter()
+        comm.all_reduce(x, algo="ring")
+        samples.append(time.perf_counter() - t0)
+    worst = np.zeros(1)
+    comm.all_reduce(np.array([float(np.median(samples))]), op="max", out=worst)
+    saved, model.step_overhead_s = model.step_overhead_s, 0.0
+    links_only = predict("all_reduce", "ring", x.nbytes, model)
+    model.step_overhead_s = saved
+    steps = 2 * (comm.size - 1)
+    return max(0.0, (worst[0] - links_only) / steps)
 
 
 def _runner(comm: Any, op: str, algo: str, x: Any, out: Any):
@@ -172,6 +201,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
                    help="local reduction throughput, e.g. 4GB/s (numpy on a CPU; GPUs: ~1TB/s)")
     p.add_argument("--validate", action="store_true",
                    help="under mpiexec: measure here and compare with the prediction")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="with --validate: keep TOPOCOLL_STEP_OVERHEAD instead of measuring it")
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     args = p.parse_args(list(argv))

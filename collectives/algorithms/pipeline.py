@@ -23,6 +23,10 @@ def run_pipeline(ctx: OpContext, chunks: int, stages: Sequence[Stage]) -> None:
     """Push chunks ``0..chunks-1`` through ``stages`` in order, overlapping the two threads."""
     if chunks == 0:
         return
+    if chunks == 1:  # nothing to overlap: run the stages in order, no helper thread
+        for _, stage in stages:
+            stage(0)
+        return
     done = [[threading.Event() for _ in stages] for _ in range(chunks)]
     failure: list[BaseException] = []
 
