@@ -130,6 +130,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """Gather every rank's tensor into one tensor of ``size`` times as many elements."""
         _check(input, "all_gather input")
         _check(output, "all_gather output", like=input, numel=self.size() * input.numel())
+        input = _separate(input, output)  # noqa: A001 - FSDP gathers from a slice of output
         h = self.comm.all_gather(input.view(-1), out=output.view(-1), async_op=True)
         return self._work("all_gather_single", [output], [h])
 
@@ -174,6 +175,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         op = _op(opts)
         _check(output, "reduce_scatter output")
         _check(input, "reduce_scatter input", like=output, numel=self.size() * output.numel())
+        input = _separate(input, output)  # noqa: A001
         h = self.comm.reduce_scatter(input.view(-1), out=output.view(-1), op=op, async_op=True)
         return self._work("reduce_scatter_single", [output], [h])
 
@@ -334,6 +336,17 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
         raise TypeError(f"{what} has dtype {t.dtype} but the input has {like.dtype}")
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{what} has {t.numel()} elements, expected {numel}")
+
+
+def _separate(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy of it where it shares memory with ``out`` (torch allows in-place gathers
+    such as input = output's own chunk; topocoll's collectives don't)."""
+    if not t.numel() or not out.numel():
+        return t
+    a, b = t.data_ptr(), out.data_ptr()
+    if a < b + out.numel() * out.element_size() and b < a + t.numel() * t.element_size():
+        return t.clone()
+    return t
 
 
 def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
