@@ -193,7 +193,9 @@ def _translate(name: str) -> BaseException:
     if isinstance(err, CollectiveTimeoutError):
         return err
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    if "truncat" in str(err).lower():
+    MPI = _MPI()
+    if isinstance(err, MPI.Exception) and err.Get_error_class() in (MPI.ERR_TRUNCATE,
+                                                                     MPI.ERR_IN_STATUS):
         msg = f"the message is larger than the receiving tensor ({msg})"
     return RuntimeError(f"{name} failed: {msg}")
 
