@@ -42,15 +42,17 @@ def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGro
     if (comm.rank, comm.size) != (opts.group_rank, opts.group_size):
         raise RuntimeError(f"topocoll: MPI gives rank {comm.rank}/{comm.size} but torch expects "
                            f"{opts.group_rank}/{opts.group_size}")
-    return ProcessGroupTopocoll(comm, timeout)
+    return ProcessGroupTopocoll(comm, timeout, owns_mpi_comm=True)
 
 
 class ProcessGroupTopocoll(dist.ProcessGroup):
     """torch ProcessGroup over ``comm`` (CPU tensors; CUDA tensors need the NCCL backend)."""
 
-    def __init__(self, comm: collectives.Communicator, timeout: float | None = None) -> None:
+    def __init__(self, comm: collectives.Communicator, timeout: float | None = None,
+                 owns_mpi_comm: bool = False) -> None:
         super().__init__(comm.rank, comm.size)
         self.comm = comm
+        self._owns_mpi_comm = owns_mpi_comm  # free comm.mpi_comm on shutdown (the factory's)
         self.timeout = comm.timeout if timeout is None else timeout
         self._mpi = MPIBackend(comm.mpi_comm)  # p2p channel: send/recv; coll channel: gather/scatter
         self._rooted_tags = itertools.count()
@@ -263,10 +265,17 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         req = self._mpi.irecv(_bytes(t), self._peer(src, "src"), _tag(tag), channel="p2p")
         return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout)
 
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        """``recv(src=None)``: not supported; name the source rank."""
+        raise ValueError("topocoll: recv from any source (src=None) is not supported; pass src=")
+
     def shutdown(self) -> None:
         """Finish queued work and free the communicators (destroy_process_group calls this)."""
         self.comm.close()
         self._mpi.close()
+        if self._owns_mpi_comm:
+            rendezvous.release(self.comm.mpi_comm)
+            self._owns_mpi_comm = False
 
     def abort(self) -> None:
         """torch's abort: free what can be freed without waiting for peers."""

@@ -91,6 +91,16 @@ def world_comm(rank: int, size: int) -> Any:
     return comm
 
 
+def release(comm: Any) -> None:
+    """Free a communicator made by ``world_comm``/``group_comm`` (at process-group shutdown)."""
+    from mpi4py import MPI
+
+    if _world.get("comm") is comm:
+        del _world["comm"]
+    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()
+
+
 def group_comm(global_ranks: Sequence[int], group_id: str) -> Any:
     """MPI communicator over ``global_ranks`` of the default group, built by the members only
     (``Comm.Create_group``: torch calls the backend factory on members alone, so a ``split``,

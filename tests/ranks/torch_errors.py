@@ -58,6 +58,7 @@ def body():
         raises(collectives.MismatchError, ["disagree"],
                lambda: dist.all_reduce(torch.ones(4 + r)))
     raises(ValueError, ["dst", "not a rank"], lambda: dist.isend(x, dst=p + 3))
+    raises(ValueError, ["src="], lambda: dist.recv(torch.empty(2)))  # any-source receive
     raises(ValueError, ["tag"], lambda: dist.isend(x, dst=0, tag=1 << 20))
     raises(ValueError, [f"needs {p} tensors", "got 5"],
            lambda: dist.all_gather([torch.empty(4)] * 5, x))
