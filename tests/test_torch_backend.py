@@ -27,18 +27,8 @@ def test_env_rendezvous_with_master_addr():
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_async_work_and_futures(n):
-    run_ranks("torch_async.py", n, timeout=120)
-
-
-@pytest.mark.parametrize("n", [2, 4])
 def test_bad_input_raises_on_every_rank(n):
     run_ranks("torch_errors.py", n, timeout=120)
-
-
-@pytest.mark.parametrize("n", [2, 4])
-def test_ddp_and_fsdp2_train_like_gloo(n):
-    run_ranks("torch_training.py", n, timeout=240)
 
 
 def test_torchrun_style_launch_fails_clearly():

@@ -95,7 +95,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """All-reduce one tensor in place with ``opts.reduceOp``."""
         t = _one(tensors, "allreduce")
         op = _op(opts)
-        return self._work("allreduce", [t], [self.comm.all_reduce(t, op=op, async_op=True)])
+        return self._work("allreduce", [t], self._go(opts, self.comm.all_reduce, t, op=op))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce several tensors in place, one Work for all."""
@@ -109,13 +109,13 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """Reduce one tensor into ``opts.rootRank``'s copy."""
         t = _one(tensors, "reduce")
         op, root = _op(opts), _root(opts, self.size())
-        return self._work("reduce", [t], [self.comm.reduce(t, root=root, op=op, async_op=True)])
+        return self._work("reduce", [t], self._go(opts, self.comm.reduce, t, root=root, op=op))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Copy ``opts.rootRank``'s tensor into everyone's."""
         t = _one(tensors, "broadcast")
         root = _root(opts, self.size())
-        return self._work("broadcast", [t], [self.comm.broadcast(t, root=root, async_op=True)])
+        return self._work("broadcast", [t], self._go(opts, self.comm.broadcast, t, root=root))
 
     # -- gathers --
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors:
@@ -124,8 +124,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         t = _one(input_tensors, "allgather input")
         outs = _one_list(output_tensors, "allgather output", self.size(), t)
         stage = torch.empty((self.size() * t.numel(),), dtype=t.dtype)
-        h = self.comm.all_gather(t.view(-1), out=stage, async_op=True)
-        return self._work("allgather", outs, [h], post=lambda: _unpack(stage, outs))
+        hs = self._go(opts, self.comm.all_gather, t.view(-1), out=stage)
+        return self._work("allgather", outs, hs, post=lambda: _unpack(stage, outs))
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> Work:
@@ -133,8 +133,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         _check(input, "all_gather input")
         _check(output, "all_gather output", like=input, numel=self.size() * input.numel())
         input = _separate(input, output)  # noqa: A001 - FSDP gathers from a slice of output
-        h = self.comm.all_gather(input.view(-1), out=output.view(-1), async_op=True)
-        return self._work("all_gather_single", [output], [h])
+        hs = self._go(opts, self.comm.all_gather, input.view(-1), out=output.view(-1))
+        return self._work("all_gather_single", [output], hs)
 
     _allgather_base = all_gather_single  # torch < 2.13
 
@@ -168,8 +168,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         ins = _one_list(input_tensors, "reduce_scatter input", self.size(), out)
         op = _op(opts)
         stage = torch.cat([i.reshape(-1) for i in ins])
-        h = self.comm.reduce_scatter(stage, out=out.view(-1), op=op, async_op=True)
-        return self._work("reduce_scatter", [out], [h])
+        hs = self._go(opts, self.comm.reduce_scatter, stage, out=out.view(-1), op=op)
+        return self._work("reduce_scatter", [out], hs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> Work:
@@ -178,8 +178,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         _check(output, "reduce_scatter output")
         _check(input, "reduce_scatter input", like=output, numel=self.size() * output.numel())
         input = _separate(input, output)  # noqa: A001
-        h = self.comm.reduce_scatter(input.view(-1), out=output.view(-1), op=op, async_op=True)
-        return self._work("reduce_scatter_single", [output], [h])
+        hs = self._go(opts, self.comm.reduce_scatter, input.view(-1), out=output.view(-1), op=op)
+        return self._work("reduce_scatter_single", [output], hs)
 
     _reduce_scatter_base = reduce_scatter_single  # torch < 2.13
 
@@ -221,8 +221,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                 raise ValueError(f"all_to_all_single without split sizes needs input and output "
                                  f"of equal size divisible by {p} ranks; got "
                                  f"{input.numel()} and {output.numel()} elements")
-            h = self.comm.all_to_all(input.view(-1), out=output.view(-1), async_op=True)
-            return self._work("all_to_all_single", [output], [h])
+            hs = self._go(opts, self.comm.all_to_all, input.view(-1), out=output.view(-1))
+            return self._work("all_to_all_single", [output], hs)
         h, unpack = self._all_to_all_uneven(output, input, output_split_sizes, input_split_sizes)
         return self._work("all_to_all_single", [output], [h], post=unpack)
 
@@ -251,7 +251,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     # -- synchronisation and point to point --
     def barrier(self, opts: Any = None) -> Work:
         """Wait until every rank reaches the barrier."""
-        return self._work("barrier", [], [self.comm.barrier(async_op=True)])
+        return self._work("barrier", [], self._go(opts, self.comm.barrier))
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
         """Start sending one tensor to group rank ``dst``; never blocks."""
@@ -285,6 +285,14 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return f"<ProcessGroupTopocoll rank {self.rank()}/{self.size()} {self._group_name!r}>"
 
     # -- helpers --
+    def _go(self, opts: Any, method: Any, *args: Any, **kw: Any) -> list[Handle]:
+        """Run a Communicator method: queued (its Handle) for async calls, inline for synchronous
+        ones (torch >= 2.6 says which in ``opts.asyncOp``), which saves the thread hop."""
+        if getattr(opts, "asyncOp", True):
+            return [method(*args, async_op=True, **kw)]
+        method(*args, **kw)
+        return []
+
     def _work(self, name: str, outputs: Sequence[torch.Tensor], handles: Sequence[Handle],
               post: Any = None) -> Work:
         return HandleWork(name, outputs, handles, post)
