@@ -21,7 +21,7 @@ from ..arrays import as_buffer
 from ..backends.mpi import MPIBackend
 from ..handle import Handle
 from . import rendezvous
-from .work import HandleWork, RequestWork, Work, completed
+from .work import HandleWork, RequestWork, Work
 
 BACKEND_NAME = "topocoll"
 

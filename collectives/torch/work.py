@@ -175,11 +175,6 @@ class RequestWork(Work):
                          daemon=True).start()
 
 
-def completed(name: str, outputs: Sequence[torch.Tensor]) -> Work:
-    """A Work that is already done (synchronous calls, empty groups)."""
-    return HandleWork(name, outputs, ())
-
-
 def _MPI() -> Any:
     from mpi4py import MPI
 

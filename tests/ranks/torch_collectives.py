@@ -43,8 +43,10 @@ def both(fn, what):
     if isinstance(mine, (list, tuple)):
         assert len(mine) == len(ref), what
         for i, (a, b) in enumerate(zip(mine, ref)):
-            same(a, b, f"{what}[{i}]") if isinstance(a, torch.Tensor) else \
-                (a == b) or (_ for _ in ()).throw(AssertionError(f"{what}[{i}]: {a} != {b}"))
+            if isinstance(a, torch.Tensor):
+                same(a, b, f"{what}[{i}]")
+            else:
+                assert a == b, f"{what}[{i}]: topocoll {a!r} != gloo {b!r}"
     else:
         same(mine, ref, what)
 
