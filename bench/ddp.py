@@ -1,0 +1,131 @@
+"""DDP and all_reduce on the "topocoll" torch backend vs gloo, side by side in one run.
+
+    mpiexec -n 2 python -m bench.ddp [--sizes 1M,4M,16M] [--iters 10] [--rounds 5] [--steps 5]
+
+Both backends run over the same ranks; measurements alternate between them round by round, so a
+noisy shared machine slows both alike, and every line prints the ratio (>1: topocoll is faster).
+Times are the slowest rank's, the best (minimum) of ``--rounds`` rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; print on rank 0; return the exit status."""
+    args = _parse(argv)
+    import collectives.torch  # noqa: F401 - registers "topocoll"
+
+    torch.set_num_threads(1)
+    dist.init_process_group("topocoll")
+    groups = {"topocoll": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    p, rank = dist.get_world_size(), dist.get_rank()
+    say = print if rank == 0 else (lambda *a, **k: None)
+    say(f"# {p} ranks, torch {torch.__version__}; best of {args.rounds} rounds, alternating "
+        f"backends; ratio = topocoll speed / gloo speed (>1: topocoll faster)")
+    say(f"{'all_reduce bytes':>18} {'topocoll GB/s':>14} {'gloo GB/s':>10} {'ratio':>6}")
+    for nbytes in args.sizes:
+        x = torch.zeros(nbytes // 4, dtype=torch.float32)  # stays finite however often summed
+        times = _alternate(groups, args.rounds, lambda g, x=x: _all_reduce(x, g, args.iters))
+        bus = {k: 2 * (p - 1) / p * nbytes / t / 1e9 for k, t in times.items()}
+        say(f"{nbytes:>18} {bus['topocoll']:>14.3f} {bus['gloo']:>10.3f} "
+            f"{bus['topocoll'] / bus['gloo']:>6.2f}")
+    say(f"{'DDP step':>18} {'topocoll ms':>14} {'gloo ms':>10} {'ratio':>6}")
+    for name, build, batch in _models():
+        params = sum(q.numel() for q in build().parameters())
+        step = {k: _ddp_stepper(build, batch, g, rank) for k, g in groups.items()}
+        times = _alternate(groups, args.rounds, lambda g, k=None: None, per_backend=step,
+                           repeat=args.steps)
+        say(f"{name + f' ({params * 4 / 2**20:.1f} MiB)':>18} {times['topocoll'] * 1e3:>14.2f} "
+            f"{times['gloo'] * 1e3:>10.2f} {times['gloo'] / times['topocoll']:>6.2f}")
+    dist.destroy_process_group()
+    return 0
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench.ddp", description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1M,4M,16M", help="all_reduce sizes in bytes (K/M suffix)")
+    ap.add_argument("--iters", type=int, default=10, help="all_reduces per timed round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per backend (best is kept)")
+    ap.add_argument("--steps", type=int, default=5, help="DDP steps per timed round")
+    args = ap.parse_args(argv)
+    args.sizes = [_bytes(s) for s in args.sizes.split(",") if s]
+    return args
+
+
+def _bytes(s: str) -> int:
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1].upper(), 1)
+    n = int(s[:-1] if mult > 1 else s) * mult
+    if n < 4 or n % 4:
+        raise SystemExit(f"bench.ddp: size {s!r} must be a positive multiple of 4 bytes")
+    return n
+
+
+def _alternate(groups: dict, rounds: int, fn: Callable, per_backend: dict | None = None,
+               repeat: int = 1) -> dict[str, float]:
+    """Seconds per operation for each backend: best round, slowest rank, backends interleaved."""
+    best = {k: float("inf") for k in groups}
+    for _ in range(rounds + 1):  # round 0 warms up
+        for name, g in groups.items():
+            dist.barrier(group=g)
+            t0 = time.perf_counter()
+            if per_backend is None:
+                n = fn(g)
+            else:
+                for _ in range(repeat):
+                    per_backend[name]()
+                n = repeat
+            dt = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=g)
+            best[name] = min(best[name], dt.item()) if _ else best[name]
+    return best
+
+
+def _all_reduce(x: torch.Tensor, g: dist.ProcessGroup, iters: int) -> int:
+    works = [dist.all_reduce(x, group=g, async_op=True) for _ in range(iters)]
+    for w in works:
+        w.wait()
+    return iters
+
+
+def _models() -> list[tuple[str, Callable[[], nn.Module], Callable[[], tuple]]]:
+    def mlp() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(),
+                             nn.Linear(1024, 512))
+
+    def transformer() -> nn.Module:
+        torch.manual_seed(0)
+        layer = nn.TransformerEncoderLayer(128, 4, 512, batch_first=True)
+        return nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    return [("MLP", mlp, lambda: (torch.randn(16, 512),)),
+            ("transformer", transformer, lambda: (torch.randn(4, 32, 128),))]
+
+
+def _ddp_stepper(build: Callable[[], nn.Module], batch: Callable[[], tuple],
+                 g: dist.ProcessGroup, rank: int) -> Callable[[], None]:
+    torch.manual_seed(rank)
+    model = nn.parallel.DistributedDataParallel(build(), process_group=g)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = batch()
+
+    def step() -> None:
+        model(*data).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    return step
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,451 @@
+"""The ``"topocoll"`` ProcessGroup: torch.distributed's collectives over a topocoll Communicator.
+
+Collectives queue on the communicator's progress thread (issue order = completion order, like a
+stream) and come back as Work; point-to-point, gather and scatter post MPI requests at once on
+their own duplicated communicators, so sends never block and never wait behind a collective.
+Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_gather_single``, ...).
+"""
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+
+import collectives
+from ..arrays import as_buffer
+from ..backends.mpi import MPIBackend
+from ..handle import Handle
+from . import rendezvous
+from .work import HandleWork, RequestWork, Work
+
+BACKEND_NAME = "topocoll"
+
+_OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
+        ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
+_TAG_LIMIT = 32767  # the smallest MPI_TAG_UB the standard allows
+
+
+def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGroupTopocoll":
+    """torch's factory hook (extended API): build the group's MPI communicator, wrap it."""
+    timeout = _seconds(opts.timeout)
+    ranks = list(opts.global_ranks_in_group)
+    if ranks:
+        mpi = rendezvous.group_comm(ranks, opts.group_id)
+    else:
+        mpi = rendezvous.world_comm(opts.group_rank, opts.group_size)
+    comm = collectives.init(mpi, timeout=timeout)
+    if (comm.rank, comm.size) != (opts.group_rank, opts.group_size):
+        raise RuntimeError(f"topocoll: MPI gives rank {comm.rank}/{comm.size} but torch expects "
+                           f"{opts.group_rank}/{opts.group_size}")
+    return ProcessGroupTopocoll(comm, timeout, owns_mpi_comm=True)
+
+
+class ProcessGroupTopocoll(dist.ProcessGroup):
+    """torch ProcessGroup over ``comm`` (CPU tensors; CUDA tensors need the NCCL backend)."""
+
+    def __init__(self, comm: collectives.Communicator, timeout: float | None = None,
+                 owns_mpi_comm: bool = False) -> None:
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+        self._owns_mpi_comm = owns_mpi_comm  # free comm.mpi_comm on shutdown (the factory's)
+        self.timeout = comm.timeout if timeout is None else timeout
+        self._mpi = MPIBackend(comm.mpi_comm)  # p2p channel: send/recv; coll channel: gather/scatter
+        self._rooted_tags = itertools.count()
+        self._group_name = ""
+        self._group_desc = ""
+
+    # -- identity (torch reads these through its C++ ProcessGroup) --
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        """The backend's name, ``"topocoll"``."""
+        return BACKEND_NAME
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        """Record the name torch gave this group (functional collectives look groups up by it)."""
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        """The group's registered name."""
+        return self._group_name
+
+    @property
+    def group_name(self) -> str:
+        """The group's registered name."""
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        """Record torch's description of the group."""
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        """torch's description of the group."""
+        return self._group_desc
+
+    @property
+    def group_desc(self) -> str:
+        """torch's description of the group."""
+        return self._group_desc
+
+    # -- reductions --
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """All-reduce one tensor in place with ``opts.reduceOp``."""
+        t = _one(tensors, "allreduce")
+        op = _op(opts)
+        return self._work("allreduce", [t], self._go(opts, self.comm.all_reduce, t, op=op))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """All-reduce several tensors in place, one Work for all."""
+        op = _op(opts)
+        for i, t in enumerate(tensors):
+            _check(t, f"allreduce_coalesced tensors[{i}]")
+        handles = [self.comm.all_reduce(t, op=op, async_op=True) for t in tensors]
+        return self._work("allreduce_coalesced", tensors, handles)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """Reduce one tensor into ``opts.rootRank``'s copy."""
+        t = _one(tensors, "reduce")
+        op, root = _op(opts), _root(opts, self.size())
+        return self._work("reduce", [t], self._go(opts, self.comm.reduce, t, root=root, op=op))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """Copy ``opts.rootRank``'s tensor into everyone's."""
+        t = _one(tensors, "broadcast")
+        root = _root(opts, self.size())
+        return self._work("broadcast", [t], self._go(opts, self.comm.broadcast, t, root=root))
+
+    # -- gathers --
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors:
+                  list[torch.Tensor], opts: Any = None) -> Work:
+        """Gather every rank's tensor into the list ``output_tensors[0]`` (one per rank)."""
+        t = _one(input_tensors, "allgather input")
+        outs = _one_list(output_tensors, "allgather output", self.size(), t)
+        stage = torch.empty((self.size() * t.numel(),), dtype=t.dtype)
+        hs = self._go(opts, self.comm.all_gather, t.view(-1), out=stage)
+        return self._work("allgather", outs, hs, post=lambda: _unpack(stage, outs))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          opts: Any = None) -> Work:
+        """Gather every rank's tensor into one tensor of ``size`` times as many elements."""
+        _check(input, "all_gather input")
+        _check(output, "all_gather output", like=input, numel=self.size() * input.numel())
+        input = _separate(input, output)  # noqa: A001 - FSDP gathers from a slice of output
+        hs = self._go(opts, self.comm.all_gather, input.view(-1), out=output.view(-1))
+        return self._work("all_gather_single", [output], hs)
+
+    _allgather_base = all_gather_single  # torch < 2.13
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """Several ``all_gather_single`` as one Work."""
+        works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        return self._work("all_gather_single_coalesced", outputs, _handles(works))
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
+
+    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+               opts: Any = None) -> Work:
+        """Collect every rank's tensor into the root's list ``output_tensors[0]``."""
+        t = _one(input_tensors, "gather input")
+        root = _root(opts, self.size())
+        tag = next(self._rooted_tags) % _TAG_LIMIT
+        if self.rank() != root:
+            req = self._mpi.isend(_bytes(t), root, tag)
+            return RequestWork("gather", [], self._mpi, [req], self.timeout)
+        outs = _one_list(output_tensors, "gather output", self.size(), t)
+        reqs = [self._mpi.irecv(_bytes(o), r, tag) for r, o in enumerate(outs) if r != root]
+        outs[root].copy_(t)
+        return RequestWork("gather", outs, self._mpi, reqs, self.timeout)
+
+    # -- scatters --
+    def reduce_scatter(self, output_tensors: list[torch.Tensor],
+                       input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        """Reduce the lists ``input_tensors[0]`` over ranks; rank r gets element r."""
+        out = _one(output_tensors, "reduce_scatter output")
+        ins = _one_list(input_tensors, "reduce_scatter input", self.size(), out)
+        op = _op(opts)
+        stage = torch.cat([i.reshape(-1) for i in ins])
+        hs = self._go(opts, self.comm.reduce_scatter, stage, out=out.view(-1), op=op)
+        return self._work("reduce_scatter", [out], hs)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                              opts: Any = None) -> Work:
+        """Reduce ``input`` (``size`` equal parts) over ranks; rank r gets part r in ``output``."""
+        op = _op(opts)
+        _check(output, "reduce_scatter output")
+        _check(input, "reduce_scatter input", like=output, numel=self.size() * output.numel())
+        input = _separate(input, output)  # noqa: A001
+        hs = self._go(opts, self.comm.reduce_scatter, input.view(-1), out=output.view(-1), op=op)
+        return self._work("reduce_scatter_single", [output], hs)
+
+    _reduce_scatter_base = reduce_scatter_single  # torch < 2.13
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """Several ``reduce_scatter_single`` as one Work."""
+        works = [self.reduce_scatter_single(o, i, opts)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return self._work("reduce_scatter_single_coalesced", outputs, _handles(works))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch < 2.13
+
+    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                opts: Any = None) -> Work:
+        """Give rank r element r of the root's list ``input_tensors[0]``."""
+        out = _one(output_tensors, "scatter output")
+        root = _root(opts, self.size())
+        tag = next(self._rooted_tags) % _TAG_LIMIT
+        if self.rank() != root:
+            req = self._mpi.irecv(_bytes(out), root, tag)
+            return RequestWork("scatter", [out], self._mpi, [req], self.timeout)
+        ins = _one_list(input_tensors, "scatter input", self.size(), out)
+        reqs = [self._mpi.isend(_bytes(i), r, tag) for r, i in enumerate(ins) if r != root]
+        out.copy_(ins[root])
+        return RequestWork("scatter", [out], self._mpi, reqs, self.timeout)
+
+    # -- all to all --
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                          output_split_sizes: Sequence[int] | None = None,
+                          input_split_sizes: Sequence[int] | None = None,
+                          opts: Any = None) -> Work:
+        """Send rows ``input_split_sizes[r]`` of ``input`` to rank r (equal parts if empty) and
+        receive ``output_split_sizes[r]`` rows from rank r into ``output``."""
+        _check(input, "all_to_all input")
+        _check(output, "all_to_all output", like=input)
+        p = self.size()
+        if not output_split_sizes and not input_split_sizes:
+            if input.numel() % p or output.numel() != input.numel():
+                raise ValueError(f"all_to_all_single without split sizes needs input and output "
+                                 f"of equal size divisible by {p} ranks; got "
+                                 f"{input.numel()} and {output.numel()} elements")
+            hs = self._go(opts, self.comm.all_to_all, input.view(-1), out=output.view(-1))
+            return self._work("all_to_all_single", [output], hs)
+        h, unpack = self._all_to_all_uneven(output, input, output_split_sizes, input_split_sizes)
+        return self._work("all_to_all_single", [output], [h], post=unpack)
+
+    alltoall_base = all_to_all_single  # torch < 2.13
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts: Any = None) -> Work:
+        """Send ``input_tensors[r]`` to rank r; receive rank r's into ``output_tensors[r]``."""
+        p = self.size()
+        for what, ts in (("input", input_tensors), ("output", output_tensors)):
+            if len(ts) != p:
+                raise ValueError(f"alltoall needs {p} {what} tensors (one per rank), got {len(ts)}")
+            for i, t in enumerate(ts):
+                _check(t, f"alltoall {what}[{i}]", like=input_tensors[0])
+        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        stage = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
+        h, unpack = self._all_to_all_uneven(stage, flat_in, [t.numel() for t in output_tensors],
+                                            [t.numel() for t in input_tensors])
+
+        def post() -> None:
+            unpack()
+            _unpack(stage, output_tensors)
+
+        return self._work("alltoall", output_tensors, [h], post=post)
+
+    # -- synchronisation and point to point --
+    def barrier(self, opts: Any = None) -> Work:
+        """Wait until every rank reaches the barrier."""
+        return self._work("barrier", [], self._go(opts, self.comm.barrier))
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
+        """Start sending one tensor to group rank ``dst``; never blocks."""
+        t = _one(tensors, "send")
+        req = self._mpi.isend(_bytes(t), self._peer(dst, "dst"), _tag(tag), channel="p2p")
+        return RequestWork(f"send to rank {dst}", [t], self._mpi, [req], self.timeout)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
+        """Start receiving one tensor from group rank ``src``."""
+        t = _one(tensors, "recv")
+        req = self._mpi.irecv(_bytes(t), self._peer(src, "src"), _tag(tag), channel="p2p")
+        return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
+        """``recv(src=None)``: not supported; name the source rank."""
+        raise ValueError("topocoll: recv from any source (src=None) is not supported; pass src=")
+
+    def shutdown(self) -> None:
+        """Finish queued work and free the communicators (destroy_process_group calls this)."""
+        self.comm.close()
+        self._mpi.close()
+        if self._owns_mpi_comm:
+            rendezvous.release(self.comm.mpi_comm)
+            self._owns_mpi_comm = False
+
+    def abort(self) -> None:
+        """torch's abort: free what can be freed without waiting for peers."""
+        self._mpi.close()
+
+    def __repr__(self) -> str:
+        return f"<ProcessGroupTopocoll rank {self.rank()}/{self.size()} {self._group_name!r}>"
+
+    # -- helpers --
+    def _go(self, opts: Any, method: Any, *args: Any, **kw: Any) -> list[Handle]:
+        """Run a Communicator method: queued (its Handle) for async calls, inline for synchronous
+        ones (torch >= 2.6 says which in ``opts.asyncOp``), which saves the thread hop."""
+        if getattr(opts, "asyncOp", True):
+            return [method(*args, async_op=True, **kw)]
+        method(*args, **kw)
+        return []
+
+    def _work(self, name: str, outputs: Sequence[torch.Tensor], handles: Sequence[Handle],
+              post: Any = None) -> Work:
+        return HandleWork(name, outputs, handles, post)
+
+    def _all_to_all_uneven(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                           out_splits: Sequence[int] | None, in_splits: Sequence[int] | None
+                           ) -> tuple[Handle, Any]:
+        """Uneven all-to-all through the equal one: every part is padded to the largest part.
+
+        One small all-gather of everyone's split sizes first lets every rank check that what r
+        sends to s is what s expects from r, so a mismatch raises on all ranks, never hangs.
+        """
+        p = self.size()
+        row = int(np.prod(input.shape[1:], dtype=np.int64)) if input.dim() else 1
+        if output.dim() and int(np.prod(output.shape[1:], dtype=np.int64)) != row:
+            raise ValueError(f"all_to_all_single: output rows have {output.shape[1:]} elements "
+                             f"but input rows have {input.shape[1:]}")
+        ins = _splits(in_splits, input, p, "input_split_sizes")
+        outs = _splits(out_splits, output, p, "output_split_sizes")
+        table = torch.tensor([ins, outs], dtype=torch.int64)
+        every = self.comm.all_gather(table.view(1, 2, p)).view(p, 2, p)
+        sent = every[:, 0, :]  # sent[r, s]: rows r sends to s
+        expected = every[:, 1, :].t()  # expected[r, s]: rows s expects from r
+        if not torch.equal(sent, expected):
+            r, s = (sent != expected).nonzero()[0].tolist()
+            raise ValueError(f"all_to_all_single: rank {r} sends {int(sent[r, s])} rows to rank "
+                             f"{s}, which expects {int(expected[r, s])} (split sizes disagree)")
+        width = int(every.max()) * row
+        send = torch.zeros((p, width), dtype=input.dtype)
+        flat_in, flat_out = input.reshape(-1), output.view(-1)
+        for s, (lo, n) in enumerate(_offsets(ins, row)):
+            send[s, :n] = flat_in[lo:lo + n]
+        recv = torch.empty((p, width), dtype=input.dtype)
+
+        def unpack() -> None:
+            for r, (lo, n) in enumerate(_offsets(outs, row)):
+                flat_out[lo:lo + n] = recv[r, :n]
+
+        return self.comm.all_to_all(send, out=recv, async_op=True), unpack
+
+    def _peer(self, peer: int, what: str) -> int:
+        if not isinstance(peer, int) or not 0 <= peer < self.size():
+            raise ValueError(f"{what} {peer!r} is not a rank of this group (size {self.size()})")
+        return peer
+
+
+def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | None = None) -> None:
+    """Raise TypeError/ValueError naming ``what`` if ``t`` can't be used as is."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise TypeError(f"{what} is on {t.device}: the topocoll torch backend moves CPU tensors "
+                        f"over MPI; {t.device.type} tensors need the NCCL backend (not available "
+                        f"in topocoll yet; use backend='nccl')")
+    if not t.is_contiguous():
+        raise ValueError(f"{what} is not contiguous; pass {what.split()[0]}.contiguous()")
+    if like is not None and t.dtype != like.dtype:
+        raise TypeError(f"{what} has dtype {t.dtype} but the input has {like.dtype}")
+    if numel is not None and t.numel() != numel:
+        raise ValueError(f"{what} has {t.numel()} elements, expected {numel}")
+
+
+def _separate(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``t``, or a copy of it where it shares memory with ``out`` (torch allows in-place gathers
+    such as input = output's own chunk; topocoll's collectives don't)."""
+    if not t.numel() or not out.numel():
+        return t
+    a, b = t.data_ptr(), out.data_ptr()
+    if a < b + out.numel() * out.element_size() and b < a + t.numel() * t.element_size():
+        return t.clone()
+    return t
+
+
+def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+    if len(tensors) != 1:
+        raise ValueError(f"{what}: topocoll takes exactly one tensor per rank, got {len(tensors)}")
+    _check(tensors[0], what)
+    return tensors[0]
+
+
+def _one_list(lists: Sequence[Sequence[torch.Tensor]], what: str, n: int,
+              like: torch.Tensor) -> list[torch.Tensor]:
+    if len(lists) != 1:
+        raise ValueError(f"{what}: topocoll takes exactly one tensor list, got {len(lists)}")
+    ts = list(lists[0])
+    if len(ts) != n:
+        raise ValueError(f"{what}: needs {n} tensors (one per rank), got {len(ts)}")
+    for i, t in enumerate(ts):
+        _check(t, f"{what}[{i}]", like=like, numel=like.numel())
+    return ts
+
+
+def _op(opts: Any) -> str:
+    op = getattr(opts, "reduceOp", ReduceOp.SUM)
+    for known, name in _OPS.items():
+        if op == known:
+            return name
+    kind = getattr(op, "op", op)
+    raise ValueError(f"reduce op {kind} is not supported by topocoll; use SUM, PRODUCT, MIN, MAX "
+                     f"or AVG")
+
+
+def _root(opts: Any, size: int) -> int:
+    root = int(getattr(opts, "rootRank", 0))
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} is out of range for a group of size {size}")
+    return root
+
+
+def _tag(tag: int) -> int:
+    if not isinstance(tag, int) or not 0 <= tag <= _TAG_LIMIT:
+        raise ValueError(f"tag {tag!r} must be an int in 0..{_TAG_LIMIT} (MPI's guaranteed range)")
+    return tag
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """The tensor's storage as a flat numpy view (no copy), for MPI point to point."""
+    return as_buffer(t, "tensor").flat()
+
+
+def _handles(works: Sequence[Work]) -> list[Handle]:
+    return [h for w in works for h in getattr(w, "_handles", ())]
+
+
+def _unpack(stage: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+    start = 0
+    for o in outs:
+        o.view(-1).copy_(stage[start:start + o.numel()])
+        start += o.numel()
+
+
+def _splits(sizes: Sequence[int] | None, t: torch.Tensor, p: int, what: str) -> list[int]:
+    rows = t.shape[0] if t.dim() else 1
+    if not sizes:
+        if rows % p:
+            raise ValueError(f"{what} is empty but {rows} rows don't split evenly over {p} ranks")
+        return [rows // p] * p
+    sizes = [int(s) for s in sizes]
+    if len(sizes) != p or min(sizes) < 0 or sum(sizes) != rows:
+        raise ValueError(f"{what}={sizes} must be {p} non-negative sizes summing to {rows} rows")
+    return sizes
+
+
+def _offsets(sizes: Sequence[int], row: int) -> list[tuple[int, int]]:
+    out, lo = [], 0
+    for s in sizes:
+        out.append((lo, s * row))
+        lo += s * row
+    return out
+
+
+def _seconds(timeout: Any) -> float | None:
+    if isinstance(timeout, timedelta):
+        secs = timeout.total_seconds()
+        return secs if secs > 0 else None
+    return None

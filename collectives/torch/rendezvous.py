@@ -1,0 +1,122 @@
+"""Where ranks come from: MPI tells each process its rank, and a TCPStore for torch's bookkeeping
+is set up over MPI, so ``init_process_group`` under ``mpiexec`` needs no MASTER_ADDR/PORT.
+
+``torchrun`` without ``mpiexec`` can't give us an MPI communicator: each process is an MPI
+singleton, and MPICH refuses to connect singletons (``Comm.Connect``/``Accept`` fail with
+"local and remote groups must not overlap", since every singleton is rank 0 of its own world).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import zlib
+from datetime import timedelta
+from typing import Any, Iterator, Sequence
+
+import torch.distributed as dist
+
+torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not the
+# function of the same name that torch.distributed exports
+
+SCHEME = "topocoll"
+"""``init_method="topocoll://"`` forces the MPI rendezvous even when MASTER_ADDR is set."""
+
+LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+"""Environment variables that MPICH (Hydra), Open MPI and PMIx launchers set in every rank."""
+
+_world: dict[str, Any] = {}  # "comm": the mpi4py communicator of the default group, torch-ordered
+
+
+def mpi_launched() -> bool:
+    """Whether this process was started by an MPI launcher (mpiexec/mpirun/srun with PMI)."""
+    return any(v in os.environ for v in LAUNCHER_VARS)
+
+
+def install_env_rendezvous() -> None:
+    """Make ``env://`` fall back to the MPI rendezvous when launched by mpiexec without
+    MASTER_ADDR, and register ``topocoll://`` (idempotent)."""
+    handlers = torch_rendezvous._rendezvous_handlers
+    if SCHEME not in handlers:
+        torch_rendezvous.register_rendezvous_handler(SCHEME, mpi_rendezvous_handler)
+    env = handlers.get("env")
+    if env is not None and not getattr(env, "_topocoll", False):
+        def env_or_mpi(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
+            if "MASTER_ADDR" not in os.environ and mpi_launched():
+                return mpi_rendezvous_handler(url, **kwargs)
+            return env(url, **kwargs)
+
+        env_or_mpi._topocoll = True  # type: ignore[attr-defined]
+        handlers["env"] = env_or_mpi
+
+
+def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
+                           **_: Any) -> Iterator[tuple[Any, int, int]]:
+    """torch rendezvous handler: rank and size from MPI, a TCPStore whose address (rank 0's host,
+    a port the OS picked) travels by MPI broadcast."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    hosts = world.allgather(socket.gethostname())
+    host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
+    store = None
+    if rank == 0:
+        store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout,
+                              wait_for_workers=False)
+    port = world.bcast(store.port if store is not None else None, root=0)
+    if store is None:
+        store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
+    yield store, rank, size
+    raise RuntimeError("topocoll:// rendezvous can't be repeated (MPI ranks are fixed)")
+
+
+def world_comm(rank: int, size: int) -> Any:
+    """The MPI communicator of torch's default group: COMM_WORLD, reordered to torch's ranks."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_size() != size:
+        hint = ("this process is an MPI singleton (not started by mpiexec): torchrun alone can't "
+                "build an MPI communicator; launch with `mpiexec -n N python script.py`"
+                if world.Get_size() == 1 else "start as many MPI ranks as torch ranks")
+        raise RuntimeError(f"topocoll: torch world size is {size} but MPI COMM_WORLD has "
+                           f"{world.Get_size()} ranks; {hint}")
+    ranks = world.allgather(rank)
+    if sorted(ranks) != list(range(size)):
+        raise RuntimeError(f"topocoll: torch ranks over the MPI ranks are {ranks}, not a "
+                           f"permutation of 0..{size - 1}; check RANK or rank= per process")
+    comm = world.Split(0, rank)  # key = torch rank, so MPI order follows torch's
+    _world["comm"] = comm
+    return comm
+
+
+def release(comm: Any) -> None:
+    """Free a communicator made by ``world_comm``/``group_comm`` (at process-group shutdown)."""
+    from mpi4py import MPI
+
+    if _world.get("comm") is comm:
+        del _world["comm"]
+    if comm != MPI.COMM_NULL and not MPI.Is_finalized():
+        comm.Free()
+
+
+def group_comm(global_ranks: Sequence[int], group_id: str) -> Any:
+    """MPI communicator over ``global_ranks`` of the default group, built by the members only
+    (``Comm.Create_group``: torch calls the backend factory on members alone, so a ``split``,
+    which needs every rank of the parent, would hang)."""
+    from mpi4py import MPI
+
+    parent = _world.get("comm")
+    if parent is None:  # default group has another backend: torch ranks must be MPI ranks
+        parent = MPI.COMM_WORLD
+        if dist.is_initialized() and dist.get_rank() != parent.Get_rank():
+            raise RuntimeError(f"topocoll: torch rank {dist.get_rank()} is MPI rank "
+                               f"{parent.Get_rank()}; with a non-topocoll default group the two "
+                               f"must agree (launch with mpiexec, no RANK override)")
+    group = parent.Get_group().Incl(list(global_ranks))
+    tag = zlib.crc32(str(group_id).encode()) % 32768
+    try:
+        return parent.Create_group(group, tag)
+    finally:
+        group.Free()

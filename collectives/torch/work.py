@@ -1,0 +1,210 @@
+"""torch Work objects over topocoll Handles (collectives) and MPI requests (point to point).
+
+A Work finishes once: outputs are final (post-processing such as unpacking a staging buffer has
+run), then waiters wake and the future resolves to the output tensors, as gloo's does.
+"""
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from ..context import OpContext
+from ..errors import CollectiveTimeoutError
+from ..handle import Handle
+
+Post = Callable[[], None]
+
+
+class Work(dist.Work):
+    """Base: an operation's output tensors, its completion event and its lazily made future."""
+
+    def __init__(self, name: str, outputs: Sequence[torch.Tensor]) -> None:
+        super().__init__()
+        self.name = name
+        self._outputs = list(outputs)
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self._future: Future | None = None
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until done; re-raise the operation's error; raise after ``timeout`` if given."""
+        secs = _seconds(timeout)
+        driven = self._block(secs)
+        if not self._event.wait(0 if driven else secs):
+            raise CollectiveTimeoutError(f"{self.name}: not finished after waiting {secs:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        """Non-blocking: whether the operation finished (successfully or not)."""
+        return self._event.is_set() or self._poll()
+
+    def is_success(self) -> bool:
+        """True once finished without error."""
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        """The error the operation ended with (None while running or on success)."""
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        """Wait, then return the output tensors."""
+        self.wait()
+        return self._outputs
+
+    def get_future(self) -> Future:
+        """A torch Future that resolves to the output tensors (or carries the error)."""
+        with self._lock:
+            fut, first = self._future, self._future is None
+            if first:
+                fut = self._future = Future()
+                done = self._event.is_set()
+        if first:
+            if done:
+                _resolve(fut, self._outputs, self._error)
+            else:
+                self._watch()
+        return fut
+
+    def synchronize(self) -> None:
+        """CPU work has no stream to synchronise with."""
+
+    def block_current_stream(self) -> None:
+        """CPU work has no stream to block."""
+
+    def __repr__(self) -> str:
+        return f"<topocoll Work {self.name} {'done' if self._event.is_set() else 'pending'}>"
+
+    # -- for subclasses --
+    def _finish(self, error: BaseException | None = None, post: Post | None = None) -> None:
+        if error is None and post is not None:
+            try:
+                post()
+            except BaseException as err:  # noqa: BLE001 - delivered to the waiter
+                error = err
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._error = error
+            self._event.set()
+            fut = self._future
+        if fut is not None:
+            _resolve(fut, self._outputs, error)
+
+    def _block(self, secs: float | None) -> bool:
+        """Drive the operation if the subclass needs the waiter to; True if it did (it is done,
+        or ``secs`` ran out)."""
+        return False
+
+    def _poll(self) -> bool:
+        return False
+
+    def _watch(self) -> None:
+        """Arrange for ``_finish`` to run without a waiter (so the future resolves by itself)."""
+
+
+class HandleWork(Work):
+    """Work over Handles of one communicator: they finish in issue order on its progress thread,
+    so the last one finishing means all did; ``post`` then runs on that thread."""
+
+    def __init__(self, name: str, outputs: Sequence[torch.Tensor], handles: Sequence[Handle],
+                 post: Post | None = None) -> None:
+        super().__init__(name, outputs)
+        self._handles = list(handles)
+        if not self._handles:
+            self._finish(post=post)
+            return
+        self._handles[-1].add_done_callback(lambda _h: self._finish(self._first_error(), post))
+
+    def _first_error(self) -> BaseException | None:
+        return next((h.exception() for h in self._handles if h.exception() is not None), None)
+
+
+class RequestWork(Work):
+    """Work over MPI requests (send/recv, gather/scatter): progressed by whoever waits, or by a
+    helper thread once someone asks for the future."""
+
+    def __init__(self, name: str, outputs: Sequence[torch.Tensor], backend: Any,
+                 requests: Sequence[Any], timeout: float, post: Post | None = None) -> None:
+        super().__init__(name, outputs)
+        self._backend = backend
+        self._requests = list(requests)
+        self._timeout = timeout
+        self._post = post
+        self._progress = threading.Lock()  # one thread at a time tests the MPI requests
+
+    def _block(self, secs: float | None) -> bool:
+        if not self._progress.acquire(timeout=-1 if secs is None else secs):
+            return False  # another thread is driving it; wait on the event instead
+        try:
+            if self._event.is_set():
+                return True
+            self._backend.wait(self._requests, OpContext(self.name, secs or self._timeout))
+        except CollectiveTimeoutError:
+            if secs is None:  # the operation's own limit: it failed
+                self._finish(_translate(self.name))
+        except Exception:  # noqa: BLE001 - e.g. MPI truncation: a clear message instead
+            self._finish(_translate(self.name))
+        else:
+            self._finish(post=self._post)
+        finally:
+            self._progress.release()
+        return True
+
+    def _poll(self) -> bool:
+        if not self._progress.acquire(blocking=False):
+            return False
+        try:
+            if not self._event.is_set() and _MPI().Request.Testall(self._requests):
+                self._finish(post=self._post)
+        except Exception:  # noqa: BLE001
+            self._finish(_translate(self.name))
+        finally:
+            self._progress.release()
+        return self._event.is_set()
+
+    def _watch(self) -> None:
+        threading.Thread(target=self._block, args=(None,), name=f"topocoll-{self.name}",
+                         daemon=True).start()
+
+
+def _MPI() -> Any:
+    from mpi4py import MPI
+
+    return MPI
+
+
+def _translate(name: str) -> BaseException:
+    import sys
+
+    err = sys.exc_info()[1]
+    if isinstance(err, CollectiveTimeoutError):
+        return err
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    MPI = _MPI()
+    if isinstance(err, MPI.Exception) and err.Get_error_class() in (MPI.ERR_TRUNCATE,
+                                                                     MPI.ERR_IN_STATUS):
+        msg = f"the message is larger than the receiving tensor ({msg})"
+    return RuntimeError(f"{name} failed: {msg}")
+
+
+def _resolve(fut: Future, outputs: list[torch.Tensor], error: BaseException | None) -> None:
+    if error is None:
+        fut.set_result(outputs)
+    else:
+        fut.set_exception(error)
+
+
+def _seconds(timeout: timedelta | float | None) -> float | None:
+    """torch passes timedelta (0 or negative: no limit); plain numbers are seconds."""
+    if timeout is None:
+        return None
+    secs = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return secs if secs > 0 else None

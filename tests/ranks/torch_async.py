@@ -1,0 +1,114 @@
+"""Async Work on "topocoll": wait/is_completed/get_future, completion order, overlap, callbacks."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import warnings
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+import collectives.torch  # noqa: F401
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def not_before_peers(r, p):
+    """Rank 0's Work can't complete before the others join, which they only do once rank 0 has
+    checked is_completed() and asked for the future (so the future resolves later, by itself)."""
+    world = MPI.COMM_WORLD
+    x = torch.ones(1 << 18)
+    if r == 0:
+        w = dist.all_reduce(x, async_op=True)
+        fut = w.get_future()
+        seen = []
+        chained = fut.then(lambda f: seen.append(f.value()[0].sum().item()) or "chained")
+        assert not w.is_completed() and not fut.done()
+        for q in range(1, p):
+            world.send("go", dest=q, tag=11)
+        assert chained.wait() == "chained"
+        assert w.is_completed() and w.is_success() and w.exception() is None
+        assert seen == [float(p * (1 << 18))], seen
+        assert fut.value()[0] is x and w.result()[0] is x
+    else:
+        assert world.recv(source=0, tag=11) == "go"
+        dist.all_reduce(x)
+    assert torch.all(x == p)
+
+
+def issue_order(r, p):
+    """Many async ops of different kinds complete in issue order and resolve to their outputs."""
+    ts = [torch.full((1000 * (i + 1),), float(r + i)) for i in range(6)]
+    works, finished = [], []
+    for i, t in enumerate(ts):
+        if i % 3 == 0:
+            w = dist.all_reduce(t, async_op=True)
+        elif i % 3 == 1:
+            w = dist.broadcast(t, src=p - 1, async_op=True)
+        else:
+            out = torch.empty(p * t.numel())
+            w = dist.all_gather_into_tensor(out, t, async_op=True)
+        w.get_future().then(lambda f, i=i: finished.append(i))
+        works.append(w)
+    dist.barrier()  # a synchronous op queues behind the async ones
+    for w in works:
+        w.wait()
+    assert finished == list(range(6)), finished
+    assert torch.all(ts[0] == sum(range(p))) and torch.all(ts[1] == p - 1 + 1)
+
+
+def p2p_futures(r, p):
+    """isend returns at once for a 4 MiB tensor nobody receives yet; its future resolves once the
+    peer receives; irecv's future resolves to the received tensor."""
+    if p < 2:
+        return
+    world = MPI.COMM_WORLD
+    if r == 0:
+        t = torch.arange(1 << 20, dtype=torch.float32)
+        w = dist.isend(t, 1, tag=4)
+        fut = w.get_future()
+        assert not w.is_completed(), "a 4 MiB isend completed before any recv was posted"
+        world.send("go", dest=1, tag=12)
+        assert fut.wait()[0] is t and w.is_completed()
+    elif r == 1:
+        got = torch.empty(1 << 20)
+        assert world.recv(source=0, tag=12) == "go"
+        w = dist.irecv(got, 0, tag=4)
+        assert w.get_future().wait()[0] is got
+        assert torch.equal(got, torch.arange(1 << 20, dtype=torch.float32))
+
+
+def wait_timeout(r, p):
+    """wait(timeout) gives up while the peers are absent, and the Work still completes later."""
+    if p < 2:
+        return
+    world = MPI.COMM_WORLD
+    x = torch.ones(8)
+    if r == 0:
+        from datetime import timedelta
+        w = dist.all_reduce(x, async_op=True)
+        try:
+            w.wait(timeout=timedelta(milliseconds=200))
+        except TimeoutError as err:
+            assert "allreduce" in str(err), err
+        else:
+            raise AssertionError("wait(timeout) returned while peers were absent")
+        for q in range(1, p):
+            world.send("go", dest=q, tag=13)
+        assert w.wait()
+    else:
+        assert world.recv(source=0, tag=13) == "go"
+        dist.all_reduce(x)
+    assert torch.all(x == p)
+
+
+def body():
+    dist.init_process_group("topocoll")
+    r, p = dist.get_rank(), dist.get_world_size()
+    for check in (not_before_peers, issue_order, p2p_futures, wait_timeout):
+        check(r, p)
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+rank_main(body)

@@ -1,0 +1,77 @@
+"""Bad input on "topocoll" raises a clear TypeError/ValueError on every rank, and nothing hangs:
+the group still works afterwards."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+import collectives
+import collectives.torch  # noqa: F401
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def raises(kind, words, fn):
+    try:
+        fn()
+    except kind as err:
+        msg = str(err)
+        for w in words:
+            assert w.lower() in msg.lower(), f"{w!r} not in {msg!r}"
+        return
+    raise AssertionError(f"expected {kind.__name__} mentioning {words}")
+
+
+def body():
+    dist.init_process_group("topocoll")
+    r, p = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(4)
+    for op, name in ((dist.ReduceOp.BAND, "BAND"), (dist.ReduceOp.BXOR, "BXOR"),
+                     (dist._make_nccl_premul_sum(2.0), "PREMUL_SUM")):
+        raises(ValueError, [name, "not supported"], lambda op=op: dist.all_reduce(x, op=op))
+    raises(TypeError, ["meta", "NCCL"], lambda: dist.all_reduce(torch.ones(4, device="meta")))
+    raises(ValueError, ["contiguous"], lambda: dist.all_reduce(torch.ones(4, 4).t()))
+    raises(TypeError, ["avg", "int"],
+           lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG))
+    raises(TypeError, ["bool"], lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool)))
+    raises(ValueError, ["elements", str(p * 4)],
+           lambda: dist.all_gather_into_tensor(torch.empty(p * 4 + 1), x))
+    raises(TypeError, ["dtype"], lambda: dist.all_gather_into_tensor(
+        torch.empty(p * 4, dtype=torch.float64), x))
+    raises(ValueError, ["elements"],
+           lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(p * 4)))
+    raises(ValueError, ["split", str(p)], lambda: dist.all_to_all_single(
+        torch.empty(p + 1), torch.ones(p + 1)))
+    raises(ValueError, ["input_split_sizes"], lambda: dist.all_to_all_single(
+        torch.empty(p), torch.ones(p), [1] * p, [2] * p))
+    if p > 1:  # rank 0 sends one row more to rank 1 than rank 1 expects: every rank raises
+        ins = [1] * p
+        outs = [1] * p
+        if r == 0:
+            ins = [0, 2] + [1] * (p - 2)
+        raises(ValueError, ["rank 0 sends", "split sizes disagree"],
+               lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), outs, ins))
+        # shapes that differ between ranks: the agreement step fails on every rank
+        raises(collectives.MismatchError, ["disagree"],
+               lambda: dist.all_reduce(torch.ones(4 + r)))
+    raises(ValueError, ["dst", "not a rank"], lambda: dist.isend(x, dst=p + 3))
+    raises(ValueError, ["src="], lambda: dist.recv(torch.empty(2)))  # any-source receive
+    raises(ValueError, ["tag"], lambda: dist.isend(x, dst=0, tag=1 << 20))
+    raises(ValueError, [f"needs {p} tensors", "got 5"],
+           lambda: dist.all_gather([torch.empty(4)] * 5, x))
+    if p > 1:  # a message larger than the receiving tensor
+        if r == 0:
+            dist.send(torch.ones(8), 1, tag=9)
+        elif r == 1:
+            raises(RuntimeError, ["larger than the receiving tensor"],
+                   lambda: dist.recv(torch.empty(4), 0, tag=9))
+    y = torch.full((5,), float(r))
+    dist.all_reduce(y)  # the group still works
+    assert torch.all(y == sum(range(p))), y
+    dist.destroy_process_group()
+
+
+rank_main(body)
