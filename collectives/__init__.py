@@ -2,6 +2,7 @@
 
     import collectives
     comm = collectives.init()                  # world communicator (or wrap an mpi4py comm)
+    # backend="auto" takes NCCL where CuPy sees a GPU per rank (GPU and host arrays), else MPI
     comm.all_reduce(x, op="sum")               # in place; async_op=True returns a Handle
     h = comm.rotate(w, async_op=True); ...; w_next = h.wait()
 """
@@ -19,18 +20,26 @@ from .select import ALGORITHMS, algorithms_for
 __all__ = [
     "init", "Communicator", "Handle", "OPS", "ALGORITHMS", "algorithms_for", "DEFAULT_TIMEOUT",
     "CollectiveError", "CollectiveTimeoutError", "CommunicatorBrokenError", "MismatchError",
+    "BackendUnavailableError",
 ]
 
-BACKENDS = ("auto", "mpi")
+BACKENDS = ("auto", "mpi", "nccl")
+
+
+class BackendUnavailableError(RuntimeError):
+    """``init(backend=...)`` asked for a backend this machine can't run (the message says why)."""
 
 
 def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
-         check: bool | None = None, topology: Any = None) -> Communicator:
+         check: bool | None = None, topology: Any = None,
+         device: int | None = None) -> Communicator:
     """Create a communicator over ``comm`` (an mpi4py communicator; default ``MPI.COMM_WORLD``).
 
     Args:
         comm: the mpi4py communicator to wrap; it is duplicated, never used directly.
-        backend: ``"mpi"`` (host arrays over mpi4py) or ``"auto"``.
+        backend: ``"mpi"`` (host arrays over mpi4py), ``"nccl"`` (GPU arrays over NCCL through
+            CuPy, one GPU per rank; host arrays still go over MPI) or ``"auto"`` (NCCL where every
+            rank has CuPy, NCCL and a GPU of its own, else MPI). See docs/nccl.md.
         timeout: seconds any operation waits for a peer before raising CollectiveTimeoutError
             (default ``TOPOCOLL_TIMEOUT`` or 300).
         check: agree on shape/dtype/op across ranks before each collective, so mismatches raise
@@ -38,6 +47,8 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         topology: a ``topology.Topology``, a virtual spec such as ``"2x4"``, or None to detect it
             (``TOPOCOLL_TOPOLOGY`` and the rest of docs/topology.md apply). A topology with
             ``emulate`` set paces traffic across its node/switch boundaries (docs/algorithms.md).
+        device: the CUDA device this rank uses with NCCL (default: node-local rank modulo the
+            visible devices); ignored by the MPI backend.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -56,7 +67,12 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
     import topology as topo_mod
 
-    backend_obj = MPIBackend(comm)
+    if _choose_backend(backend, comm, device) == "nccl":
+        from .backends.nccl import NCCLBackend
+
+        backend_obj = NCCLBackend.create(comm, device=device)
+    else:
+        backend_obj = MPIBackend(comm)
     if topology is None or isinstance(topology, str):
         topo = topo_mod.detect(comm, spec=topology)
     elif isinstance(topology, topo_mod.Topology):
@@ -72,3 +88,20 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
 
         backend_obj = EmulatedBackend.create(backend_obj, topo)
     return Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
+
+
+def _choose_backend(backend: str, comm: Any, device: int | None) -> str:
+    """"mpi" or "nccl", the same on every rank of ``comm`` (collective: ranks share their reasons)."""
+    if backend == "mpi":
+        return "mpi"
+    from .backends.nccl import nccl_missing
+
+    reasons = comm.allgather(nccl_missing(comm, pinned=device is not None))
+    failed = [(r, why) for r, why in enumerate(reasons) if why]
+    if not failed:
+        return "nccl"
+    if backend == "auto":
+        return "mpi"
+    rank, why = failed[0]
+    more = f" (and {len(failed) - 1} more rank(s))" if len(failed) > 1 else ""
+    raise BackendUnavailableError(f"backend='nccl' can't start: rank {rank}{more}: {why}")

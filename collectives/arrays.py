@@ -1,4 +1,5 @@
-"""Zero-copy views of user arrays (numpy arrays, torch CPU tensors) as numpy storage buffers."""
+"""Zero-copy views of user arrays as storage buffers: numpy arrays and torch CPU tensors as numpy
+views; GPU arrays (CuPy, torch CUDA, ``__cuda_array_interface__``) as CuPy views (see gpu.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,12 +12,20 @@ from .dtypes import BFLOAT16, DType, dtype_of_numpy
 
 @dataclass
 class Buffer:
-    """A user array and the contiguous numpy view of its memory that transports read and write."""
+    """A user array and the contiguous view of its memory that transports read and write."""
 
     user: Any
-    view: np.ndarray
+    view: np.ndarray          # a CuPy array where memory == "cuda"
     dtype: DType
-    kind: str  # "numpy" or "torch"
+    kind: str  # "numpy", "torch"; on GPUs "cupy", "torch-cuda", "cuda-array"
+    memory: str = "host"      # "host" or "cuda"
+    device: int | None = None  # the CUDA device of GPU memory
+    readonly: bool = False    # GPU arrays only (host views carry their own flag)
+
+    @property
+    def where(self) -> str:
+        """Human-readable location: "host" or "cuda:<device>"."""
+        return "host" if self.memory == "host" else f"cuda:{self.device}"
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -32,6 +41,10 @@ class Buffer:
 
     def new(self, shape: tuple[int, ...]) -> "Buffer":
         """A fresh zeroed buffer of the same kind and dtype with ``shape``."""
+        if self.memory == "cuda":
+            from .gpu import new_buffer
+
+            return new_buffer(self, shape)
         if self.kind == "torch":
             import torch
 
@@ -48,10 +61,14 @@ def as_buffer(x: Any, name: str = "x") -> Buffer:
                              f"pass np.ascontiguousarray({name}) — collectives never copy silently")
         return Buffer(x, x, dtype_of_numpy(x.dtype), "numpy")
     torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cuda":
+        from .gpu import as_gpu_buffer
+
+        return as_gpu_buffer(x, name)
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
-            raise TypeError(f"{name} is on device {x.device}; the MPI backend takes CPU tensors "
-                            f"(CUDA tensors need the NCCL backend)")
+            raise TypeError(f"{name} is on device {x.device}; only CPU and CUDA tensors are "
+                            f"supported")
         if x.is_sparse or x.layout != torch.strided:
             raise TypeError(f"{name} has layout {x.layout}; only dense strided tensors are supported")
         if not x.is_contiguous():
@@ -67,16 +84,31 @@ def as_buffer(x: Any, name: str = "x") -> Buffer:
         except TypeError as err:
             raise TypeError(f"{name} has dtype {t.dtype}, which has no numpy equivalent") from err
         return Buffer(x, view, dtype_of_numpy(view.dtype), "torch")
-    if hasattr(x, "__cuda_array_interface__"):
-        raise TypeError(f"{name} is a GPU array ({type(x).__name__}); the MPI backend takes host "
-                        f"arrays (GPU arrays need the NCCL backend)")
-    raise TypeError(f"{name} must be a numpy array or a torch CPU tensor, got {type(x).__name__}")
+    from .gpu import as_gpu_buffer, is_gpu_array
+
+    if is_gpu_array(x):
+        return as_gpu_buffer(x, name)
+    raise TypeError(f"{name} must be a numpy array or a torch tensor (CPU or CUDA) or a GPU array "
+                    f"(CuPy, __cuda_array_interface__), got {type(x).__name__}")
 
 
 def check_writable(buf: Buffer, name: str) -> None:
     """Raise ValueError if the collective would have to write into a read-only array."""
-    if not buf.view.flags.writeable:
+    writeable = buf.view.flags.writeable if buf.memory == "host" else not buf.readonly
+    if not writeable:
         raise ValueError(f"{name} is read-only but this collective writes into it")
+
+
+def check_memory(buf: Buffer, backend: Any, name: str) -> None:
+    """Raise TypeError, before any communication, if ``backend`` can't carry ``buf``'s memory."""
+    accepts = getattr(backend, "memories", ("host",))
+    if buf.memory not in accepts:
+        raise TypeError(f"{name} is a GPU array on {buf.where} but the {backend.name} backend "
+                        f"takes host arrays; use collectives.init(backend='nccl') for GPU arrays")
+    device = getattr(backend, "device", None)
+    if buf.memory == "cuda" and device is not None and buf.device != device:
+        raise TypeError(f"{name} is on {buf.where} but this communicator's GPU is cuda:{device}; "
+                        f"each rank uses one GPU (see collectives.init(device=...))")
 
 
 def _torch() -> Any:

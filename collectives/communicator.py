@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 
 from . import select
-from .arrays import Buffer, as_buffer, check_writable
+from .arrays import Buffer, as_buffer, check_memory, check_writable
 from .backends.base import Backend
 from .call import Call, split_bounds
 from .context import OpContext
 from .dtypes import check_reducible, parse_op
 from .errors import CollectiveError, CommunicatorBrokenError, MismatchError
+from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import Executor, Handle
 
 DEFAULT_TIMEOUT = 300.0
@@ -165,7 +166,7 @@ class Communicator:
         shift = int(shift) % self.size
         target = self._out(out, buf, buf.shape, "rotate", fresh=out is None, overlap_ok=True)
         recv = target.flat()
-        staged = recv if not np.shares_memory(recv, buf.flat()) else np.empty_like(recv)
+        staged = recv if not shares_memory(recv, buf.flat()) else empty_like(recv)
         call = Call("rotate", buf.dtype, buf.flat(), staged, shift=shift)
         copy_out = (recv, staged) if staged is not recv else None
         return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out)
@@ -181,6 +182,7 @@ class Communicator:
              timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``dst`` (matched by a ``recv`` there with the same tag)."""
         buf = as_buffer(x, "x")
+        check_memory(buf, self.backend, "x")
         dst = self._peer(dst, "dst")
         ctx_name = f"send to rank {dst}"
 
@@ -196,6 +198,7 @@ class Communicator:
         """Receive from rank ``src`` into ``x``; a message of another size raises MismatchError."""
         buf = as_buffer(x, "x")
         check_writable(buf, "x")
+        check_memory(buf, self.backend, "x")
         src = self._peer(src, "src")
         ctx_name = f"recv from rank {src}"
 
@@ -204,7 +207,7 @@ class Communicator:
             b = self.backend
             nbytes = b.probe_count(src, tag, ctx)
             if nbytes != buf.nbytes:
-                junk = np.empty(nbytes, np.uint8)  # consume it so the channel stays in step
+                junk = empty(nbytes, np.uint8, buf.flat())  # consume it: the channel stays in step
                 b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
                 raise MismatchError(f"{ctx_name}: message has {nbytes} bytes but x holds "
                                     f"{buf.nbytes} bytes ({buf.dtype.name}{list(buf.shape)})")
@@ -227,6 +230,7 @@ class Communicator:
                 copy_out: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
         """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread."""
         kind = call.kind
+        check_memory(buf, self.backend, "x")
         chosen = select.resolve(kind, algo, buf.nbytes, self.size, self.topology)
         algorithm = select.ALGORITHMS[kind][chosen]
         call.topology = self.topology
@@ -241,11 +245,11 @@ class Communicator:
             if self.check and self.size > 1:
                 self._agree(ctx, sig, fields)
             if copy_in is not None:
-                np.copyto(*copy_in)
+                copyto(*copy_in)
             if moves or kind == "barrier":
                 algorithm(self.backend, ctx, call)
             if copy_out is not None:
-                np.copyto(*copy_out)
+                copyto(*copy_out)
             return result
 
         return self._submit(kind, run, async_op)
@@ -288,8 +292,10 @@ class Communicator:
             raise TypeError(f"{what}: out has dtype {buf.dtype.name} but x has {like.dtype.name}")
         if buf.shape != tuple(shape):
             raise ValueError(f"{what}: out has shape {list(buf.shape)}, expected {list(shape)}")
+        if buf.where != like.where:
+            raise TypeError(f"{what}: out is on {buf.where} but x is on {like.where}")
         if not overlap_ok and buf.view is not like.view and buf.nbytes and \
-                np.shares_memory(buf.view, like.view):
+                shares_memory(buf.view, like.view):
             raise ValueError(f"{what}: out overlaps x; pass a separate output array")
         return buf
 
@@ -325,6 +331,7 @@ def _signature(call: Call, algo: str, buf: Buffer) -> tuple[np.ndarray, list[tup
         ("collective", call.kind), ("algorithm", algo), ("dtype", buf.dtype.name),
         ("element count", int(buf.flat().size)), ("shape", list(buf.shape)),
         ("root", call.root), ("reduction op", call.op), ("shift", call.shift),
+        ("memory (host or GPU)", buf.memory),
     ]
     codes = [v if isinstance(v, int) else zlib.crc32(repr(v).encode()) for _, v in fields]
     return np.array(codes, dtype=np.int64), fields

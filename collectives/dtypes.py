@@ -69,20 +69,32 @@ def check_reducible(dtype: DType, op: str) -> None:
 
 
 def reducer(dtype: DType, op: str) -> Reducer:
-    """The in-place combine function for ``op`` on ``dtype`` ('avg' combines like 'sum')."""
+    """The in-place combine function for ``op`` on ``dtype`` ('avg' combines like 'sum');
+    GPU (CuPy) storage views are combined on the GPU by ``gpu.combine``."""
     base = "sum" if op == "avg" else op
-    if dtype.name == "bfloat16":
-        return _torch_reducer(base)
+    host = _torch_reducer(base) if dtype.name == "bfloat16" else None
     ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[base]
 
     def combine(acc: np.ndarray, inc: np.ndarray) -> None:
-        ufunc(acc, inc, out=acc)
+        if not isinstance(acc, np.ndarray):
+            from .gpu import combine as on_gpu
+
+            on_gpu(acc, inc, base, dtype)
+        elif host is not None:
+            host(acc, inc)
+        else:
+            ufunc(acc, inc, out=acc)
 
     return combine
 
 
 def finish_avg(dtype: DType, buf: np.ndarray, size: int) -> None:
     """Turn a sum into the mean over ``size`` ranks, in place (the last step of 'avg')."""
+    if not isinstance(buf, np.ndarray):
+        from .gpu import divide
+
+        divide(buf, size, dtype)
+        return
     if dtype.name == "bfloat16":
         import torch
 

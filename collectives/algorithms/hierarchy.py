@@ -21,6 +21,7 @@ from ..backends.base import Backend
 from ..call import Call, split_bounds
 from ..context import OpContext
 from ..dtypes import finish_avg
+from ..gpu import copyto, empty
 from . import ring
 from .pipeline import run_pipeline
 
@@ -125,7 +126,7 @@ def all_reduce(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) 
 def reduce_scatter(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) -> None:
     """Permute into staging, intra-node reduce-scatter, rail reduce-scatter into ``call.recv``."""
     layout = _Layout(call.bounds, plan, chunks)
-    staging = np.empty(layout.total, call.send.dtype)
+    staging = empty(layout.total, call.send.dtype, call.send)
     layout.scatter(call.send, staging)  # x -> staging order (x itself is never written)
     base = _base(call.op)
     i_me = plan.node.rank
@@ -154,7 +155,7 @@ def reduce_scatter(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: i
 def all_gather(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) -> None:
     """Rail all-gather, then intra-node all-gather, chunk-pipelined; unpermute into ``call.recv``."""
     layout = _Layout(call.bounds, plan, chunks)
-    staging = np.empty(layout.total, call.send.dtype)
+    staging = empty(layout.total, call.send.dtype, call.send)
     i_me, q_me = plan.node.rank, plan.rail.rank
     mine = split_bounds(call.send.size, chunks)
 
@@ -164,7 +165,7 @@ def all_gather(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) 
         block = staging[lo + a:lo + z]
         rail = layout.rail(k, i_me)
         pa, pz = rail[q_me]
-        np.copyto(block[pa:pz], call.send[mine[k][0]:mine[k][1]])
+        copyto(block[pa:pz], call.send[mine[k][0]:mine[k][1]])
         ring.all_gather_into(plan.rail, ctx, block, rail, list(range(plan.num_nodes)))
 
     def intra_ag(k: int) -> None:
@@ -224,7 +225,7 @@ class _Layout:
         for (r, k), off in self.offset.items():
             a, z = self.parts[r][k]
             base = self.starts[r]
-            staging[off:off + z - a] = src[base + a:base + z]
+            copyto(staging[off:off + z - a], src[base + a:base + z])
 
     def gather_chunk(self, k: int, staging: np.ndarray, dst: np.ndarray) -> None:
         """Copy chunk ``k``'s pieces from staging back to rank order in ``dst``."""
@@ -233,7 +234,7 @@ class _Layout:
                 a, z = self.parts[r][k]
                 off = self.offset[(r, k)]
                 base = self.starts[r]
-                dst[base + a:base + z] = staging[off:off + z - a]
+                copyto(dst[base + a:base + z], staging[off:off + z - a])
 
     def _len(self, r: int, k: int) -> int:
         a, z = self.parts[r][k]

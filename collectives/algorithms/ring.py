@@ -19,6 +19,7 @@ from ..backends.base import Backend
 from ..call import Call
 from ..context import OpContext
 from ..dtypes import finish_avg, reducer
+from ..gpu import copyto, empty
 
 
 def all_reduce(b: Backend, ctx: OpContext, call: Call) -> None:
@@ -40,7 +41,7 @@ def reduce_scatter(b: Backend, ctx: OpContext, call: Call) -> None:
 
 def all_gather(b: Backend, ctx: OpContext, call: Call) -> None:
     """Every rank's ``call.send`` lands in its slot of ``call.recv`` on every rank."""
-    np.copyto(_chunk(call.recv, call.bounds, b.rank), call.send)
+    copyto(_chunk(call.recv, call.bounds, b.rank), call.send)
     all_gather_into(b, ctx, call.recv, call.bounds, _ring(b, call))
 
 
@@ -52,13 +53,13 @@ def reduce_scatter_into(b: Backend, ctx: OpContext, call: Call, src: np.ndarray,
     p = len(ring)
     if p == 1:
         if not inplace:
-            np.copyto(out, _chunk(src, call.bounds, b.rank))
+            copyto(out, _chunk(src, call.bounds, b.rank))
         return
     combine = reducer(call.dtype, call.op or "sum")
     j = ring.index(b.rank)
     right, left = ring[(j + 1) % p], ring[(j - 1) % p]
     widest = max(hi - lo for lo, hi in call.bounds)
-    scratch = [np.empty(widest, src.dtype), np.empty(widest, src.dtype)]
+    scratch = [empty(widest, src.dtype, src), empty(widest, src.dtype, src)]
     send = _chunk(src, call.bounds, ring[(j - 1) % p])  # step 0 sends raw data
     for s in range(p - 1):
         c = ring[(j - s - 2) % p]                       # the chunk arriving from the left

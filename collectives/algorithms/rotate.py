@@ -2,11 +2,10 @@
 receives the one from ``shift`` places back. One step, ``n`` bytes sent per rank."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..backends.base import Backend
 from ..call import Call
 from ..context import OpContext
+from ..gpu import copyto
 
 
 def rotate(b: Backend, ctx: OpContext, call: Call) -> None:
@@ -17,6 +16,6 @@ def rotate(b: Backend, ctx: OpContext, call: Call) -> None:
     dst, src = ring[(j + call.shift) % p], ring[(j - call.shift) % p]
     if dst == b.rank:
         if call.recv is not call.send:
-            np.copyto(call.recv, call.send)
+            copyto(call.recv, call.send)
         return
     b.sendrecv(call.send, dst, call.recv, src, ctx)

@@ -1,0 +1,33 @@
+"""init(backend=...) on this machine: auto agrees on every rank; nccl without a GPU says why."""
+import _common  # noqa: F401  (sets sys.path)
+from _common import rank_main
+
+import collectives
+from collectives.backends.nccl import unavailable_reason
+
+
+def body():
+    reason = unavailable_reason()
+    c = collectives.init(timeout=30)
+    want = "mpi" if reason else "nccl"
+    assert c.backend.name.startswith(want), (c.backend.name, reason)
+    c.close()
+    m = collectives.init(backend="mpi", timeout=30)
+    assert m.backend.name == "mpi"
+    m.close()
+    if reason:
+        try:
+            collectives.init(backend="nccl")
+            raise AssertionError("backend='nccl' without a GPU did not raise")
+        except collectives.BackendUnavailableError as err:
+            msg = str(err)
+            assert msg.startswith("backend='nccl' can't start: rank 0") and reason in msg, msg
+    try:
+        collectives.init(backend="gloo")
+        raise AssertionError("an unknown backend did not raise")
+    except ValueError as err:
+        assert "nccl" in str(err)
+    print(f"rank {c.rank}: selected {c.backend.name} ({reason or 'GPU found'})")
+
+
+rank_main(body)
