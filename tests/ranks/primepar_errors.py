@@ -25,7 +25,7 @@ def body():
     expect(lambda: PrimeLinear(comm, 8, 8, "s=Q"), "space must be one of")
     expect(lambda: PrimeLinear(comm, 8, 8, "column", weight=torch.zeros(3, 3)), "shape (in, out)")
     lin = PrimeLinear(comm, 4 * p, 4 * p, "row-shift", dtype=torch.float64)
-    expect(lambda: lin(torch.zeros(4, 3 * p + 1, dtype=torch.float64)), "local features")
+    expect(lambda: lin(torch.zeros(4, 3 * p + 2, dtype=torch.float64)), "local features")
     expect(lambda: lin(torch.zeros(4, dtype=torch.float64)), "2-D")
     expect(lambda: PrimeAttention(comm, 8 * p, 2 * p, 4, "column", "column"), "takes its input")
     if p > 1:
