@@ -17,3 +17,9 @@ def test_layers_match_dense_over_sgd_steps(n):
 def test_bad_input_raises_on_every_rank(n):
     out = run_ranks("primepar_errors.py", n, timeout=90)
     assert out.count("DONE") == n
+
+
+def test_benchmark_runs_and_prints_every_plan():
+    out = run_ranks("primepar_bench.py", 2, timeout=120)
+    for name in ("searched", "1-D TP", "RTP"):
+        assert name in out
