@@ -5,7 +5,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["collectives", "topology", "bench", "rtp", "tesseract", "paro"]
+PACKAGES = ["collectives", "topology", "bench", "rtp", "tesseract", "paro", "primepar"]
 
 
 def _modules():

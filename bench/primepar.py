@@ -1,0 +1,138 @@
+"""PrimePar: measured searched plan vs 1-D TP and RTP here, predicted comparison at 32+ devices.
+
+``mpiexec -n 4 python -m bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]``
+Measured: forward + backward of every layer's four matmuls (QKV, out, fc1, fc2) under each plan,
+each fed an input shard in its own layout (the attention core and re-layouts are not executed
+here); memory per rank: weight + gradient shards, tensors saved for backward, peak shift buffers.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Sequence
+
+import torch
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the comparison; rank 0 prints the tables."""
+    args = _parser().parse_args(argv)
+    import collectives
+    from primepar import PrimeLinear
+    from primepar.cost import Costs, Hardware
+    from primepar.search import Model, baselines, search
+
+    comm = collectives.init()
+    P = comm.size
+    model = Model(args.layers, args.hidden, args.heads, args.seq, args.batch)
+    flops = _calibrate(comm)
+    costs = Costs(comm.topology, Hardware(flops_per_s=flops, dtype_bytes=4,
+                                          state_bytes_per_param=8))
+    from primepar.__main__ import parse_bytes
+
+    budget = parse_bytes(args.memory)
+    plans = {"searched": search(model, costs, budget, context_parallel=False)}
+    plans.update({k: v for k, v in baselines(model, costs, context_parallel=False).items()
+                  if k in ("1-D TP", "RTP")})
+    rows = []
+    for name, plan in plans.items():
+        layers = [[PrimeLinear(comm, k, n, spec, seed=i)
+                   for spec, (m, k, n) in zip(choice.specs, model.matmuls().values())]
+                  for i, choice in enumerate(plan.layers)]
+        times, mem = _measure(comm, model, layers, args.iters)
+        rows.append((name, plan, statistics.median(times), mem))
+    if comm.rank == 0:
+        print(f"# {P} ranks on this machine (shared, noisy), float32, model: {args.layers} layers, "
+              f"hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch {args.batch}; "
+              f"calibrated {flops / 1e9:.1f} GFLOP/s per rank; budget {args.memory}; "
+              f"median of {args.iters}")
+        print(f"{'plan':9s} {'specs (layer 0)':58s} {'meas s':>8s} {'pred s':>8s} "
+              f"{'meas MB':>8s} {'pred MB':>8s}")
+        for name, plan, t, mem in rows:
+            pred_t = sum(c.time_s for c in plan.layers)
+            print(f"{name:9s} {plan.layers[0].label():58s} {t:8.4f} {pred_t:8.4f} "
+                  f"{mem / 1e6:8.2f} {plan.memory_bytes / 1e6:8.2f}")
+        print("(pred: matmuls + attention core + re-layouts by the model; meas: matmuls only)")
+        _predicted_at_scale(args)
+    return 0
+
+
+def _measure(comm, model, layers, iters: int) -> tuple[list[float], float]:
+    """Seconds per fwd+bwd step, and the rank's bytes: weights+grads, saved, shift buffers."""
+    from primepar import shard
+
+    gen = torch.Generator().manual_seed(comm.rank)
+    inputs = []
+    for lin_row in layers:
+        row = []
+        for lin, (m, k, n) in zip(lin_row, model.matmuls().values()):
+            x = torch.randn(m, k, generator=gen)
+            row.append(shard(x, lin.spec, "X", lin.grid))
+        inputs.append(row)
+    saved = [0]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    times = []
+    for it in range(iters + 1):
+        comm.barrier()
+        start = time.perf_counter()
+        saved[0] = 0
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outs = [lin(x) for row, xs in zip(layers, inputs) for lin, x in zip(row, xs)]
+        sum(o.sum() for o in outs).backward()
+        comm.barrier()
+        if it:
+            times.append(time.perf_counter() - start)
+    weights = sum(2 * lin.weight.numel() * lin.weight.element_size() for r in layers for lin in r)
+    buffers = max(lin.trace.peak_buffer_bytes for r in layers for lin in r)
+    mine = torch.tensor([float(weights + saved[0] + buffers)], dtype=torch.float64)
+    comm.all_reduce(mine, op="max")
+    return times, float(mine[0])
+
+
+def _calibrate(comm) -> float:
+    """This rank's matmul FLOP/s (all ranks at once, as they will run), the slowest rank's."""
+    a = torch.randn(256, 256)
+    comm.barrier()
+    start = time.perf_counter()
+    for _ in range(20):
+        a @ a
+    rate = torch.tensor([20 * 2 * 256 ** 3 / (time.perf_counter() - start)], dtype=torch.float64)
+    comm.all_reduce(rate, op="min")
+    return float(rate[0])
+
+
+def _predicted_at_scale(args) -> None:
+    from primepar.__main__ import compare, format_plan
+    from primepar.cost import Costs, default_topology
+    from primepar.search import Model, baselines, search
+
+    big = Model(24, 4096, 32, 2048, 8)
+    for devices in args.scale:
+        costs = Costs(default_topology(devices))
+        start = time.perf_counter()
+        plan = search(big, costs, 40e9)
+        took = time.perf_counter() - start
+        print(f"\n# predicted, 24 layers x hidden 4096, seq 2048, batch 8, {devices} devices "
+              f"(nodes of 8, default links), 100 TFLOP/s, 40 GB; search {took:.1f} s")
+        print(format_plan(plan))
+        print(compare(plan, baselines(big, costs), 40e9))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench primepar", description=__doc__.splitlines()[0])
+    for name, default in (("layers", 2), ("hidden", 512), ("heads", 8), ("seq", 128),
+                          ("batch", 8), ("iters", 5)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--memory", default="1TB", help="budget per rank for the searched plan")
+    p.add_argument("--scale", type=int, nargs="*", default=[32, 64],
+                   help="device counts for the predicted comparison")
+    return p
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

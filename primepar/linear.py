@@ -1,0 +1,126 @@
+"""PrimeLinear: a bias-free Linear whose matmul runs on the spatial-temporal primitive.
+
+The weight is held as ``(in, out)`` (``W[K, N]``); a rank stores only its at-rest block, and the
+gradient of that block ends on the same rank (moving gradients travel home as partial sums).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .engine import Product, Trace, run
+from .grid import Grid, gather, shard
+from .spec import TENSORS, Spec, check_shapes, parse
+
+FORWARD = [Product("Y", ("M", "N"), "X", "W", "mk,kn->mn")]
+BACKWARD = [Product("dX", ("M", "K"), "dY", "W", "mn,kn->mk"),
+            Product("dW", ("K", "N"), "X", "dY", "mk,mn->kn")]
+"""Forward and the fused backward (both gradient products share one loop and one set of shifts)."""
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid,
+           trace: Trace | None = None) -> torch.Tensor:
+    """``Y = X @ W`` on at-rest shards ``x`` (2-D) and ``w``; differentiable in both."""
+    return _Matmul.apply(x, w, (spec, grid, trace))
+
+
+class PrimeLinear(torch.nn.Module):
+    """``y = x @ W`` over ``comm`` partitioned by ``spec``; ``x``/``y`` are at-rest shards."""
+
+    def __init__(self, comm: Any, in_features: int, out_features: int, spec: Spec | str,
+                 weight: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
+                 seed: int = 0) -> None:
+        super().__init__()
+        self.spec = parse(spec)
+        self.grid = Grid.of(comm, self.spec.dp)
+        self.in_features, self.out_features = in_features, out_features
+        check_shapes(self.spec, self.grid.n, {"M": self.spec.dp * self.grid.n,
+                                              "K": in_features, "N": out_features})
+        if weight is None:
+            local = _local_init(in_features, out_features, self.spec, self.grid, dtype, seed)
+        else:
+            if tuple(weight.shape) != (in_features, out_features):
+                raise ValueError(f"weight must have shape (in, out) = ({in_features}, "
+                                 f"{out_features}), got {tuple(weight.shape)}")
+            local = shard(weight.to(dtype), self.spec, "W", self.grid)
+        self.weight = torch.nn.Parameter(local)
+        self.trace = Trace()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply to the at-rest shard ``x`` of rows ``(m_local, k_local)`` (rows are batch*seq,
+        sample-major); the result's rows follow the spec's Y layout, which may split M otherwise."""
+        return matmul(x, self.weight, self.spec, self.grid, self.trace)
+
+    def full_weight(self) -> torch.Tensor:
+        """The whole ``(in, out)`` weight, gathered from every rank (collective)."""
+        return gather(self.weight.detach(), self.spec, "W", self.grid)
+
+
+class _Matmul(torch.autograd.Function):
+    """Forward: one pass of the step loop. Backward: dX and dW in one fused loop, then the
+    data-parallel groups sum dW (the weights are replicated across them)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, how: tuple) -> torch.Tensor:
+        spec, grid, trace = how
+        _check_operands(x, w, spec, grid)
+        ctx.how = how
+        ctx.save_for_backward(x, w)
+        ops = {"X": (x.detach().contiguous(), ("M", "K")), "W": (w.detach().contiguous(), ("K", "N"))}
+        return run(grid.ring, spec, ops, FORWARD, trace)["Y"]
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple:
+        spec, grid, trace = ctx.how
+        x, w = ctx.saved_tensors
+        ops = {"X": (x, ("M", "K")), "W": (w, ("K", "N")), "dY": (dy.contiguous(), ("M", "N"))}
+        grads = run(grid.ring, spec, ops, BACKWARD, trace)
+        dw = grads["dW"]
+        if grid.dp_comm is not None:
+            grid.dp_comm.all_reduce(dw)
+        return grads["dX"], dw, None
+
+
+def _check_operands(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid) -> None:
+    """ValueError naming the mismatch unless ``x`` and ``w`` fit the spec's step loop."""
+    if x.dim() != 2:
+        raise ValueError(f"x must be 2-D (rows, features) here, got shape {tuple(x.shape)}")
+    kx, kw = _step_width(x.shape[1], "X", spec, grid), _step_width(w.shape[0], "W", spec, grid)
+    if kx != kw:
+        raise ValueError(f"x has {x.shape[1]} local features but the weight shard "
+                         f"{tuple(w.shape)} does not match them under spec {spec.label()} "
+                         f"(X split along {spec.split_dim('X') or 'nothing'}, W along "
+                         f"{spec.split_dim('W') or 'nothing'})")
+    if x.dtype != w.dtype:
+        raise TypeError(f"x is {x.dtype} but the weight is {w.dtype}")
+    if spec.time is not None:
+        n = grid.n
+        for name, t, dims in (("x", x, ("M", "K")), ("weight", w, ("K", "N"))):
+            if spec.role(dims) == "both" and t.shape[dims.index(spec.time)] % n:
+                raise ValueError(f"{name} dim {spec.time}={t.shape[dims.index(spec.time)]} does "
+                                 f"not split into {n} time blocks")
+
+
+def _step_width(k: int, tensor: str, spec: Spec, grid: Grid) -> int:
+    """Width of the K dim one step of the loop sees in ``tensor``."""
+    both = spec.time == "K" and spec.role(TENSORS[tensor]) == "both"
+    return k // grid.n if both else k
+
+
+def _local_init(k: int, n_out: int, spec: Spec, grid: Grid, dtype: torch.dtype,
+                seed: int) -> torch.Tensor:
+    """Flyweight init: this rank's block only, drawn from a generator seeded by block position,
+    so the whole weight is the same for any ring size that splits it along the same dim."""
+    dim = spec.split_dim("W")
+    parts = grid.n if dim is not None else 1
+    index = grid.ring.rank if dim is not None else 0
+    rows = torch.tensor_split(torch.arange(k), parts)[index] if dim == "K" else torch.arange(k)
+    cols = torch.tensor_split(torch.arange(n_out), parts)[index] if dim == "N" else torch.arange(n_out)
+    scale = 1.0 / k ** 0.5
+    out = torch.empty(len(rows), len(cols), dtype=dtype)
+    for i, r in enumerate(rows.tolist()):  # one generator per weight row: independent of layout
+        g = torch.Generator().manual_seed(seed * 1_000_003 + r)
+        row = (torch.rand(n_out, generator=g, dtype=torch.float64) * 2 - 1) * scale
+        out[i] = row[cols].to(dtype)
+    return out
