@@ -64,12 +64,24 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None) 
 
 
 def _modelled_choice(kind: str, nbytes: int, topology: Any) -> str:
-    """The algorithm the cost model predicts fastest among ring, hier and ho_ring."""
+    """The algorithm the cost model predicts fastest among ring, hier and ho_ring (cached: the
+    model runs once per collective, size and topology, not on every call)."""
+    key = (kind, nbytes, id(topology))
+    hit = _CHOICES.get(key)
+    if hit is not None and hit[0] is topology:
+        return hit[1]
     from .schedules import fastest, model_for
 
     total = nbytes * topology.world_size if kind == "all_gather" else nbytes
     best = fastest(kind, ("ho_ring", "hier", "ring"), total, model_for(topology))
-    return best[0] if best else "ring"
+    choice = best[0] if best else "ring"
+    if len(_CHOICES) > 4096:
+        _CHOICES.clear()
+    _CHOICES[key] = (topology, choice)
+    return choice
+
+
+_CHOICES: dict[tuple[str, int, int], tuple[Any, str]] = {}
 
 
 def _hierarchical(topology: Any, size: int) -> bool:
