@@ -231,7 +231,8 @@ class Communicator:
         """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread."""
         kind = call.kind
         check_memory(buf, self.backend, "x")
-        chosen = select.resolve(kind, algo, buf.nbytes, self.size, self.topology)
+        chosen = select.resolve(kind, algo, buf.nbytes, self.size, self.topology,
+                                has_shm=self.backend.arena_unavailable() is None)
         algorithm = select.ALGORITHMS[kind][chosen]
         call.topology = self.topology
         if chosen == "ring" and self.topology is not None and call.ring is None:

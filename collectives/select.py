@@ -1,15 +1,16 @@
 """Algorithm choice: which algorithms implement each collective, and what ``algo="auto"`` picks.
 
-The rule is a size threshold for now (latency-bound messages go to the backend's native
-collective, bandwidth-bound ones to the ring); ``TOPOCOLL_ALGO=<name>`` overrides ``auto``
-wherever that algorithm exists, like NCCL_ALGO.
+The rule is a size threshold for now: latency-bound messages go to the backend's native
+collective; bandwidth-bound ones go to shared memory when all ranks share a node (``has_shm``),
+else to the ring. ``TOPOCOLL_ALGO=<name>`` overrides ``auto`` wherever that algorithm exists,
+like NCCL_ALGO.
 """
 from __future__ import annotations
 
 import os
 from typing import Any, Callable
 
-from .algorithms import hier, ho_ring, native, ring, rotate
+from .algorithms import hier, ho_ring, native, ring, rotate, shm
 from .backends.base import Backend
 from .call import Call
 from .context import OpContext
@@ -18,14 +19,14 @@ Algorithm = Callable[[Backend, OpContext, Call], None]
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce,
-                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring},
+                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_reduce},
     "all_gather": {"ring": ring.all_gather, "native": native.all_gather,
-                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring},
+                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_gather},
     "reduce_scatter": {"ring": ring.reduce_scatter, "native": native.reduce_scatter,
-                       "hier": hier.hier, "ho_ring": ho_ring.ho_ring},
-    "broadcast": {"native": native.broadcast},
-    "reduce": {"native": native.reduce},
-    "all_to_all": {"native": native.all_to_all},
+                       "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.reduce_scatter},
+    "broadcast": {"native": native.broadcast, "shm": shm.broadcast},
+    "reduce": {"native": native.reduce, "shm": shm.reduce},
+    "all_to_all": {"native": native.all_to_all, "shm": shm.all_to_all},
     "rotate": {"p2p": rotate.rotate},
     "barrier": {"native": native.barrier},
 }
@@ -34,16 +35,25 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
 RING_THRESHOLD = 256 * 1024
 """Bytes at and above which ``auto`` prefers the ring to the native collective."""
 
+SHM_RANGE: dict[str, tuple[int, int | None]] = {"all_gather": (0, 8 << 20)}
+"""Bytes of ``x`` for which ``auto`` picks shared memory where it exists, per collective (default:
+every size); above the range the native collective wins. Measured (docs/shm.md): shm beat the
+native path at every size, even 8 bytes, except all-gather from 16 MiB per rank, where MPICH's
+single-copy transfer does fewer copies than the arena's copy in + copy out."""
+
 
 def algorithms_for(kind: str) -> tuple[str, ...]:
     """The algorithm names valid for a collective (``auto`` included)."""
     return ("auto", *ALGORITHMS[kind])
 
 
-def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None) -> str:
+def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
+            has_shm: bool = False) -> str:
     """Check ``algo`` for ``kind`` and replace ``auto`` by a concrete choice (same on all ranks).
 
     With a multi-node topology of equal node sizes, bandwidth-bound messages take HO-Ring.
+    ``has_shm``: all ranks share one node's memory (``Backend.arena_unavailable() is None``);
+    then shared memory wins, unless the topology says several nodes (a virtual one, on purpose).
     """
     table = ALGORITHMS[kind]
     if not isinstance(algo, str):
@@ -54,8 +64,14 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None) 
                              f"choose one of {', '.join(algorithms_for(kind))}")
         return algo
     forced = os.environ.get("TOPOCOLL_ALGO")
-    if forced and forced in table:
+    if forced and forced in table and (forced != "shm" or has_shm):
         return forced
+    if has_shm and size > 1 and "shm" in table and not _hierarchical(topology, size):
+        lo, hi = SHM_RANGE.get(kind, (0, None))
+        if hi is not None and nbytes >= hi:
+            return "native"
+        if nbytes >= lo:
+            return "shm"
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
         if "ho_ring" in table and _hierarchical(topology, size):
             return _modelled_choice(kind, nbytes, topology)

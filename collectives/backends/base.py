@@ -7,12 +7,15 @@ on every rank before any data moves.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..context import OpContext
 from ..dtypes import DType
+
+if TYPE_CHECKING:
+    from .shm import SharedArena
 
 Request = Any
 """An in-flight transfer, opaque to algorithms; only ``Backend.wait`` inspects it."""
@@ -66,3 +69,14 @@ class Backend(ABC):
     def native_supports(self, dtype: DType, op: str | None) -> bool:
         """Whether the native collective can reduce ``dtype`` with ``op`` without a user op."""
         return True
+
+    # -- shared memory inside a node --
+    def arena(self) -> "SharedArena | None":
+        """The node-shared memory arena over this backend's ranks, or None (see
+        ``arena_unavailable``); created once with the backend and reused by every operation."""
+        return None
+
+    def arena_unavailable(self) -> str | None:
+        """Why ``arena()`` returns None (None if it doesn't); needs no communication, and is the
+        same on all ranks."""
+        return f"the {self.name} backend has no shared-memory arena"

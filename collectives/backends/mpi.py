@@ -9,6 +9,7 @@ import numpy as np
 from ..context import OpContext
 from ..dtypes import DType, reducer
 from .base import Backend, Request
+from .shm import SharedArena, shm_disabled
 
 
 class MPIBackend(Backend):
@@ -28,6 +29,13 @@ class MPIBackend(Backend):
         self.size = self.coll.Get_size()
         self._user_ops: dict[tuple[str, str], Any] = {}
         self.parent_ranks: list[int] = list(range(self.size))  # set by split()
+        self._arena: SharedArena | None = None
+        self._no_arena = self._check_shared_memory()
+        if self._no_arena is None:
+            # Allocated here, where every rank already blocks in Dup, not at first use: a window
+            # allocation can't time out, so a dead peer must not be able to hang it mid-operation.
+            # Untouched pages cost nothing; the arena lives until close().
+            self._arena = SharedArena.allocate(self.coll)
 
     # -- point to point --
     def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
@@ -92,7 +100,15 @@ class MPIBackend(Backend):
         kind = dtype.storage.kind
         return kind in "iuf" or (kind == "c" and op in ("sum", "prod", "avg"))
 
+    def arena(self) -> SharedArena | None:
+        return self._arena
+
+    def arena_unavailable(self) -> str | None:
+        return self._no_arena
+
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
+        if self._arena is not None:
+            return self._arena.agree(sig, ctx)  # one shared-memory barrier, ~100x faster here
         both = np.concatenate([sig, -sig]).astype(np.int64)
         req = self.coll.Iallreduce(self._MPI.IN_PLACE, both, self._MPI.MAX)
         self.wait([req], ctx)
@@ -110,6 +126,9 @@ class MPIBackend(Backend):
         return child
 
     def close(self) -> None:
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
         owned = [self.parent] if self._owns_parent else []
         for c in [self.coll, self.p2p, *owned]:
             try:
@@ -121,6 +140,22 @@ class MPIBackend(Backend):
         self._owns_parent = False
 
     # -- helpers --
+    def _check_shared_memory(self) -> str | None:
+        """Why this group can't share memory (None if it can); the answer is agreed by all ranks."""
+        MPI = self._MPI
+        reason = shm_disabled()
+        if self.size == 1:
+            return reason or "a single rank needs no shared memory"
+        node = self.coll.Split_type(MPI.COMM_TYPE_SHARED)  # every rank joins, even if disabled
+        if reason is None and node.Get_size() != self.size:
+            reason = (f"the ranks span several nodes (this rank shares memory with "
+                      f"{node.Get_size()} of {self.size})")
+        node.Free()
+        ok = self.coll.allreduce(int(reason is None), op=MPI.MIN)
+        if ok or reason:
+            return reason
+        return "shared memory is unavailable on another rank"
+
     def _comm(self, channel: str) -> Any:
         return self.p2p if channel == "p2p" else self.coll
 

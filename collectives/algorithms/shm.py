@@ -1,0 +1,182 @@
+"""Shared-memory collectives for ranks on one node: peers read and reduce each other's data in
+place instead of copying it through messages (NCCL's SHM transport, Open MPI's han/sm).
+
+Nomenclature: ``p`` ranks, this rank ``r``; ``slot[q]`` is rank q's half of the arena for this
+step (only q writes it); region ``q`` is rank q's part of the buffer (``call.bounds``); the buffer
+is pipelined in steps of ``w`` elements per region so the arena stays bounded. All-reduce, one step:
+
+    1. copy in    every rank r writes its regions q != r into slot[r] at q*w     (n - n/p)
+    2. sync
+    3. reduce     rank r reduces region r: its own data + slot[q] at r*w, q != r  (reads n - n/p)
+                  straight into its buffer, and publishes the result in slot[r]   (n/p)
+    4. sync
+    5. copy out   rank r copies every slot[q] at q*w (q != r) into its buffer     (n - n/p)
+
+Every chunk is reduced in exactly one place, so all ranks end bitwise identical. Reduce-scatter
+stops after step 3 (the result lands in ``recv``), reduce lets only the root copy out; all-gather,
+broadcast and all-to-all are a copy in, a sync, a copy out. The functions take any Backend whose
+ranks share a node (the world, or a node sub-communicator of a hierarchical algorithm).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..backends.base import Backend
+from ..backends.shm import SharedArena
+from ..call import Call, split_bounds
+from ..context import OpContext
+from ..dtypes import finish_avg, reducer
+from . import native
+
+
+def all_reduce(b: Backend, ctx: OpContext, call: Call) -> None:
+    """In place on ``call.send``: every rank reduces its region from peers' slots, then gathers."""
+    if b.size == 1:
+        return native.all_reduce(b, ctx, call)
+    _reduce(b, ctx, call, "all_reduce", call.bounds)
+
+
+def reduce_scatter(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Rank r reduces region r of every rank's ``call.send`` straight into ``call.recv``."""
+    if b.size == 1:
+        return native.reduce_scatter(b, ctx, call)
+    _reduce(b, ctx, call, "reduce_scatter", call.bounds)
+
+
+def reduce(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Every rank reduces one region (in parallel), then the root alone copies the result out."""
+    if b.size == 1:
+        return native.reduce(b, ctx, call)
+    _reduce(b, ctx, call, "reduce", split_bounds(call.send.size, b.size))
+
+
+def all_gather(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Each rank publishes its ``call.send`` piece by piece; everyone copies all pieces out."""
+    if b.size == 1:
+        return native.all_gather(b, ctx, call)
+    arena = _arena(b)
+    send, recv, r = _bytes(call.send), _bytes(call.recv), b.rank
+    n, w = send.size, arena.slot_bytes
+    for lo in range(0, n, w):
+        hi = min(n, lo + w)
+        slots = _slots(arena, send.dtype)
+        slots[r][:hi - lo] = send[lo:hi]                     # publish my piece
+        arena.sync(ctx)
+        for q in range(b.size):                              # gather everyone's piece
+            recv[q * n + lo:q * n + hi] = send[lo:hi] if q == r else slots[q][:hi - lo]
+
+
+def broadcast(b: Backend, ctx: OpContext, call: Call) -> None:
+    """The root publishes ``call.send`` piece by piece; the others copy each piece out."""
+    if b.size == 1:
+        return
+    arena = _arena(b)
+    buf, root = _bytes(call.send), call.root
+    n, w = buf.size, arena.slot_bytes
+    for lo in range(0, n, w):
+        hi = min(n, lo + w)
+        slots = _slots(arena, buf.dtype)
+        if b.rank == root:
+            slots[root][:hi - lo] = buf[lo:hi]               # publish the root's piece
+        arena.sync(ctx)
+        if b.rank != root:
+            buf[lo:hi] = slots[root][:hi - lo]               # copy it out
+
+
+def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Rank r publishes block q of ``call.send`` at q*w; rank q copies block q of every slot out."""
+    if b.size == 1:
+        return native.all_to_all(b, ctx, call)
+    arena = _arena(b)
+    send, recv, r, p = _bytes(call.send), _bytes(call.recv), b.rank, b.size
+    unit = call.send.itemsize
+    bounds = [(lo * unit, hi * unit) for lo, hi in call.bounds]
+    mine = bounds[r][1] - bounds[r][0]                       # every block r has this length
+    w = arena.slot_bytes // p
+    for k in range(_steps(bounds, w)):
+        slots = _slots(arena, send.dtype)
+        pieces = _pieces(bounds, k, w)
+        for q, (lo, hi) in enumerate(pieces):                # publish my block for each rank q
+            if q != r:
+                slots[r][q * w:q * w + hi - lo] = send[lo:hi]
+        arena.sync(ctx)
+        lo, hi = pieces[r]
+        at = k * w
+        for q in range(p):                                   # block r of every rank, in order
+            dst = recv[q * mine + at:q * mine + at + hi - lo]
+            dst[:] = send[lo:hi] if q == r else slots[q][r * w:r * w + hi - lo]
+
+
+# -- helpers --
+def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
+    """The reduce family (see the module docstring); ``mode`` says where the result goes."""
+    arena = _arena(b)
+    src, r, p = call.send, b.rank, b.size
+    combine = reducer(call.dtype, call.op or "sum")
+    w = arena.slot_bytes // (p * src.itemsize)
+    if w < 1:
+        raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
+                         f"too small for {p} ranks; raise TOPOCOLL_SHM_SLOT")
+    in_buffer = mode == "all_reduce"            # result of my region lands in place in src
+    for k in range(_steps(bounds, w)):
+        slots = _slots(arena, src.dtype)
+        pieces = _pieces(bounds, k, w)
+        for q, (lo, hi) in enumerate(pieces):   # 1. copy in (my own region too, for reduce)
+            if hi > lo and (q != r or mode == "reduce"):
+                slots[r][q * w:q * w + hi - lo] = src[lo:hi]
+        arena.sync(ctx)
+        lo, hi = pieces[r]                      # 3. reduce my region
+        n = hi - lo
+        if mode == "reduce_scatter":
+            acc = call.recv[k * w:k * w + n]
+            acc[:] = src[lo:hi]
+        elif in_buffer:
+            acc = src[lo:hi]
+        else:
+            acc = slots[r][r * w:r * w + n]
+        for q in range(p):
+            if q != r and n:
+                combine(acc, slots[q][r * w:r * w + n])
+        if call.op == "avg" and n:
+            finish_avg(call.dtype, acc, p)
+        if mode == "reduce_scatter":
+            continue                            # nobody reads my result: no second sync
+        if in_buffer and n:
+            slots[r][r * w:r * w + n] = acc     # publish it
+        arena.sync(ctx)
+        if mode == "reduce" and r != call.root:
+            continue
+        for q, (lo, hi) in enumerate(pieces):   # 5. copy out every rank's result
+            if hi > lo and (q != r or not in_buffer):
+                src[lo:hi] = slots[q][q * w:q * w + hi - lo]
+
+
+def _arena(b: Backend) -> SharedArena:
+    """The backend's arena, or a ValueError on every rank (the reason is agreed by all)."""
+    arena = b.arena()
+    if arena is None:
+        raise ValueError(f"algorithm 'shm' can't run here: {b.arena_unavailable()}; "
+                         f"use algo='auto' or another algorithm")
+    return arena
+
+
+def _bytes(buf: np.ndarray) -> np.ndarray:
+    """A flat storage view as bytes: data that only moves never depends on its dtype."""
+    return buf.view(np.uint8)
+
+
+def _slots(arena: SharedArena, dtype: np.dtype) -> list[np.ndarray]:
+    """Every rank's half for the next pipeline step, typed."""
+    half = arena.flip()
+    return [arena.slot(q, half, dtype) for q in range(arena.size)]
+
+
+def _steps(bounds, w: int) -> int:
+    """Pipeline steps needed to move the longest region ``w`` elements at a time."""
+    longest = max(hi - lo for lo, hi in bounds)
+    return -(-longest // w)
+
+
+def _pieces(bounds, k: int, w: int) -> list[tuple[int, int]]:
+    """Step ``k``'s element range of each region (empty where a region is already done)."""
+    return [(min(lo + k * w, hi), min(lo + (k + 1) * w, hi)) for lo, hi in bounds]

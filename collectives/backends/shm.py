@@ -1,0 +1,188 @@
+"""Shared-memory arena over the ranks of one node: a segment per rank that every rank can read,
+and a barrier that polls per-rank sequence flags in that memory instead of sending messages.
+
+Layout of each rank's segment (an MPI-3 shared window, ``MPI_Win_allocate_shared``)::
+
+    | flag: int64 epoch, 2 signature areas (4 KiB) | half 0: slot_bytes | half 1: slot_bytes |
+
+Only the owner writes its segment; everyone reads every segment. Algorithms alternate the two
+halves step by step (``flip``), so a step's writes never race the previous step's readers:
+writing half ``h`` at step ``s+2`` happens after the barrier of step ``s+1``, which no rank passes
+before every rank has finished reading half ``h`` at step ``s``.
+
+MPICH unlinks the window's backing file in ``/dev/shm`` as soon as every rank has mapped it, so
+the memory goes away with the processes even when a rank crashes: nothing can leak there.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ..context import OpContext
+from ..errors import CollectiveTimeoutError
+
+HEADER_BYTES = 4096
+"""Bytes before a segment's data: the sequence flag and the signature areas, on their own page."""
+
+SIG_OFFSET, SIG_WORDS = 64, 248
+"""Where the two alternating signature areas of ``agree`` start, and their size in int64s."""
+
+DEFAULT_SLOT_BYTES = 2 << 20
+"""Bytes of one half of a rank's segment: the pipeline step (``TOPOCOLL_SHM_SLOT`` overrides)."""
+
+OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
+"""The step when there are more ranks than cores: every barrier then costs a context switch, so
+fewer, larger steps win over cache-sized ones (measured in docs/shm.md)."""
+
+
+SPIN_SECONDS = 1e-3
+"""How long a barrier polls with sched_yield before sleeping between polls."""
+
+
+class SharedArena:
+    """One writable segment per rank, readable by all ranks of the node, plus a flag barrier."""
+
+    def __init__(self, win: Any, rank: int, size: int, slot_bytes: int) -> None:
+        self._win = win
+        self.rank = rank
+        self.size = size
+        self.slot_bytes = slot_bytes
+        self._epoch = 0
+        self._step = 0
+        self._broken = False
+        self._agreed = 0
+        self._flags: list[np.ndarray] = []
+        self._sigs: list[np.ndarray] = []
+        self._halves: list[tuple[np.ndarray, np.ndarray]] = []
+        for q in range(size):
+            mem, _unit = win.Shared_query(q)
+            seg = np.frombuffer(mem, dtype=np.uint8)
+            self._flags.append(seg[:8].view(np.int64))
+            self._sigs.append(seg[SIG_OFFSET:SIG_OFFSET + 16 * SIG_WORDS].view(np.int64))
+            data = seg[HEADER_BYTES:HEADER_BYTES + 2 * slot_bytes]
+            self._halves.append((data[:slot_bytes], data[slot_bytes:]))
+
+    @classmethod
+    def allocate(cls, comm: Any, slot_bytes: int | None = None) -> "SharedArena":
+        """Collectively allocate an arena over mpi4py ``comm`` (all its ranks on one node)."""
+        from mpi4py import MPI
+
+        slot = slot_size(comm.Get_size()) if slot_bytes is None else slot_bytes
+        slot = comm.allreduce(slot, op=MPI.MIN)  # one step size, even if environments differ
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")  # page-aligned segments, one per rank
+        try:
+            win = MPI.Win.Allocate_shared(HEADER_BYTES + 2 * slot, 1, info, comm)
+        finally:
+            info.Free()
+        win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, so Win.Sync may fence memory
+        arena = cls(win, comm.Get_rank(), comm.Get_size(), slot)
+        arena._flags[arena.rank][0] = 0
+        comm.Barrier()  # every flag is zeroed before anyone polls one
+        return arena
+
+    def flip(self) -> int:
+        """The half the next pipeline step uses (the same sequence on every rank)."""
+        self._step += 1
+        return self._step % 2
+
+    def slot(self, owner: int, half: int, dtype: np.dtype) -> np.ndarray:
+        """Half ``half`` of ``owner``'s segment as a 1-D array of ``dtype`` (writable by the owner
+        only; readers must wait for the owner's next ``sync``)."""
+        return self._halves[owner][half].view(dtype)
+
+    def sync(self, ctx: OpContext) -> None:
+        """Barrier over the arena's ranks: publish this rank's writes, wait for every peer's flag.
+
+        A peer that does not arrive before ``ctx``'s deadline raises CollectiveTimeoutError naming
+        the operation and the peer; the arena is then unusable.
+        """
+        self._epoch += 1
+        epoch = self._epoch
+        flags = self._flags
+        self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
+        flags[self.rank][0] = epoch
+        arrived = lambda: all(f[0] >= epoch for f in flags)  # noqa: E731
+        try:
+            if not _spin(arrived):
+                ctx.poll(arrived, lambda: self._missing(epoch))
+        except CollectiveTimeoutError:
+            self._broken = True
+            raise
+        self._win.Sync()  # peers' data loads after their flags
+
+    def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
+        """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,
+        read all (one barrier, no messages; the two areas alternate like the data halves)."""
+        n = len(sig)
+        if n > SIG_WORDS:
+            raise ValueError(f"a signature of {n} words exceeds the arena's {SIG_WORDS}")
+        self._agreed += 1
+        at = (self._agreed % 2) * SIG_WORDS
+        self._sigs[self.rank][at:at + n] = sig
+        self.sync(ctx)
+        every = np.stack([s[at:at + n] for s in self._sigs])
+        return every.min(axis=0), every.max(axis=0)
+
+    def close(self) -> None:
+        """Free the window (collective); skipped after a timeout, when a peer may be gone."""
+        if self._win is None:
+            return
+        win, self._win = self._win, None
+        self._flags, self._sigs, self._halves = [], [], []
+        if self._broken:
+            return  # freeing would wait for the missing peer; the OS reclaims the memory at exit
+        try:
+            from mpi4py import MPI
+
+            if not MPI.Is_finalized():
+                win.Unlock_all()
+                win.Free()
+        except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
+            pass
+
+    def _missing(self, epoch: int) -> str:
+        late = [q for q, f in enumerate(self._flags) if f[0] < epoch]
+        names = ", ".join(f"rank {q}" for q in late) or "the other ranks"
+        return f"{names} at the shared-memory barrier"
+
+
+def _spin(done, budget: float | None = None) -> bool:
+    """Poll ``done`` yielding the core between tries (peers may share it) for up to ``budget``
+    seconds; the caller then falls back to sleeping (OpContext.poll), which bounds the wait."""
+    yield_ = os.sched_yield
+    end = time.perf_counter() + (SPIN_SECONDS if budget is None else budget)
+    while True:
+        for _ in range(16):
+            if done():
+                return True
+            yield_()
+        if time.perf_counter() > end:
+            return False
+
+
+def shm_disabled() -> str | None:
+    """The reason shared memory is switched off by the environment (``TOPOCOLL_SHM=0``), or None."""
+    raw = os.environ.get("TOPOCOLL_SHM", "1").strip().lower()
+    if raw in ("0", "false", "no", "off"):
+        return f"disabled by TOPOCOLL_SHM={os.environ['TOPOCOLL_SHM']}"
+    return None
+
+
+def slot_size(ranks: int) -> int:
+    """Pipeline step in bytes: ``TOPOCOLL_SHM_SLOT`` (a multiple of 4096), else the default for
+    ``ranks`` ranks on this machine's cores."""
+    raw = os.environ.get("TOPOCOLL_SHM_SLOT")
+    if not raw:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return OVERSUBSCRIBED_SLOT_BYTES if ranks > (cores or 1) else DEFAULT_SLOT_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 4096 or value % 4096:
+        raise ValueError(f"TOPOCOLL_SHM_SLOT={raw!r} must be a positive multiple of 4096 bytes")
+    return value

@@ -1,0 +1,187 @@
+"""Every shm collective x op x dtype x size against numpy, bitwise identical on all ranks.
+
+Run with a small TOPOCOLL_SHM_SLOT so that modest sizes already take many pipeline steps.
+"""
+import _common  # noqa: F401  (sets sys.path)
+from _common import rank_data, rank_main, reference, valid_ops
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives import select
+
+DTYPES = ["int8", "int32", "uint16", "int64", "float16", "float32", "float64", "complex64"]
+SLOT = 4096  # replaced by the arena's step once the communicator exists
+
+
+def sizes(itemsize, p):
+    """0, 1, uneven, and more than one pipeline step (a step holds SLOT // p bytes per region)."""
+    return [0, 1, 13, 3 * SLOT // max(itemsize, 1) // p + 7]
+
+
+def same_on_all_ranks(arr, what):
+    blobs = MPI.COMM_WORLD.allgather(np.ascontiguousarray(arr).tobytes())
+    assert all(b == blobs[0] for b in blobs), f"{what}: results differ between ranks"
+
+
+def check_reducing(c):
+    for dt in DTYPES:
+        for op in valid_ops(dt):
+            for n in sizes(np.dtype(dt).itemsize, c.size):
+                every = [rank_data(n, dt, r) for r in range(c.size)]
+                ref = reference(every, op)
+                what = f"{dt} {op} n={n}"
+                x = every[c.rank].copy()
+                assert c.all_reduce(x, op=op, algo="shm") is x
+                assert np.array_equal(x, ref), f"all_reduce {what}: {x[:6]} != {ref[:6]}"
+                same_on_all_ranks(x, f"all_reduce {what}")
+                x = every[c.rank].copy()
+                got = c.reduce_scatter(x, op=op, algo="shm")
+                part = np.array_split(ref, c.size)[c.rank]
+                assert np.array_equal(got, part), f"reduce_scatter {what}"
+                assert np.array_equal(x, every[c.rank]), f"reduce_scatter {what} changed x"
+                for root in {0, c.size - 1}:
+                    x = every[c.rank].copy()
+                    c.reduce(x, root=root, op=op, algo="shm")
+                    want = ref if c.rank == root else every[c.rank]
+                    assert np.array_equal(x, want), f"reduce root={root} {what}"
+    # rows of a 2-D array split unevenly, out= given
+    m = [rank_data(7 * 3, "float64", r).reshape(7, 3) for r in range(c.size)]
+    out = np.empty_like(np.array_split(m[0], c.size)[c.rank])
+    assert c.reduce_scatter(m[c.rank], out=out, algo="shm") is out
+    assert np.array_equal(out, np.array_split(sum(m), c.size)[c.rank])
+
+
+def check_random_floats(c):
+    rng = np.random.default_rng(99 + c.rank)
+    for n in (5, 4099, 3 * SLOT // 4 + 1):
+        x = rng.standard_normal(n).astype(np.float32)
+        every = MPI.COMM_WORLD.allgather(x.copy())
+        c.all_reduce(x, algo="shm")
+        assert np.allclose(x, np.sum(every, axis=0), rtol=1e-5, atol=1e-5)
+        same_on_all_ranks(x, f"all_reduce shm random float32 n={n}")
+
+
+def check_moving(c):
+    for dt in ("int8", "float16", "complex128", "bool", "V3"):
+        item = np.dtype(dt).itemsize
+        for n in (0, 1, 5, 2 * SLOT // item + 3):
+            if dt == "V3":  # a 3-byte record: only moves, never reduces
+                every = [rank_data(3 * n, "uint8", r).view("V3") for r in range(c.size)]
+            else:
+                every = [rank_data(n, "int64", r).astype(dt) for r in range(c.size)]
+            got = c.all_gather(every[c.rank], algo="shm")
+            assert np.array_equal(got.view(np.uint8), np.concatenate(every).view(np.uint8)), \
+                f"all_gather {dt} n={n}"
+            for root in range(c.size):
+                x = every[c.rank].copy()
+                c.broadcast(x, root=root, algo="shm")
+                assert x.tobytes() == every[root].tobytes(), f"broadcast {dt} root={root} n={n}"
+            got = c.all_to_all(every[c.rank], algo="shm")
+            ref = np.concatenate([np.array_split(e, c.size)[c.rank] for e in every])
+            assert got.tobytes() == ref.tobytes(), f"all_to_all {dt} n={n}"
+    for rows in (0, 1, c.size + 1):
+        x = np.arange(rows * 2, dtype=np.int64).reshape(rows, 2) + 100 * c.rank
+        got = c.all_to_all(x, algo="shm")
+        ref = np.concatenate([np.array_split(np.arange(rows * 2, dtype=np.int64).reshape(rows, 2)
+                                             + 100 * r, c.size)[c.rank] for r in range(c.size)])
+        assert got.shape == ref.shape and np.array_equal(got, ref), f"all_to_all rows={rows}"
+
+
+def check_torch(c):
+    import torch
+
+    for dtype in (torch.bfloat16, torch.float16):
+        for op in ("sum", "prod", "min", "max", "avg"):
+            for n in (0, 1, 13, SLOT // c.size + 5):
+                every = [torch.from_numpy(rank_data(n, "float32", r)).to(dtype)
+                         for r in range(c.size)]
+                ref = every[0].clone()
+                for e in every[1:]:
+                    ref = {"sum": torch.add, "avg": torch.add, "prod": torch.mul,
+                           "min": torch.minimum, "max": torch.maximum}[op](ref, e)
+                if op == "avg":
+                    ref = ref / c.size
+                y = every[c.rank].clone()
+                assert c.all_reduce(y, op=op, algo="shm") is y
+                assert torch.equal(y, ref), f"torch all_reduce {dtype} {op} n={n}"
+                same_on_all_ranks(y.view(torch.int16).numpy(), f"torch {dtype} {op}")
+                rs = c.reduce_scatter(every[c.rank].clone(), op=op, algo="shm")
+                assert torch.equal(rs, torch.tensor_split(ref, c.size)[c.rank]), \
+                    f"torch reduce_scatter {dtype} {op} n={n}"
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(3, 2) + c.rank
+    g = c.all_gather(t, algo="shm")
+    assert torch.equal(g, torch.cat([torch.arange(6, dtype=torch.bfloat16).reshape(3, 2) + r
+                                     for r in range(c.size)]))
+
+
+def check_auto_and_arena(c):
+    """auto picks shm for big messages on one node; the arena's file is unlinked while in use."""
+    big = 4 << 20
+    reason = c.backend.arena_unavailable()
+    if c.size == 1:
+        assert reason and c.backend.arena() is None
+        assert select.resolve("all_reduce", "auto", big, 1, has_shm=reason is None) != "shm"
+        return
+    assert reason is None, reason
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                 "all_to_all"):
+        for nbytes in (8, 64 << 10, big):
+            got = select.resolve(kind, "auto", nbytes, c.size, has_shm=True)
+            assert got == "shm", (kind, nbytes, got)
+        assert select.resolve(kind, "auto", big, c.size, has_shm=False) != "shm", kind
+        assert select.resolve(kind, "ring" if kind == "all_reduce" else "native", big, c.size,
+                              has_shm=True) != "shm", kind
+    assert select.resolve("all_gather", "auto", 64 << 20, c.size, has_shm=True) == "native"
+    assert select.resolve("rotate", "auto", big, c.size, has_shm=True) == "p2p"
+    x = np.full(big // 4, c.rank, np.float32)
+    c.all_reduce(x)
+    assert np.all(x == sum(range(c.size)))
+    arena = c.backend.arena()
+    assert arena is not None and arena.size == c.size
+    addr = arena.slot(c.rank, 0, np.uint8).ctypes.data
+    for line in open("/proc/self/maps"):
+        lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
+        if lo <= addr < hi:
+            path = line.split()[5:] if len(line.split()) > 5 else []
+            assert not path or path[-1] == "(deleted)" or not path[0].startswith("/dev/shm"), \
+                f"the arena's file is still linked: {line.strip()}"
+            print(f"rank {c.rank}: arena mapping {' '.join(path) or 'anonymous'}")
+            break
+    else:
+        raise AssertionError("the arena's memory is not in /proc/self/maps")
+
+
+def check_split(c):
+    """shm on a sub-communicator (what hierarchical algorithms do with node groups)."""
+    sub = c.split(c.rank % 2)
+    x = np.full(3001, c.rank, np.int64)
+    sub.all_reduce(x, algo="shm")
+    assert np.all(x == sum(r for r in range(c.size) if r % 2 == c.rank % 2))
+    sub.close()
+
+
+def body():
+    global SLOT
+    c = collectives.init(timeout=60)
+    if c.backend.arena() is not None:
+        SLOT = c.backend.arena().slot_bytes
+    if sys.argv[1:] == ["big"]:  # default slot: a few steps of a real pipeline, and auto
+        check_random_floats(c)
+        x = np.arange(SLOT // 2 + 3, dtype=np.int16)
+        assert np.array_equal(c.all_gather(x, algo="shm"), np.tile(x, c.size))
+        check_auto_and_arena(c)
+    else:
+        check_reducing(c)
+        check_random_floats(c)
+        check_moving(c)
+        check_torch(c)
+        check_split(c)
+    c.barrier()
+    c.close()
+
+
+rank_main(body)

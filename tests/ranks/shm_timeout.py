@@ -1,0 +1,51 @@
+"""A rank that never reaches the shared-memory barrier: the others get CollectiveTimeoutError
+naming the operation and that rank, within the timeout; close() then returns."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import os
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives import CollectiveTimeoutError
+
+
+def body():
+    kind = sys.argv[1]
+    # check=False: no agreement round first, so it is the shm barrier that must notice
+    c = collectives.init(timeout=30, check=False)
+    assert c.backend.arena() is not None, c.backend.arena_unavailable()
+    absent = c.size - 1
+    if c.rank != absent:
+        x = np.ones(1 << 16, np.float32)
+        t0 = time.monotonic()
+        try:
+            if kind == "all_reduce":
+                c.all_reduce(x, algo="shm", timeout=1.0)
+            else:
+                c.broadcast(x, root=absent, algo="shm", async_op=True, timeout=1.0).wait()
+        except CollectiveTimeoutError as err:
+            msg = str(err)
+            assert f"{kind} timed out" in msg and f"rank {absent}" in msg, msg
+            assert "shared-memory barrier" in msg, msg
+            print(f"rank {c.rank}: {msg}")
+        else:
+            raise AssertionError(f"{kind} with an absent peer did not time out")
+        assert time.monotonic() - t0 < 20
+        c.close()  # must not wait for the absent rank
+    else:
+        time.sleep(4)
+    MPI.COMM_WORLD.Barrier()
+
+
+def main():
+    rank_main(body)
+    sys.stdout.flush()
+    os._exit(0)  # the absent rank's communicator is abandoned mid-protocol
+
+
+main()
