@@ -35,11 +35,15 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
 RING_THRESHOLD = 256 * 1024
 """Bytes at and above which ``auto`` prefers the ring to the native collective."""
 
-SHM_RANGE: dict[str, tuple[int, int | None]] = {"all_gather": (0, 8 << 20)}
+SHM_SMALL = 64 * 1024
+"""Bytes below which ``auto`` keeps the native collective on one node: after the polling fix in
+``context.py`` (sched_yield spin) native and shm are within noise of each other there."""
+
+SHM_RANGE: dict[str, tuple[int, int | None]] = {"all_gather": (SHM_SMALL, 8 << 20)}
 """Bytes of ``x`` for which ``auto`` picks shared memory where it exists, per collective (default:
-every size); above the range the native collective wins. Measured (docs/shm.md): shm beat the
-native path at every size, even 8 bytes, except all-gather from 16 MiB per rank, where MPICH's
-single-copy transfer does fewer copies than the arena's copy in + copy out."""
+``SHM_SMALL`` and up); outside the range the native collective wins. Measured (docs/shm.md): shm
+beats native from 64 KiB, except all-gather from 8 MiB per rank, where MPICH's single-copy
+transfer does fewer copies than the arena's copy in + copy out."""
 
 
 def algorithms_for(kind: str) -> tuple[str, ...]:
@@ -67,7 +71,7 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
     if forced and forced in table and (forced != "shm" or has_shm):
         return forced
     if has_shm and size > 1 and "shm" in table and not _hierarchical(topology, size):
-        lo, hi = SHM_RANGE.get(kind, (0, None))
+        lo, hi = SHM_RANGE.get(kind, (SHM_SMALL, None))
         if hi is not None and nbytes >= hi:
             return "native"
         if nbytes >= lo:

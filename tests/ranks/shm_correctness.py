@@ -129,9 +129,10 @@ def check_auto_and_arena(c):
     assert reason is None, reason
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                  "all_to_all"):
-        for nbytes in (8, 64 << 10, big):
+        for nbytes in (64 << 10, big):
             got = select.resolve(kind, "auto", nbytes, c.size, has_shm=True)
             assert got == "shm", (kind, nbytes, got)
+        assert select.resolve(kind, "auto", 8, c.size, has_shm=True) == "native", kind
         assert select.resolve(kind, "auto", big, c.size, has_shm=False) != "shm", kind
         assert select.resolve(kind, "ring" if kind == "all_reduce" else "native", big, c.size,
                               has_shm=True) != "shm", kind
