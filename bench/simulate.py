@@ -102,12 +102,12 @@ def _validate(args: argparse.Namespace) -> int:
     import numpy as np
 
     import collectives
-    from collectives.schedules import model_for, predict
+    from collectives.schedules import calibrate, model_for, predict
 
     comm = collectives.init(check=False)  # time the algorithms, not our argument check
     model = model_for(comm.topology)
     if args.calibrate:
-        model.step_overhead_s = _calibrate(comm, model)
+        model.step_overhead_s = calibrate(comm, model)
         if comm.rank == 0:
             print(f"# calibrated software cost per algorithm step: "
                   f"{model.step_overhead_s * 1e6:.1f} us (from a latency-bound ring all_reduce)")
@@ -138,30 +138,6 @@ def _validate(args: argparse.Namespace) -> int:
             json.dump([dict(zip(("size", "algo", "predicted_s", "measured_s", "error_pct"), r))
                        for r in rows], f, indent=1)
     return 0
-
-
-def _calibrate(comm: Any, model: Any) -> float:
-    """Software seconds per ring step: a tiny ring all_reduce's time beyond the links' latency."""
-    import numpy as np
-
-    from collectives.schedules import predict
-
-    x = np.ones(comm.size, np.float32)
-    for _ in range(3):
-        comm.all_reduce(x, algo="ring")
-    samples = []
-    for _ in range(30):
-        comm.barrier()
-        t0 = time.perf_counter()
-        comm.all_reduce(x, algo="ring")
-        samples.append(time.perf_counter() - t0)
-    worst = np.zeros(1)
-    comm.all_reduce(np.array([float(np.median(samples))]), op="max", out=worst)
-    saved, model.step_overhead_s = model.step_overhead_s, 0.0
-    links_only = predict("all_reduce", "ring", x.nbytes, model)
-    model.step_overhead_s = saved
-    steps = 2 * (comm.size - 1)
-    return max(0.0, (worst[0] - links_only) / steps)
 
 
 def _runner(comm: Any, op: str, algo: str, x: Any, out: Any):

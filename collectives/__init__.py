@@ -8,8 +8,10 @@
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from . import select
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .dtypes import OPS
 from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
@@ -87,7 +89,14 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         from .backends.emulated import EmulatedBackend
 
         backend_obj = EmulatedBackend.create(backend_obj, topo)
-    return Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
+    comm_obj = Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
+    if select.hierarchical(topo, comm_obj.size) and "TOPOCOLL_STEP_OVERHEAD" not in os.environ:
+        # auto and HO-Ring's chunking follow the cost model: give it this machine's step cost
+        from .schedules import calibrate, model_for
+
+        model = model_for(topo)
+        model.step_overhead_s = calibrate(comm_obj, model)
+    return comm_obj
 
 
 def _choose_backend(backend: str, comm: Any, device: int | None) -> str:

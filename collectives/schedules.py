@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from typing import Callable
+from typing import Any, Callable
 
 from topology import Topology, flat_ring, node_ring
 from topology.cost import CostModel, Phase, pipeline_time
@@ -38,6 +38,31 @@ def model_for(topology: Topology) -> CostModel:
 
 
 _MODELS: dict[int, CostModel] = {}
+
+
+def calibrate(comm: Any, model: CostModel, repeats: int = 20) -> float:
+    """Measure the software seconds per algorithm step on ``comm`` (collective): a tiny ring
+    all-reduce's time beyond what the links alone explain, divided by its ``2(p-1)`` steps."""
+    import time
+
+    import numpy as np
+
+    if comm.size < 2:
+        return model.step_overhead_s
+    x = np.ones(comm.size, np.float32)
+    for _ in range(3):
+        comm.all_reduce(x, algo="ring")
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        comm.all_reduce(x, algo="ring")
+        samples.append(time.perf_counter() - t0)
+    worst = np.zeros(1)
+    comm.all_reduce(np.array([float(np.median(samples))]), op="max", out=worst)
+    saved, model.step_overhead_s = model.step_overhead_s, 0.0
+    links_only = predict("all_reduce", "ring", x.nbytes, model) or 0.0
+    model.step_overhead_s = saved
+    return max(0.0, (float(worst[0]) - links_only) / (2 * (comm.size - 1)))
 
 
 def predict(kind: str, algo: str, nbytes: float, model: CostModel) -> float | None:

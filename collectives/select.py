@@ -70,14 +70,14 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
     forced = os.environ.get("TOPOCOLL_ALGO")
     if forced and forced in table and (forced != "shm" or has_shm):
         return forced
-    if has_shm and size > 1 and "shm" in table and not _hierarchical(topology, size):
+    if has_shm and size > 1 and "shm" in table and not hierarchical(topology, size):
         lo, hi = SHM_RANGE.get(kind, (SHM_SMALL, None))
         if hi is not None and nbytes >= hi:
             return "native"
         if nbytes >= lo:
             return "shm"
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
-        if "ho_ring" in table and _hierarchical(topology, size):
+        if "ho_ring" in table and hierarchical(topology, size):
             return _modelled_choice(kind, nbytes, topology)
         return "ring"
     return "native" if "native" in table else next(iter(table))
@@ -104,6 +104,6 @@ def _modelled_choice(kind: str, nbytes: int, topology: Any) -> str:
 _CHOICES: dict[tuple[str, int, int], tuple[Any, str]] = {}
 
 
-def _hierarchical(topology: Any, size: int) -> bool:
+def hierarchical(topology: Any, size: int) -> bool:
     """Whether the topology has several nodes of equal size with more than one rank each."""
     return (topology is not None and 1 < topology.num_nodes < size and topology.is_uniform())
