@@ -109,9 +109,7 @@ class Case:
         """The algorithm ``auto`` stands for at this size (the name itself otherwise)."""
         if self.spec.name == "sendrecv" or self.algo != "auto":
             return "p2p" if self.spec.name == "sendrecv" else self.algo
-        from collectives import select
-
-        return select.resolve(self.spec.name, "auto", self.input_bytes, self.comm.size)
+        return self.comm.algorithm_for(self.spec.name, self.input_bytes)
 
     def run(self, iters: int, blocking: bool) -> None:
         """Issue ``iters`` calls, each waited for (blocking) or all async and waited at the end."""

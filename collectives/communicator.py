@@ -216,6 +216,15 @@ class Communicator:
 
         return self._submit(ctx_name, run, async_op)
 
+    def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
+        """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here
+        (what ``auto`` picks; the same answer on every rank)."""
+        if collective not in select.ALGORITHMS:
+            raise ValueError(f"unknown collective {collective!r}; one of "
+                             f"{', '.join(select.ALGORITHMS)}")
+        return select.resolve(collective, algo, nbytes, self.size, self.topology,
+                              has_shm=self.backend.arena_unavailable() is None)
+
     def close(self) -> None:
         """Finish queued operations and free the communicator's resources."""
         self._executor.close()
@@ -231,8 +240,7 @@ class Communicator:
         """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread."""
         kind = call.kind
         check_memory(buf, self.backend, "x")
-        chosen = select.resolve(kind, algo, buf.nbytes, self.size, self.topology,
-                                has_shm=self.backend.arena_unavailable() is None)
+        chosen = self.algorithm_for(kind, buf.nbytes, algo)
         algorithm = select.ALGORITHMS[kind][chosen]
         call.topology = self.topology
         if chosen == "ring" and self.topology is not None and call.ring is None:
