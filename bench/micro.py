@@ -62,17 +62,21 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
     combos = opts.combos(n)
     if lead:
         _out(report.header(_params(opts, comm), ranks, algo_column=True))
-    total = len(combos) * len(opts.sizes) * len(opts.algos)
+    total = len(combos) * len(opts.sizes) * len(opts.algos) * opts.repeats
     rows, step = [], 0
     for dtype, op, root in combos:
         for size in opts.sizes:
+            tries: dict[str, list[Row]] = {algo: [] for algo in opts.algos}
+            for _ in range(opts.repeats):  # algorithms interleaved: noise hits them alike
+                for algo in opts.algos:
+                    step += 1
+                    if lead and not opts.quiet:
+                        what = f" {dtype} {op} root {root}" if len(combos) > 1 else ""
+                        print(f"[{step:{len(str(total))}d}/{total}] {opts.collective} {algo}"
+                              f"{what} {format_size(size)}", file=sys.stderr, flush=True)
+                    tries[algo].append(measure(comm, opts, dtype, op, root, size, algo))
             for algo in opts.algos:
-                step += 1
-                if lead and not opts.quiet:
-                    what = f" {dtype} {op} root {root}" if len(combos) > 1 else ""
-                    print(f"[{step:{len(str(total))}d}/{total}] {opts.collective} {algo}{what} "
-                          f"{format_size(size)}", file=sys.stderr, flush=True)
-                row = measure(comm, opts, dtype, op, root, size, algo)
+                row = _median_row(tries[algo])
                 rows.append(row)
                 if lead:
                     _out([report.row_line(row, algo_column=True)])
@@ -116,6 +120,22 @@ def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, 
             row.out_of_place = res
         else:
             row.in_place = res
+    return row
+
+
+def _median_row(tries: list[Row]) -> Row:
+    """The try with the median time (out-of-place where measured); #wrong summed over tries."""
+    def key(r: Row) -> float:
+        res = r.out_of_place or r.in_place
+        return res.time_us if res else 0.0
+
+    ordered = sorted(tries, key=key)
+    row = ordered[(len(ordered) - 1) // 2]
+    for res_name in ("out_of_place", "in_place"):
+        res = getattr(row, res_name)
+        if res is not None and res.wrong is not None:
+            res.wrong = sum(getattr(t, res_name).wrong or 0 for t in tries)
+    row.out_of_bounds = sum(t.out_of_bounds for t in tries)
     return row
 
 

@@ -46,6 +46,7 @@ class Options:
     json: str | None
     plot: str | None
     quiet: bool
+    repeats: int = 1
 
     def combos(self, nranks: int) -> list[tuple[str, str, int]]:
         """The (dtype, op, root) triples to sweep, skipping ops a dtype can't do (avg on ints)."""
@@ -73,7 +74,8 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
         sizes = sweep(minb, maxb, ns.stepfactor, stepb)
     except ValueError as err:
         raise UsageError(f"bad size range: {err}") from None
-    for flag, value, low in (("-n/--iters", ns.iters, 1), ("-w/--warmup_iters", ns.warmup, 0)):
+    for flag, value, low in (("-n/--iters", ns.iters, 1), ("-w/--warmup_iters", ns.warmup, 0),
+                             ("-R/--repeats", ns.repeats, 1)):
         if value < low:
             raise UsageError(f"{flag} must be at least {low}, got {value}")
     for flag, value in (("-c/--check", ns.check), ("-z/--blocking", ns.blocking)):
@@ -93,7 +95,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
         raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
     return Options(collective, sizes, minb, maxb, ns.stepfactor, stepb, ns.iters, ns.warmup,
                    bool(ns.check), ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
-                   ns.json, ns.plot, ns.quiet)
+                   ns.json, ns.plot, ns.quiet, ns.repeats)
 
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
@@ -118,6 +120,9 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
         help="0: issue iterations with async_op=True and wait at the end; 1: wait each (default 0)")
     add("-a", "--average", type=int, default=3,
         help="combine per-rank times: 0 rank 0, 1 avg, 2 min, 3 max (default 3)")
+    add("-R", "--repeats", type=int, default=1,
+        help="measure each row this many times, algorithms interleaved, and report the median "
+             "(noisy shared machines; default 1, as nccl-tests)")
     add("--algo", default="auto",
         help="comma list of algorithms to compare side by side, e.g. ring,native (default auto)")
     add("--json", metavar="PATH", help="write every row and the run's metadata as JSON")

@@ -89,3 +89,14 @@ def test_overlap_prints_ratio():
     assert m and float(m.group(1)) > 0, out
     for phase in ("all_reduce", "matmul", "sequence", "overlapped"):
         assert re.search(rf"^\s+{phase}\s+[\d.]+", out, re.M), phase
+
+
+def test_repeats_report_the_median_of_interleaved_tries(tmp_path):
+    js = tmp_path / "r.json"
+    out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "1K", "-e", "1K", "-n", "3",
+                                        "-R", "3", "--algo", "ring,native", "--json", str(js)],
+                    timeout=120)
+    assert out.count("RC 0") == 2
+    rows = json.loads(js.read_text())["rows"]
+    assert [r["algo"] for r in rows] == ["ring", "native"]
+    assert all(r["out_of_place"]["wrong"] == 0 for r in rows)
