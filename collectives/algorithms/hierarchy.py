@@ -22,7 +22,7 @@ from ..call import Call, split_bounds
 from ..context import OpContext
 from ..dtypes import finish_avg
 from ..gpu import copyto, empty
-from . import ring
+from . import ring, shm
 from .pipeline import run_pipeline
 
 
@@ -106,8 +106,7 @@ def all_reduce(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) 
 
     def intra_rs(k: int) -> None:
         lo, hi = pieces[k]
-        sub = Call("reduce_scatter", call.dtype, buf[lo:hi], op=base, bounds=shard_bounds[k])
-        ring.reduce_scatter_into(plan.node, ctx, sub, buf[lo:hi], shard(k), inplace=True)
+        intra_reduce_scatter(plan.node, ctx, call.dtype, base, buf[lo:hi], shard_bounds[k])
 
     def inter_ar(k: int) -> None:
         own = shard(k)
@@ -118,7 +117,7 @@ def all_reduce(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) 
 
     def intra_ag(k: int) -> None:
         lo, hi = pieces[k]
-        ring.all_gather_into(plan.node, ctx, buf[lo:hi], shard_bounds[k], list(range(L)))
+        intra_all_gather(plan.node, ctx, buf[lo:hi], shard_bounds[k])
 
     run_pipeline(ctx, chunks, [("intra", intra_rs), ("inter", inter_ar), ("intra", intra_ag)])
 
@@ -134,10 +133,7 @@ def reduce_scatter(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: i
 
     def intra_rs(k: int) -> None:
         lo, hi = layout.chunk(k)
-        region = staging[lo:hi]
-        sub = Call("reduce_scatter", call.dtype, region, op=base, bounds=layout.blocks(k))
-        a, z = layout.blocks(k)[i_me]
-        ring.reduce_scatter_into(plan.node, ctx, sub, region, region[a:z], inplace=True)
+        intra_reduce_scatter(plan.node, ctx, call.dtype, base, staging[lo:hi], layout.blocks(k))
 
     def inter_rs(k: int) -> None:
         lo, _ = layout.chunk(k)
@@ -170,11 +166,31 @@ def all_gather(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) 
 
     def intra_ag(k: int) -> None:
         lo, hi = layout.chunk(k)
-        ring.all_gather_into(plan.node, ctx, staging[lo:hi], layout.blocks(k),
-                             list(range(plan.local_size)))
+        intra_all_gather(plan.node, ctx, staging[lo:hi], layout.blocks(k))
         layout.gather_chunk(k, staging, call.recv)
 
     run_pipeline(ctx, chunks, [("inter", inter_ag), ("intra", intra_ag)])
+
+
+def intra_reduce_scatter(node: Backend, ctx: OpContext, dtype, op: str, region: np.ndarray,
+                         bounds) -> None:
+    """In place inside a node: this rank's block ``bounds[rank]`` of ``region`` becomes the
+    node's reduction of it; through shared memory where the node has an arena, else the ring."""
+    a, z = bounds[node.rank]
+    sub = Call("reduce_scatter", dtype, region, region[a:z], op=op, bounds=bounds)
+    if node.size > 1 and node.arena() is not None:
+        shm.reduce_scatter(node, ctx, sub)
+    else:
+        ring.reduce_scatter_into(node, ctx, sub, region, region[a:z], inplace=True)
+
+
+def intra_all_gather(node: Backend, ctx: OpContext, region: np.ndarray, bounds) -> None:
+    """In place inside a node: every rank's block of ``region`` reaches every rank; shared
+    memory where the node has an arena, else the ring."""
+    if node.size > 1 and node.arena() is not None:
+        shm.gather_regions(node, ctx, region, bounds)
+    else:
+        ring.all_gather_into(node, ctx, region, bounds, list(range(node.size)))
 
 
 class _Layout:

@@ -107,6 +107,26 @@ def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
             dst[:] = send[lo:hi] if q == r else slots[q][r * w:r * w + hi - lo]
 
 
+def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
+    """In place: rank r's region ``bounds[r]`` of ``buf`` is filled on rank r; afterwards every
+    region is filled on every rank (the all-gather phase of the hierarchical algorithms)."""
+    if b.size == 1:
+        return
+    arena = _arena(b)
+    raw, r, unit = _bytes(buf), b.rank, buf.itemsize
+    regions = [(lo * unit, hi * unit) for lo, hi in bounds]
+    w = arena.slot_bytes
+    for k in range(_steps(regions, w)):
+        slots = _slots(arena, np.uint8)
+        pieces = _pieces(regions, k, w)
+        lo, hi = pieces[r]
+        slots[r][:hi - lo] = raw[lo:hi]                      # publish my piece
+        arena.sync(ctx)
+        for q, (lo, hi) in enumerate(pieces):                # copy every other piece out
+            if q != r and hi > lo:
+                raw[lo:hi] = slots[q][:hi - lo]
+
+
 # -- helpers --
 def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
     """The reduce family (see the module docstring); ``mode`` says where the result goes."""

@@ -100,6 +100,18 @@ class EmulatedBackend(Backend):
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         return self.inner.agree(sig, ctx)
 
+    def arena(self) -> Any:
+        """The wrapped backend's shared-memory arena, only while all ranks share a virtual node
+        (traffic inside a node is never paced, so shared memory models it faithfully)."""
+        return self.inner.arena() if self.arena_unavailable() is None else None
+
+    def arena_unavailable(self) -> str | None:
+        """Why there is no arena (None when there is one)."""
+        nodes = {self.topology.node_of(w) for w in self.world_ranks}
+        if len(nodes) > 1:
+            return f"the ranks span {len(nodes)} emulated nodes"
+        return self.inner.arena_unavailable()
+
     def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
         """Bytes in the next user message from ``src`` (the wrapped backend's answer)."""
         return self.inner.probe_count(src, tag, ctx)  # type: ignore[attr-defined]
