@@ -1,7 +1,7 @@
 """Step time and per-rank memory of every PaRO strategy, side by side in one run.
 
     TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 TOPOCOLL_LINKS="inter=50us:200MB/s" \\
-        mpiexec -n 4 python -m bench.paro --accum 1,4 --plot docs/img/paro.png
+        mpiexec -n 4 python -m bench.paro --accum 1,4 --plot docs/figures/paro.png
 
 All strategies train copies of one MLP on the same data; each round times ``--steps`` optimizer
 steps of every strategy in turn (the order rotates per round), so a noisy machine slows them all
