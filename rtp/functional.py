@@ -50,8 +50,10 @@ class Kernel:
         """This rank's contribution to block ``o``'s weight (and bias) gradient, into gw/gb."""
         raise NotImplementedError
 
-    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor) -> None:
-        """Add block ``o``'s part of the input gradient into ``gx``."""
+    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor,
+                   add: bool = True) -> None:
+        """Add block ``o``'s part of the input gradient into ``gx`` (``add=False``: overwrite
+        it, for the first block, so ``gx`` needs no zeroing)."""
         raise NotImplementedError
 
 
@@ -89,10 +91,16 @@ class LinearKernel(Kernel):
             if gb is not None:
                 torch.sum(g, 0, out=gb[src:src + n])
 
-    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor) -> None:
+    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor,
+                   add: bool = True) -> None:
         g2, gx2 = gy.view(-1, gy.shape[-1]), gx.view(-1, gx.shape[-1])
-        for dst, src, n in self.cols[o]:
-            gx2.addmm_(g2[:, dst:dst + n], w[src:src + n])
+        if not add and not self.cols[o]:
+            gx.zero_()
+        for i, (dst, src, n) in enumerate(self.cols[o]):
+            if add or i:
+                gx2.addmm_(g2[:, dst:dst + n], w[src:src + n])
+            else:
+                torch.mm(g2[:, dst:dst + n], w[src:src + n], out=gx2)
 
 
 class EmbeddingKernel(Kernel):
@@ -113,7 +121,8 @@ class EmbeddingKernel(Kernel):
         mask = (x >= lo) & (x < hi)
         gw.zero_().index_add_(0, x[mask] - lo, gy[mask])
 
-    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor) -> None:
+    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor,
+                   add: bool = True) -> None:
         raise RuntimeError("embedding ids have no gradient")
 
 
@@ -148,13 +157,14 @@ class Rotated(torch.autograd.Function):
         ring, shards, kernel, overlap = ctx.ring, ctx.shards, ctx.kernel, ctx.overlap
         p, r = ring.size, ring.rank
         gy = gy.contiguous()
-        gx = torch.zeros_like(x) if ctx.needs_input_grad[0] else None
+        gx = torch.empty_like(x, memory_format=torch.contiguous_format) \
+            if ctx.needs_input_grad[0] else None  # the first block overwrites it
         dt = w.dtype
         if p == 1:
             gw, gb = torch.empty_like(w), (torch.empty_like(b) if b is not None else None)
             kernel.weight_grad(x, gy, 0, gw, gb)
             if gx is not None:
-                kernel.input_grad(gy, w, 0, gx)
+                kernel.input_grad(gy, w, 0, gx, add=False)
             return gx, gw, gb, None, None, None, None
         # weights (only for the input gradient): block r+1 arrives in wbuf[0], then block r+1+s
         # in wbuf[s % 2], sent on from there while the other buffer receives the next one
@@ -186,7 +196,7 @@ class Rotated(torch.autograd.Function):
                     hw = _start(ring.rotate(wbuf[s % 2], out=wbuf[(s + 1) % 2], shift=-1),
                                 overlap)
                 wo = shards.views(wbuf[s % 2], o)[0]
-            kernel.input_grad(gy, wo, o, gx)
+            kernel.input_grad(gy, wo, o, gx, add=s > 0)
         gwo, gbo = shards.views(acc, r)
         gw = gwo / p
         gb = gbo / p if gbo is not None else None
