@@ -135,10 +135,8 @@ class Rotated(torch.autograd.Function):
         p, r = ring.size, ring.rank
         # every output element is written by exactly one block, so no zeroing
         y = torch.empty(kernel.out_shape(x), dtype=w.dtype)
-        # the block received at step s lands in bufs[s % 2] and is sent on from there; the
-        # first send reads the parameter itself when no packing is needed (shards.flat)
-        src = shards.flat(r, w, b) if p > 1 else None
-        bufs = [shards.empty(w.dtype) for _ in range(min(p - 1, 2))]
+        # the block received at step s lands in bufs[s % 2] and is sent on from there
+        src, bufs = _rotation_buffers(shards, r, w, b, p) if p > 1 else (None, [])
         for s in range(p):
             o = (r - s) % p
             wo, bo = (w, b) if s == 0 else shards.views(src, o)
@@ -170,9 +168,7 @@ class Rotated(torch.autograd.Function):
         # in wbuf[s % 2], sent on from there while the other buffer receives the next one
         wbuf, hw = None, None
         if gx is not None:
-            own = shards.flat(r, w, b)
-            spare = own if own.data_ptr() != w.data_ptr() or p == 2 else shards.empty(dt)
-            wbuf = [shards.empty(dt), spare]  # never receive into the parameter itself
+            own, wbuf = _rotation_buffers(shards, r, w, b, p)
             hw = _start(ring.rotate(own, out=wbuf[0], shift=-1), overlap)
         # gradients: block o's partial sum is computed into accs[s % 2], the one from rank r+1
         # arrives in gin
@@ -201,6 +197,17 @@ class Rotated(torch.autograd.Function):
         gw = gwo / p
         gb = gbo / p if gbo is not None else None
         return gx, gw, gb, None, None, None, None
+
+
+def _rotation_buffers(shards: RowShards, r: int, w: torch.Tensor, b: torch.Tensor | None,
+                      p: int) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """Rank r's block to send first (``shards.flat``: the parameter itself when it needs no
+    packing) and two receive buffers; a packed copy doubles as the second once sent, and the
+    second is only needed (and allocated) for p > 2. Never receives into the parameter."""
+    own = shards.flat(r, w, b)
+    copied = own.numel() > 0 and own.data_ptr() != w.data_ptr()
+    second = own if copied else (shards.empty(w.dtype) if p > 2 else None)
+    return own, [shards.empty(w.dtype), second]
 
 
 def _start(handle: Any, overlap: bool) -> Any:
