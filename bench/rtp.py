@@ -5,8 +5,8 @@
 Memory is counted exactly, per rank, from tensors: parameters, gradients and optimizer state
 (Adam) that the rank holds, and activations = the peak bytes autograd saves for backward during a
 forward (distinct storages, parameters excluded; for FSDP this includes the gathered full
-parameters). RTP's rotation buffers are reported apart: 2 blocks in forward, 5 in backward, of the
-largest layer. Throughput is 1 / the median step time; the methods take turns step by step in one job (so load
+parameters). RTP's rotation buffers are reported apart: at most 2 blocks in forward, 5 in backward,
+of the largest layer. Throughput is 1 / the median step time; the methods take turns step by step in one job (so load
 from other jobs on a shared machine hits them alike).
 """
 from __future__ import annotations

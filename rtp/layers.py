@@ -49,6 +49,7 @@ class Linear(nn.Module):
                               dtype) if bias else None
         self.weight = _sharded(w)
         self.register_parameter("bias", _sharded(b) if bias else None)
+        self.kernel = LinearKernel(self.shards)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's micro-batch through the whole (dense) layer."""
@@ -58,7 +59,7 @@ class Linear(nn.Module):
             self.ring.agree(ok, _bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
         elif not ok:
             raise ValueError(_bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
-        return Rotated.apply(x, self.weight, self.bias, self.ring, self.shards, LinearKernel(),
+        return Rotated.apply(x, self.weight, self.bias, self.ring, self.shards, self.kernel,
                              self.overlap)
 
     def extra_repr(self) -> str:
@@ -104,6 +105,7 @@ class Embedding(nn.Module):
         w = init.normal_range(num_embeddings * embedding_dim, lo * embedding_dim,
                               hi * embedding_dim, dtype=dtype or torch.get_default_dtype())
         self.weight = _sharded(w.view(hi - lo, embedding_dim))
+        self.kernel = EmbeddingKernel(self.shards)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up this rank's ids in the whole (dense) table."""
@@ -118,7 +120,7 @@ class Embedding(nn.Module):
             self.ring.agree(ok, what)
         elif not ok:
             raise ValueError(what)
-        return Rotated.apply(ids, self.weight, None, self.ring, self.shards, EmbeddingKernel(),
+        return Rotated.apply(ids, self.weight, None, self.ring, self.shards, self.kernel,
                              self.overlap)
 
     def extra_repr(self) -> str:
@@ -184,10 +186,14 @@ class MultiheadAttention(nn.Module):
                 self.out_proj.bias.zero_()
         else:
             self.register_parameter("in_proj_bias", None)
-        # shard-ordered qkv columns -> dense q|k|v order
+        # shard-ordered qkv rows -> dense q|k|v order (for state dicts)
         order = torch.cat([torch.arange(lo, hi) for h in heads
                            for lo, hi in self._in_proj_rows(*h)])
         self.register_buffer("_unshuffle", torch.argsort(order), persistent=False)
+        # each block writes its heads' q, k and v columns straight into their dense places
+        self.kernel = LinearKernel(self.shards, [
+            [(dst, j * (hi - lo) * d, (hi - lo) * d)
+             for j, (dst, _) in enumerate(self._in_proj_rows(lo, hi))] for lo, hi in heads])
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
@@ -210,8 +216,7 @@ class MultiheadAttention(nn.Module):
             raise ValueError("is_causal=True needs attn_mask (it is only a hint, as in torch)")
         bsz, seq, e = x.shape
         qkv = Rotated.apply(x, self.in_proj_weight, self.in_proj_bias, self.ring, self.shards,
-                            LinearKernel(), self.overlap)
-        qkv = qkv.index_select(-1, self._unshuffle)
+                            self.kernel, self.overlap)
         q, k, v = (t.view(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
                    for t in qkv.split(e, dim=-1))
         mask = _merge_masks(attn_mask, key_padding_mask, bsz, self.num_heads, seq, x.dtype)

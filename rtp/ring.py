@@ -109,8 +109,15 @@ class RowShards:
         return hi - lo
 
     def empty(self, dtype: torch.dtype) -> torch.Tensor:
-        """A zeroed flat buffer for one block (padding stays zero)."""
-        return torch.zeros(self.numel, dtype=dtype)
+        """An uninitialised flat buffer for one block (padding is never read, so not zeroed)."""
+        return torch.empty(self.numel, dtype=dtype)
+
+    def flat(self, owner: int, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+        """``owner``'s block as one flat tensor to send: the weight's own storage (no copy) when
+        there is no bias and no padding, else a packed copy."""
+        if b is None and self.rows(owner) == self.max_rows and w.is_contiguous():
+            return w.detach().view(-1)
+        return self.pack(owner, w, b, self.empty(w.dtype))
 
     def views(self, buf: torch.Tensor, owner: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``owner``'s weight block and bias block inside the flat ``buf``."""
