@@ -32,7 +32,10 @@ def model_for(topology: Topology) -> CostModel:
     key = id(topology)
     hit = _MODELS.get(key)
     if hit is None or hit.topology is not topology:
-        hit = CostModel(topology, step_overhead_s=STEP_OVERHEAD_S)
+        from .backends.shm import shm_disabled
+
+        hit = CostModel(topology, step_overhead_s=STEP_OVERHEAD_S,
+                        intra_shared_memory=shm_disabled() is None)
         _MODELS[key] = hit
     return hit
 
@@ -78,7 +81,7 @@ def predict(kind: str, algo: str, nbytes: float, model: CostModel) -> float | No
     if algo in ("hier", "ho_ring") and _two_level(topo):
         if algo == "hier":
             return two_level_time(kind, nbytes, model, 1, switch_aware=False)
-        return min(two_level_time(kind, nbytes, model, k) for k in chunk_choices(nbytes))
+        return two_level_time(kind, nbytes, model, _chunks_for(kind, nbytes, model))
     order = flat_ring(topo)
     p = topo.world_size
     pairs = _ring_pairs(order)
@@ -96,7 +99,7 @@ def two_level_time(kind: str, nbytes: float, model: CostModel, chunks: int,
     topo = model.topology
     nodes = topo.nodes()
     order = node_ring(topo) if switch_aware else list(range(topo.num_nodes))
-    stages = _TWO_LEVEL[kind]
+    stages = _TWO_LEVEL_SHM[kind] if model.intra_shared_memory else _TWO_LEVEL[kind]
     piece = nbytes / chunks
     times = [[model.time(build(nodes, order, piece)) for _, build in stages]] * chunks
     return pipeline_time(times, [w for w, _ in stages])
@@ -107,10 +110,22 @@ def best_chunks(kind: str, nbytes: int, topology: Topology) -> int:
     return _best_chunks(kind, int(nbytes), topology)
 
 
+PIPELINE_GAIN = 0.85
+"""HO-Ring pipelines (more than one chunk) only when the model predicts it at most this fraction
+of the one-chunk time: each chunk costs thread hand-offs and barriers the model only roughly
+captures, and measured on 2 cores a predicted 5-10% gain turned into a loss."""
+
+
 @lru_cache(maxsize=256)
 def _best_chunks(kind: str, nbytes: int, topology: Topology) -> int:
-    model = model_for(topology)
-    return min(chunk_choices(nbytes), key=lambda k: two_level_time(kind, nbytes, model, k))
+    return _chunks_for(kind, nbytes, model_for(topology))
+
+
+def _chunks_for(kind: str, nbytes: float, model: CostModel) -> int:
+    """The chunk count HO-Ring would use under ``model`` (same rule as ``best_chunks``)."""
+    times = {k: two_level_time(kind, nbytes, model, k) for k in chunk_choices(nbytes)}
+    best = min(times, key=times.get)
+    return best if times[best] <= PIPELINE_GAIN * times[1] else 1
 
 
 def chunk_choices(nbytes: float) -> list[int]:
@@ -145,6 +160,17 @@ def _intra(reduce: bool) -> Builder:
     return build
 
 
+def _intra_shm(reduce: bool) -> Builder:
+    """The shared-memory version (``algorithms/shm.py``): each rank copies the others' blocks in
+    (or out) once, behind one barrier; a reduce-scatter also reduces its block from L-1 slots."""
+    def build(nodes: list, order: list, chunk: float) -> list:
+        L = len(nodes[0])
+        pairs = [p for ranks in nodes for p in _ring_pairs(ranks)]
+        moved = chunk * (L - 1) / L
+        return [Phase.of(pairs, moved, 1, moved if reduce else 0.0, "intra shm")]
+    return build
+
+
 def _rail(steps: str) -> Builder:
     """One ring per local index over the nodes (in ``order``), all rails at once."""
     def build(nodes: list, order: list, chunk: float) -> list:
@@ -168,6 +194,14 @@ _TWO_LEVEL: dict[str, list[tuple[str, Builder]]] = {
     "reduce_scatter": [("intra", _intra(True)), ("inter", _rail("rs"))],
     # all_gather (total output): rail AG, then intra AG of the node blocks
     "all_gather": [("inter", _rail("ag")), ("intra", _intra(False))],
+}
+
+
+_TWO_LEVEL_SHM: dict[str, list[tuple[str, Builder]]] = {
+    "all_reduce": [("intra", _intra_shm(True)), ("inter", _rail("rs+ag")),
+                   ("intra", _intra_shm(False))],
+    "reduce_scatter": [("intra", _intra_shm(True)), ("inter", _rail("rs"))],
+    "all_gather": [("inter", _rail("ag")), ("intra", _intra_shm(False))],
 }
 
 

@@ -54,6 +54,9 @@ class CostModel:
     reduce_bytes_per_s: float = REDUCE_BYTES_PER_S
     step_overhead_s: float = 0.0
     """Fixed software cost per phase repetition (Python, polling); measured by calibration."""
+    intra_shared_memory: bool = False
+    """Whether intra-node phases go through a shared-memory arena (one copy-in, one barrier)
+    instead of a ring of messages (NVLink/PCIe rings on GPU nodes)."""
     _node: np.ndarray = field(init=False, repr=False)
     _switch: np.ndarray = field(init=False, repr=False)
     _nic: np.ndarray = field(init=False, repr=False)
