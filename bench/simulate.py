@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any, Sequence
 
 from .colls import busbw_factor
@@ -102,12 +101,12 @@ def _validate(args: argparse.Namespace) -> int:
     import numpy as np
 
     import collectives
-    from collectives.schedules import calibrate, model_for, predict
+    from collectives.schedules import ensure_calibrated, median_time, model_for, predict
 
     comm = collectives.init(check=False)  # time the algorithms, not our argument check
     model = model_for(comm.topology)
     if args.calibrate:
-        model.step_overhead_s = calibrate(comm, model)
+        ensure_calibrated(comm, comm.topology)  # init already did on multi-node topologies
         if comm.rank == 0:
             print(f"# calibrated software cost per algorithm step: "
                   f"{model.step_overhead_s * 1e6:.1f} us (from a latency-bound ring all_reduce)")
@@ -117,22 +116,14 @@ def _validate(args: argparse.Namespace) -> int:
             x = np.ones(max(size // 4, 1), np.float32)
             out = np.empty(x.size * comm.size, np.float32) if args.op == "all_gather" else None
             run = _runner(comm, args.op, algo, x, out)
-            run()
-            samples = []
-            for _ in range(args.iters):
-                comm.barrier()
-                t0 = time.perf_counter()
-                run()
-                samples.append(time.perf_counter() - t0)
-            worst = np.zeros(1)
-            comm.all_reduce(np.array([float(np.median(samples))]), op="max", out=worst)
+            measured = median_time(comm, run, args.iters, warmup=1, barrier=True)
             total = size * comm.size if args.op == "all_gather" else size
             pred = predict(args.op, algo, total, model)
-            err = (pred - worst[0]) / worst[0] * 100 if pred else float("nan")
-            rows.append((total, algo, pred, worst[0], err))
+            err = (pred - measured) / measured * 100 if pred else float("nan")
+            rows.append((total, algo, pred, measured, err))
             if comm.rank == 0:
                 print(f"{format_size(total):>10s} {algo:>8s} predicted {pred * 1e3:9.2f} ms  "
-                      f"measured {worst[0] * 1e3:9.2f} ms  error {err:+6.1f}%", flush=True)
+                      f"measured {measured * 1e3:9.2f} ms  error {err:+6.1f}%", flush=True)
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump([dict(zip(("size", "algo", "predicted_s", "measured_s", "error_pct"), r))

@@ -90,12 +90,11 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
 
         backend_obj = EmulatedBackend.create(backend_obj, topo)
     comm_obj = Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
-    if select.hierarchical(topo, comm_obj.size) and "TOPOCOLL_STEP_OVERHEAD" not in os.environ:
+    if select.hierarchical(topo) and "TOPOCOLL_STEP_OVERHEAD" not in os.environ:
         # auto and HO-Ring's chunking follow the cost model: give it this machine's step cost
-        from .schedules import calibrate, model_for
+        from .schedules import ensure_calibrated
 
-        model = model_for(topo)
-        model.step_overhead_s = calibrate(comm_obj, model)
+        ensure_calibrated(comm_obj, topo)
     return comm_obj
 
 

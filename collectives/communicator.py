@@ -20,7 +20,10 @@ from .context import OpContext
 from .dtypes import check_reducible, parse_op
 from .errors import CollectiveError, CommunicatorBrokenError, MismatchError
 from .gpu import copyto, empty, empty_like, shares_memory
-from .handle import Executor, Handle
+from .handle import Executor
+
+RING_ORDERED = ("ring", "hier", "ho_ring")
+"""Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds an operation may wait for a peer before raising (``TOPOCOLL_TIMEOUT`` overrides)."""
@@ -39,6 +42,7 @@ class Communicator:
         self.check = _default_check() if check is None else bool(check)
         self._executor = Executor(name)
         self._broken: str | None = None
+        self._flat_ring_cache: list[int] | None = None
 
     # -- identity --
     @property
@@ -95,7 +99,7 @@ class Communicator:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
         buf = as_buffer(x, "x")
         shape = (self.size * buf.shape[0], *buf.shape[1:]) if buf.shape else (self.size,)
-        target = self._out(out, buf, shape, "all_gather", fresh=out is None)
+        target = self._out(out, buf, shape, "all_gather")
         n = buf.flat().size
         call = Call("all_gather", buf.dtype, buf.flat(), target.flat(),
                     bounds=[(r * n, (r + 1) * n) for r in range(self.size)])
@@ -108,13 +112,8 @@ class Communicator:
         buf = as_buffer(x, "x")
         op = parse_op(op)
         check_reducible(buf.dtype, op)
-        if not buf.shape:
-            raise ValueError("reduce_scatter needs x with at least one dimension to split")
-        row = int(np.prod(buf.shape[1:], dtype=np.int64))
-        row_bounds = split_bounds(buf.shape[0], self.size)
-        rows = row_bounds[self.rank][1] - row_bounds[self.rank][0]
-        bounds = [(lo * row, hi * row) for lo, hi in row_bounds]
-        target = self._out(out, buf, (rows, *buf.shape[1:]), "reduce_scatter", fresh=out is None)
+        rows, bounds = self._split_rows(buf, "reduce_scatter")
+        target = self._out(out, buf, (rows, *buf.shape[1:]), "reduce_scatter")
         call = Call("reduce_scatter", buf.dtype, buf.flat(), target.flat(), op=op, bounds=bounds)
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
@@ -122,7 +121,7 @@ class Communicator:
                   timeout: float | None = None) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
         buf = as_buffer(x, "x")
-        root = self._root(root)
+        root = self._peer(root, "root")
         if self.rank != root:
             check_writable(buf, "x")
         call = Call("broadcast", buf.dtype, buf.flat(), root=root)
@@ -132,7 +131,7 @@ class Communicator:
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
         buf = as_buffer(x, "x")
-        root = self._root(root)
+        root = self._peer(root, "root")
         op = parse_op(op)
         check_reducible(buf.dtype, op)
         if self.rank == root:
@@ -145,15 +144,9 @@ class Communicator:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
         ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
         buf = as_buffer(x, "x")
-        if not buf.shape:
-            raise ValueError("all_to_all needs x with at least one dimension to split")
-        rows = split_bounds(buf.shape[0], self.size)
-        mine = rows[self.rank][1] - rows[self.rank][0]
-        row = int(np.prod(buf.shape[1:], dtype=np.int64))
-        target = self._out(out, buf, (self.size * mine, *buf.shape[1:]), "all_to_all",
-                           fresh=out is None)
-        call = Call("all_to_all", buf.dtype, buf.flat(), target.flat(),
-                    bounds=[(lo * row, hi * row) for lo, hi in rows])
+        mine, bounds = self._split_rows(buf, "all_to_all")
+        target = self._out(out, buf, (self.size * mine, *buf.shape[1:]), "all_to_all")
+        call = Call("all_to_all", buf.dtype, buf.flat(), target.flat(), bounds=bounds)
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
     def rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
@@ -164,7 +157,7 @@ class Communicator:
         if not isinstance(shift, (int, np.integer)):
             raise TypeError(f"shift must be an int, got {type(shift).__name__}")
         shift = int(shift) % self.size
-        target = self._out(out, buf, buf.shape, "rotate", fresh=out is None, overlap_ok=True)
+        target = self._out(out, buf, buf.shape, "rotate", overlap_ok=True)
         recv = target.flat()
         staged = recv if not shares_memory(recv, buf.flat()) else empty_like(recv)
         call = Call("rotate", buf.dtype, buf.flat(), staged, shift=shift)
@@ -243,15 +236,16 @@ class Communicator:
         chosen = self.algorithm_for(kind, buf.nbytes, algo)
         algorithm = select.ALGORITHMS[kind][chosen]
         call.topology = self.topology
-        if chosen == "ring" and self.topology is not None and call.ring is None:
-            call.ring = self._flat_ring()
-        sig, fields = _signature(call, chosen, buf)
+        if chosen in RING_ORDERED and self.topology is not None and call.ring is None:
+            call.ring = self._flat_ring()  # the ring, and hier/ho_ring's flat fallback
+        agree = self.check and self.size > 1
+        sig, fields = _signature(call, chosen, buf) if agree else (None, [])
         limit = self._timeout(timeout)
         moves = call.send.size > 0 or (call.recv is not None and call.recv.size > 0)
 
         def run() -> Any:
             ctx = OpContext(kind, limit)
-            if self.check and self.size > 1:
+            if agree:
                 self._agree(ctx, sig, fields)
             if copy_in is not None:
                 copyto(*copy_in)
@@ -290,7 +284,7 @@ class Communicator:
                                     f"{self.rank}) has {mine}{extra}. Every rank must call the "
                                     f"same collective with the same {label}.")
 
-    def _out(self, out: Any, like: Buffer, shape: tuple[int, ...], what: str, fresh: bool = False,
+    def _out(self, out: Any, like: Buffer, shape: tuple[int, ...], what: str,
              overlap_ok: bool = False) -> Buffer:
         """Validate a caller's ``out`` (shape, dtype, overlap) or allocate one."""
         if out is None:
@@ -308,19 +302,21 @@ class Communicator:
             raise ValueError(f"{what}: out overlaps x; pass a separate output array")
         return buf
 
+    def _split_rows(self, buf: Buffer, what: str) -> tuple[int, list[tuple[int, int]]]:
+        """Axis 0 cut like ``numpy.array_split``: this rank's row count and every part's element
+        range."""
+        if not buf.shape:
+            raise ValueError(f"{what} needs x with at least one dimension to split")
+        lo, hi = split_bounds(buf.shape[0], self.size)[self.rank]
+        row = int(np.prod(buf.shape[1:], dtype=np.int64))
+        return hi - lo, split_bounds(buf.shape[0], self.size, row)
+
     def _flat_ring(self) -> list[int]:
-        if not hasattr(self, "_flat_ring_cache"):
+        if self._flat_ring_cache is None:
             from topology import flat_ring
 
             self._flat_ring_cache = list(flat_ring(self.topology))
         return self._flat_ring_cache
-
-    def _root(self, root: int) -> int:
-        if not isinstance(root, (int, np.integer)) or isinstance(root, bool):
-            raise TypeError(f"root must be an int, got {type(root).__name__}")
-        if not 0 <= root < self.size:
-            raise ValueError(f"root {root} is out of range for a communicator of size {self.size}")
-        return int(root)
 
     def _peer(self, peer: int, what: str) -> int:
         if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):

@@ -9,7 +9,7 @@ reduce_scatter.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from topology import Topology, flat_ring, node_ring
@@ -28,44 +28,91 @@ STEP_OVERHEAD_S = float(os.environ.get("TOPOCOLL_STEP_OVERHEAD", "30e-6"))
 
 
 def model_for(topology: Topology) -> CostModel:
-    """The cost model ``auto`` and HO-Ring use for ``topology`` (cached per topology)."""
-    key = id(topology)
-    hit = _MODELS.get(key)
-    if hit is None or hit.topology is not topology:
-        from .backends.shm import shm_disabled
-
-        hit = CostModel(topology, step_overhead_s=STEP_OVERHEAD_S,
-                        intra_shared_memory=shm_disabled() is None)
-        _MODELS[key] = hit
-    return hit
+    """The cost model ``auto`` and HO-Ring use for ``topology`` (one per topology object)."""
+    return _tuned(topology).model
 
 
-_MODELS: dict[int, CostModel] = {}
+def decide(topology: Topology, key: tuple, compute: Callable[[], Any]) -> Any:
+    """``compute()`` once per ``key`` and topology: the model's decisions (``auto``'s pick,
+    HO-Ring's chunk count) stay off the hot path. Forgotten when the model is recalibrated."""
+    table = _tuned(topology).decisions
+    if key not in table:
+        if len(table) > 4096:
+            table.clear()
+        table[key] = compute()
+    return table[key]
+
+
+def ensure_calibrated(comm: Any, topology: Topology) -> float:
+    """Measure the per-step software cost on ``comm`` once for ``topology``'s model (collective)
+    and return it; later calls reuse the measurement."""
+    tuned = _tuned(topology)
+    if not tuned.calibrated:
+        tuned.model.step_overhead_s = calibrate(comm, tuned.model)
+        tuned.calibrated = True
+        tuned.decisions.clear()
+    return tuned.model.step_overhead_s
 
 
 def calibrate(comm: Any, model: CostModel, repeats: int = 20) -> float:
     """Measure the software seconds per algorithm step on ``comm`` (collective): a tiny ring
     all-reduce's time beyond what the links alone explain, divided by its ``2(p-1)`` steps."""
-    import time
-
     import numpy as np
 
     if comm.size < 2:
         return model.step_overhead_s
     x = np.ones(comm.size, np.float32)
-    for _ in range(3):
-        comm.all_reduce(x, algo="ring")
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        comm.all_reduce(x, algo="ring")
-        samples.append(time.perf_counter() - t0)
-    worst = np.zeros(1)
-    comm.all_reduce(np.array([float(np.median(samples))]), op="max", out=worst)
+    measured = median_time(comm, lambda: comm.all_reduce(x, algo="ring"), repeats, warmup=3)
     saved, model.step_overhead_s = model.step_overhead_s, 0.0
     links_only = predict("all_reduce", "ring", x.nbytes, model) or 0.0
     model.step_overhead_s = saved
-    return max(0.0, (float(worst[0]) - links_only) / (2 * (comm.size - 1)))
+    return max(0.0, (measured - links_only) / (2 * (comm.size - 1)))
+
+
+def median_time(comm: Any, run: Callable[[], Any], repeats: int, warmup: int = 1,
+                barrier: bool = False) -> float:
+    """Median seconds of ``run()`` over ``repeats`` calls, the slowest rank's (collective);
+    ``barrier`` lines the ranks up before every call."""
+    import time
+
+    import numpy as np
+
+    for _ in range(warmup):
+        run()
+    samples = []
+    for _ in range(repeats):
+        if barrier:
+            comm.barrier()
+        t0 = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - t0)
+    worst = np.zeros(1)
+    comm.all_reduce(np.array([float(np.median(samples))]), op="max", out=worst)
+    return float(worst[0])
+
+
+@dataclass
+class _Tuned:
+    """A topology's cost model and the decisions taken from it."""
+
+    topology: Topology
+    model: CostModel
+    decisions: dict = field(default_factory=dict)
+    calibrated: bool = False
+
+
+def _tuned(topology: Topology) -> _Tuned:
+    hit = _TUNED.get(id(topology))
+    if hit is None or hit.topology is not topology:
+        from .backends.shm import shm_disabled
+
+        model = CostModel(topology, step_overhead_s=STEP_OVERHEAD_S,
+                          intra_shared_memory=shm_disabled() is None)
+        hit = _TUNED[id(topology)] = _Tuned(topology, model)
+    return hit
+
+
+_TUNED: dict[int, _Tuned] = {}
 
 
 def predict(kind: str, algo: str, nbytes: float, model: CostModel) -> float | None:
@@ -78,10 +125,10 @@ def predict(kind: str, algo: str, nbytes: float, model: CostModel) -> float | No
     if kind == "rotate":
         order = flat_ring(topo)
         return model.time([Phase.of(_ring_pairs(order), nbytes)])
-    if algo in ("hier", "ho_ring") and _two_level(topo):
+    if algo in ("hier", "ho_ring") and topo.has_rails():
         if algo == "hier":
             return two_level_time(kind, nbytes, model, 1, switch_aware=False)
-        return two_level_time(kind, nbytes, model, _chunks_for(kind, nbytes, model))
+        return _chunk_plan(kind, nbytes, model)[1]
     order = flat_ring(topo)
     p = topo.world_size
     pairs = _ring_pairs(order)
@@ -106,8 +153,9 @@ def two_level_time(kind: str, nbytes: float, model: CostModel, chunks: int,
 
 
 def best_chunks(kind: str, nbytes: int, topology: Topology) -> int:
-    """The pipeline chunk count with the lowest predicted HO-Ring time on ``topology``."""
-    return _best_chunks(kind, int(nbytes), topology)
+    """The pipeline chunk count HO-Ring uses on ``topology`` (decided once per size)."""
+    return decide(topology, ("chunks", kind, int(nbytes)),
+                  lambda: _chunk_plan(kind, nbytes, model_for(topology))[0])
 
 
 PIPELINE_GAIN = 0.85
@@ -116,16 +164,11 @@ of the one-chunk time: each chunk costs thread hand-offs and barriers the model 
 captures, and measured on 2 cores a predicted 5-10% gain turned into a loss."""
 
 
-@lru_cache(maxsize=256)
-def _best_chunks(kind: str, nbytes: int, topology: Topology) -> int:
-    return _chunks_for(kind, nbytes, model_for(topology))
-
-
-def _chunks_for(kind: str, nbytes: float, model: CostModel) -> int:
-    """The chunk count HO-Ring would use under ``model`` (same rule as ``best_chunks``)."""
+def _chunk_plan(kind: str, nbytes: float, model: CostModel) -> tuple[int, float]:
+    """HO-Ring's chunk count under ``model`` and its predicted time."""
     times = {k: two_level_time(kind, nbytes, model, k) for k in chunk_choices(nbytes)}
     best = min(times, key=times.get)
-    return best if times[best] <= PIPELINE_GAIN * times[1] else 1
+    return (best, times[best]) if times[best] <= PIPELINE_GAIN * times[1] else (1, times[1])
 
 
 def chunk_choices(nbytes: float) -> list[int]:
@@ -203,10 +246,6 @@ _TWO_LEVEL_SHM: dict[str, list[tuple[str, Builder]]] = {
     "reduce_scatter": [("intra", _intra_shm(True)), ("inter", _rail("rs"))],
     "all_gather": [("inter", _rail("ag")), ("intra", _intra_shm(False))],
 }
-
-
-def _two_level(topo: Topology) -> bool:
-    return 1 < topo.num_nodes < topo.world_size and topo.is_uniform()
 
 
 def _ring_pairs(order) -> list[tuple[int, int]]:

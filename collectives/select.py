@@ -70,40 +70,32 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
     forced = os.environ.get("TOPOCOLL_ALGO")
     if forced and forced in table and (forced != "shm" or has_shm):
         return forced
-    if has_shm and size > 1 and "shm" in table and not hierarchical(topology, size):
+    if has_shm and size > 1 and "shm" in table and not hierarchical(topology):
         lo, hi = SHM_RANGE.get(kind, (SHM_SMALL, None))
         if hi is not None and nbytes >= hi:
             return "native"
         if nbytes >= lo:
             return "shm"
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
-        if "ho_ring" in table and hierarchical(topology, size):
+        if "ho_ring" in table and hierarchical(topology):
             return _modelled_choice(kind, nbytes, topology)
         return "ring"
     return "native" if "native" in table else next(iter(table))
 
 
 def _modelled_choice(kind: str, nbytes: int, topology: Any) -> str:
-    """The algorithm the cost model predicts fastest among ring, hier and ho_ring (cached: the
-    model runs once per collective, size and topology, not on every call)."""
-    key = (kind, nbytes, id(topology))
-    hit = _CHOICES.get(key)
-    if hit is not None and hit[0] is topology:
-        return hit[1]
-    from .schedules import fastest, model_for
+    """The algorithm the cost model predicts fastest among ring, hier and ho_ring (decided once
+    per collective, size and topology, not on every call)."""
+    from .schedules import decide, fastest, model_for
 
-    total = nbytes * topology.world_size if kind == "all_gather" else nbytes
-    best = fastest(kind, ("ho_ring", "hier", "ring"), total, model_for(topology))
-    choice = best[0] if best else "ring"
-    if len(_CHOICES) > 4096:
-        _CHOICES.clear()
-    _CHOICES[key] = (topology, choice)
-    return choice
+    def pick() -> str:
+        total = nbytes * topology.world_size if kind == "all_gather" else nbytes
+        best = fastest(kind, ("ho_ring", "hier", "ring"), total, model_for(topology))
+        return best[0] if best else "ring"
+
+    return decide(topology, ("auto", kind, nbytes), pick)
 
 
-_CHOICES: dict[tuple[str, int, int], tuple[Any, str]] = {}
-
-
-def hierarchical(topology: Any, size: int) -> bool:
-    """Whether the topology has several nodes of equal size with more than one rank each."""
-    return (topology is not None and 1 < topology.num_nodes < size and topology.is_uniform())
+def hierarchical(topology: Any) -> bool:
+    """Whether a topology is known and its ranks form rails (``Topology.has_rails``)."""
+    return topology is not None and topology.has_rails()

@@ -186,6 +186,11 @@ class Topology:
         """True when every node holds the same number of ranks."""
         return len(set(self.node_sizes())) == 1
 
+    def has_rails(self) -> bool:
+        """Several nodes of equal size with more than one rank each, so the ranks of one local
+        index form a rail across nodes (what hierarchical algorithms need)."""
+        return 1 < self.num_nodes < self.world_size and self.is_uniform()
+
     def common_level(self, a: int, b: int) -> str:
         """Lowest level whose group holds both ranks (``"rank"`` when a == b)."""
         for name in self.levels:

@@ -46,11 +46,10 @@ class Plan:
 
 def plan_for(b: Backend, topology: Any, switch_aware: bool, name: str) -> Plan | None:
     """The plan for ``b`` (cached on it), or None where only a flat ring makes sense."""
-    if topology is None or topology.num_nodes < 2 or topology.num_nodes == b.size:
-        return None
-    if not topology.is_uniform():
-        _warn_once(f"{name}: node sizes {topology.node_sizes()} are uneven, so ranks can't be "
-                   f"paired into rails; using the flat topology-ordered ring instead")
+    if topology is None or not topology.has_rails():
+        if topology is not None and topology.num_nodes > 1 and not topology.is_uniform():
+            _warn_once(f"{name}: node sizes {topology.node_sizes()} are uneven, so ranks can't "
+                       f"be paired into rails; using the flat topology-ordered ring instead")
         return None
     cache = b.__dict__.setdefault("_topocoll_plans", {})
     key = (switch_aware, id(topology))
@@ -74,21 +73,11 @@ def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
     ``chunks(kind, total_bytes, topology)`` gives the pipeline chunk count.
     """
     plan = plan_for(b, call.topology, switch_aware, name)
-    if plan is None:
-        call.ring = flat_ring_order(call.topology, b.size)
+    if plan is None:  # call.ring is already the topology's flat ring (Communicator._launch)
         _FLAT[call.kind](b, ctx, call)
         return
     total = call.recv.nbytes if call.kind == "all_gather" else call.send.nbytes
     _TWO_LEVEL[call.kind](b, ctx, call, plan, chunks(call.kind, total, call.topology))
-
-
-def flat_ring_order(topology: Any, size: int) -> list[int] | None:
-    """The switch-aware flat ring order where a topology is known (node-mates adjacent)."""
-    if topology is None:
-        return None
-    from topology import flat_ring
-
-    return list(flat_ring(topology))
 
 
 def all_reduce(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) -> None:
