@@ -45,16 +45,65 @@ def mpiexec_path() -> str:
 def run_ranks(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
               env: dict[str, str] | None = None) -> str:
     """Run ``script`` on ``n`` ranks; return the combined output, or fail naming ranks and output."""
+    path = _script(script)
+    cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-u", str(path), *args]
+    return _launch(cmd, path, n, timeout, env)
+
+
+def run_torchrun(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
+                 env: dict[str, str] | None = None) -> str:
+    """Run ``script`` on ``n`` ranks started by ``torchrun --standalone`` (no mpiexec, no PMI)."""
+    path = _script(script)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(n), str(path), *args]
+    return _launch(cmd, path, n, timeout, env, drop=LAUNCHER_ENV)
+
+
+def rank_main(body: Callable[[], None]) -> None:
+    """Run a rank script's body; on any exception print it with this rank's number and end the job
+    (``MPI_Abort`` under mpiexec; exit 1 under torchrun, whose agent then stops the others)."""
+    torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    try:
+        body()
+    except BaseException:  # noqa: BLE001 - report everything, including assertion failures
+        sys.stdout.write(f"RANK {_rank(torchrun)} FAILED\n{traceback.format_exc()}\n")
+        sys.stdout.flush()
+        if torchrun:
+            os._exit(1)  # skip MPI_Finalize: peers may never reach it
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Abort(1)
+    sys.stdout.write(f"RANK {_rank(torchrun)} DONE\n")
+    sys.stdout.flush()
+
+
+LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "PMIX_RANK",
+                "PMIX_NAMESPACE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+"""Variables of an outer MPI launcher, removed for torchrun runs (they would mark the ranks as
+mpiexec-launched)."""
+
+
+def _script(script: str | Path) -> Path:
     path = Path(script)
-    if not path.is_absolute():
-        path = RANKS_DIR / path
-    full_env = dict(os.environ)
+    return path if path.is_absolute() else RANKS_DIR / path
+
+
+def _rank(torchrun: bool) -> int:
+    if torchrun:  # importing mpi4py.MPI here would initialise MPI before the script's rendezvous
+        return int(os.environ.get("RANK", "0"))
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
+
+
+def _launch(cmd: list[str], path: Path, n: int, timeout: float, env: dict[str, str] | None,
+            drop: Sequence[str] = ()) -> str:
+    full_env = {k: v for k, v in os.environ.items() if k not in drop}
     full_env.update(YIELD_ENV)
     full_env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
     if env:
         full_env.update(env)
-    cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-u", str(path), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, cwd=str(ROOT), start_new_session=True)
     try:
@@ -70,21 +119,6 @@ def run_ranks(script: str | Path, n: int, args: Sequence[str] = (), timeout: flo
         who = f"rank(s) {failed} failed" if failed else f"exit code {proc.returncode}"
         raise AssertionError(f"{path.name} on {n} ranks: {who}; output:\n{out[-8000:]}")
     return out
-
-
-def rank_main(body: Callable[[], None]) -> None:
-    """Run a rank script's body; on any exception print it with this rank's number and abort all."""
-    from mpi4py import MPI
-
-    rank = MPI.COMM_WORLD.Get_rank()
-    try:
-        body()
-    except BaseException:  # noqa: BLE001 - report everything, including assertion failures
-        sys.stdout.write(f"RANK {rank} FAILED\n{traceback.format_exc()}\n")
-        sys.stdout.flush()
-        MPI.COMM_WORLD.Abort(1)
-    sys.stdout.write(f"RANK {rank} DONE\n")
-    sys.stdout.flush()
 
 
 def _finished(out: str) -> set[int]:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.mpi_harness import ROOT, run_ranks
+from tests.mpi_harness import ROOT, run_ranks, run_torchrun
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi
@@ -31,31 +31,41 @@ def test_bad_input_raises_on_every_rank(n):
     run_ranks("torch_errors.py", n, timeout=120)
 
 
-def test_torchrun_style_launch_fails_clearly():
-    """A process that is not an MPI rank (what torchrun starts) works as a world of 1, and as one
-    of 2 torch ranks gets an error naming mpiexec (the factory's first step, called directly)."""
+@pytest.mark.parametrize("n", [2, 4])
+def test_torchrun_every_collective_matches_gloo(n):
+    """torchrun alone (no mpiexec): the ranks join one MPI world through torch's store."""
+    run_torchrun("torch_collectives.py", n, timeout=240)
+
+
+def test_torchrun_with_mpi_imported_early_fails_clearly():
+    run_torchrun("torch_early_mpi.py", 2, timeout=120)
+
+
+def test_plain_process_is_a_world_of_one_and_a_storeless_join_fails_clearly():
+    """A process no launcher started works as a world of 1; asked for 2 ranks with no store to
+    join through, the factory's first step says what is wrong."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     code = f"""
 import torch.distributed as dist, collectives.torch
 from collectives.torch import rendezvous
+try:
+    rendezvous.world_comm(0, 2)
+except RuntimeError as e:
+    print("ERR", e)
 dist.init_process_group("topocoll", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
 t = __import__("torch").ones(3)
 dist.all_reduce(t)
 dist.destroy_process_group()
 print("SINGLE OK", t.tolist())
-try:
-    rendezvous.world_comm(0, 2)
-except RuntimeError as e:
-    print("ERR", e)
 """
     env = {k: v for k, v in os.environ.items() if k not in rendezvous_vars()}
     env["PYTHONPATH"] = str(ROOT)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=90)
     assert "SINGLE OK [1.0, 1.0, 1.0]" in out.stdout, out.stdout + out.stderr
-    assert "ERR" in out.stdout and "mpiexec" in out.stdout and "singleton" in out.stdout, out
+    assert "ERR" in out.stdout and "singleton" in out.stdout and "no torch store" in out.stdout, out
 
 
 def rendezvous_vars():

@@ -1,7 +1,7 @@
 """The "topocoll" torch backend's async Work, and DDP/FSDP2/DTensor training against gloo."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from tests.mpi_harness import run_ranks, run_torchrun
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi
@@ -15,3 +15,9 @@ def test_async_work_and_futures(n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_ddp_and_fsdp2_train_like_gloo(n):
     run_ranks("torch_training.py", n, timeout=240)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ddp_and_fsdp2_under_torchrun_train_like_gloo(n):
+    """The same training, launched by torchrun alone (ranks joined through torch's store)."""
+    run_torchrun("torch_training.py", n, timeout=240)

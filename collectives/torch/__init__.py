@@ -4,8 +4,9 @@
     dist.init_process_group("topocoll")           # under mpiexec: rank/size from MPI
     sub = dist.new_group([0, 1], backend="topocoll")
 
-Launch with ``mpiexec -n N python train.py``. ``torchrun`` alone can't work: its ranks are separate
-MPI singletons that can't be joined into one communicator (see docs/torch.md).
+Launch with ``mpiexec -n N python train.py`` or ``torchrun --nproc-per-node N train.py`` (then the
+ranks join one MPI world through torch's store: don't import ``mpi4py.MPI`` before
+``init_process_group``; see docs/torch.md).
 """
 from __future__ import annotations
 

@@ -37,7 +37,8 @@ def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGro
     if ranks:
         mpi = rendezvous.group_comm(ranks, opts.group_id)
     else:
-        mpi = rendezvous.world_comm(opts.group_rank, opts.group_size)
+        mpi = rendezvous.world_comm(opts.group_rank, opts.group_size, opts.store,
+                                     timeout or 1800.0)
     comm = collectives.init(mpi, timeout=timeout)
     if (comm.rank, comm.size) != (opts.group_rank, opts.group_size):
         raise RuntimeError(f"topocoll: MPI gives rank {comm.rank}/{comm.size} but torch expects "

@@ -1,20 +1,22 @@
 """Where ranks come from: MPI tells each process its rank, and a TCPStore for torch's bookkeeping
 is set up over MPI, so ``init_process_group`` under ``mpiexec`` needs no MASTER_ADDR/PORT.
 
-``torchrun`` without ``mpiexec`` can't give us an MPI communicator: each process is an MPI
-singleton, and MPICH refuses to connect singletons (``Comm.Connect``/``Accept`` fail with
-"local and remote groups must not overlap", since every singleton is rank 0 of its own world).
+Under ``torchrun`` (no MPI launcher) the ranks are joined into one MPI world through torch's store
+before MPI initialises (``pmi.join_world``): MPICH can't merge singletons after the fact.
 """
 from __future__ import annotations
 
 import importlib
 import os
 import socket
+import sys
 import zlib
 from datetime import timedelta
 from typing import Any, Iterator, Sequence
 
 import torch.distributed as dist
+
+from . import pmi
 
 torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not the
 # function of the same name that torch.distributed exports
@@ -71,17 +73,20 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
     raise RuntimeError("topocoll:// rendezvous can't be repeated (MPI ranks are fixed)")
 
 
-def world_comm(rank: int, size: int) -> Any:
-    """The MPI communicator of torch's default group: COMM_WORLD, reordered to torch's ranks."""
+def world_comm(rank: int, size: int, store: Any = None, timeout: float = 1800.0) -> Any:
+    """The MPI communicator of torch's default group: COMM_WORLD, reordered to torch's ranks.
+
+    With ``store`` and no MPI launcher (torchrun), the ranks first join one MPI world through it.
+    """
+    imported_early = "mpi4py.MPI" in sys.modules
+    if store is not None and size > 1 and pmi.can_join():
+        pmi.join_world(store, rank, size, timeout)
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     if world.Get_size() != size:
-        hint = ("this process is an MPI singleton (not started by mpiexec): torchrun alone can't "
-                "build an MPI communicator; launch with `mpiexec -n N python script.py`"
-                if world.Get_size() == 1 else "start as many MPI ranks as torch ranks")
         raise RuntimeError(f"topocoll: torch world size is {size} but MPI COMM_WORLD has "
-                           f"{world.Get_size()} ranks; {hint}")
+                           f"{world.Get_size()} ranks; {_mismatch_hint(world.Get_size(), imported_early)}")
     ranks = world.allgather(rank)
     if sorted(ranks) != list(range(size)):
         raise RuntimeError(f"topocoll: torch ranks over the MPI ranks are {ranks}, not a "
@@ -120,3 +125,13 @@ def group_comm(global_ranks: Sequence[int], group_id: str) -> Any:
         return parent.Create_group(group, tag)
     finally:
         group.Free()
+
+
+def _mismatch_hint(mpi_size: int, imported_early: bool) -> str:
+    if mpi_size != 1:
+        return "start as many MPI ranks as torch ranks"
+    why = ("mpi4py.MPI was imported before init_process_group, so the ranks could not be joined; "
+           "initialise the process group first" if imported_early else
+           "no torch store was given to join the ranks through")
+    return (f"this process is an MPI singleton: {why}, or launch with "
+            f"`mpiexec -n N python script.py`")

@@ -1,6 +1,6 @@
 """Every torch.distributed collective on the "topocoll" backend against gloo, in one job.
 
-The default group is topocoll, set up with no MASTER_ADDR (the MPI rendezvous); gloo runs over
+The default group is topocoll, set up with no MASTER_ADDR (the MPI rendezvous) or by torchrun; gloo runs over
 the same ranks through the TCPStore that rendezvous made. Argument ``env`` instead inits from
 MASTER_ADDR/MASTER_PORT given by the test.
 """
@@ -13,7 +13,6 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
-from mpi4py import MPI
 
 import collectives.torch  # noqa: F401 - registers "topocoll"
 
@@ -276,12 +275,16 @@ def subgroups(r, p):
 def body():
     global TOPO, GLOO
     if sys.argv[1:] == ["env"]:
+        from mpi4py import MPI
+
         world = MPI.COMM_WORLD
         dist.init_process_group("topocoll", rank=world.Get_rank(), world_size=world.Get_size())
     else:
         dist.init_process_group("topocoll")
     assert dist.get_backend() == "topocoll"
     r, p = dist.get_rank(), dist.get_world_size()
+    from mpi4py import MPI  # imported after init_process_group: under torchrun that joins the world
+
     assert (r, p) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     TOPO, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
     checks = (reductions, movement, scatters, all_to_all, point_to_point, objects, functional,

@@ -1,0 +1,67 @@
+"""The PMI-1 server that joins torchrun's ranks into one MPI world: node maps, and no hangs."""
+import select
+import socket
+import subprocess
+import sys
+
+from collectives.torch.pmi import SERVER, process_mapping
+
+
+def test_process_mapping_describes_contiguous_nodes():
+    assert process_mapping(["a", "a", "a"]) == "(vector,(0,1,3))"
+    assert process_mapping(["a", "a", "b", "b"]) == "(vector,(0,1,2),(1,1,2))"
+    assert process_mapping(["a", "b", "b"]) == "(vector,(0,1,1),(1,1,2))"
+    assert process_mapping(["a", "b", "a"]) == ""  # not contiguous: MPICH works it out itself
+
+
+def _start(size, timeout):
+    proc = subprocess.Popen([sys.executable, "-I", str(SERVER), "--size", str(size),
+                             "--mapping", f"(vector,(0,1,{size}))", "--timeout", str(timeout)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("port="), line
+    return proc, int(line.split("=")[1])
+
+
+def _ask(f, conn, line):
+    conn.sendall(line.encode() + b"\n")
+    return f.readline().decode().strip()
+
+
+def test_server_speaks_pmi1_and_exits_after_finalize():
+    proc, port = _start(2, 30)
+    try:
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        files = [c.makefile("rb") for c in conns]
+        assert "rc=0" in _ask(files[0], conns[0], "cmd=init pmi_version=1 pmi_subversion=1")
+        assert _ask(files[0], conns[0], "cmd=put kvsname=k key=card0 value=xyz") == \
+            "cmd=put_result rc=0"
+        assert _ask(files[1], conns[1], "cmd=get kvsname=k key=card0").endswith("value=xyz")
+        assert "rc=-1" in _ask(files[1], conns[1], "cmd=get kvsname=k key=missing")
+        assert _ask(files[1], conns[1], "cmd=get kvsname=k key=PMI_process_mapping").endswith(
+            "value=(vector,(0,1,2))")
+        conns[0].sendall(b"cmd=barrier_in\n")  # held until the second rank arrives
+        readable, _, _ = select.select([conns[0]], [], [], 0.3)
+        assert not readable, "barrier released with one rank of two"
+        conns[1].sendall(b"cmd=barrier_in\n")
+        assert files[0].readline().decode().startswith("cmd=barrier_out")
+        assert files[1].readline().decode().startswith("cmd=barrier_out")
+        for f, c in zip(files, conns):
+            assert _ask(f, c, "cmd=finalize") == "cmd=finalize_ack rc=0"
+        assert proc.wait(timeout=10) == 0
+    finally:
+        proc.kill()
+
+
+def test_server_fails_the_job_when_a_rank_never_comes():
+    """One of two ranks connects and waits in a barrier; the other never comes: the server gives
+    up after its timeout and closes the connection (MPI_Init then errors) instead of hanging."""
+    proc, port = _start(2, 1.0)
+    try:
+        conn = socket.create_connection(("127.0.0.1", port), timeout=20)
+        conn.sendall(b"cmd=barrier_in\n")
+        assert conn.makefile("rb").readline() == b""  # EOF: the server closed it
+        assert proc.wait(timeout=20) == 1
+        assert "only 1 of 2 ranks connected" in proc.stderr.read()
+    finally:
+        proc.kill()
