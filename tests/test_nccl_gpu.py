@@ -31,3 +31,14 @@ def test_every_collective_on_gpu_arrays_matches_numpy(n, kind):
 def test_absent_peer_times_out_and_aborts(algo):
     out = _run("nccl_timeout.py", 2, [algo], timeout=180)
     assert out.count("all_reduce timed out") == 1 and "aborted" in out
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_torch_backend_moves_cuda_tensors_over_nccl(n):
+    """The "topocoll" torch backend with CUDA tensors: collectives, p2p, DDP against gloo."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    if torch.cuda.device_count() < n:
+        pytest.skip(f"{n} ranks need {n} GPUs, torch sees {torch.cuda.device_count()}")
+    _run("torch_cuda.py", n, [], timeout=600)

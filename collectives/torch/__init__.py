@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .process_group import BACKEND_NAME, ProcessGroupTopocoll, create_process_group
+from .process_group import BACKEND_NAME, DEVICES, ProcessGroupTopocoll, create_process_group
 from .rendezvous import install_env_rendezvous
 from .work import Work
 
@@ -23,7 +23,7 @@ def register() -> None:
     """Register ``"topocoll"`` with torch.distributed (idempotent; done on import)."""
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True,
-                                      devices=["cpu"])
+                                      devices=list(DEVICES))
     install_env_rendezvous()
 
 

@@ -24,6 +24,9 @@ from . import rendezvous
 from .work import HandleWork, RequestWork, Work
 
 BACKEND_NAME = "topocoll"
+DEVICES = ("cpu", "cuda")
+"""Tensor device types the group takes: CPU over MPI/shared memory, CUDA over NCCL (when the
+group's communicator got the NCCL backend, i.e. every rank has CuPy, NCCL and a GPU)."""
 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
         ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
@@ -47,7 +50,8 @@ def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGro
 
 
 class ProcessGroupTopocoll(dist.ProcessGroup):
-    """torch ProcessGroup over ``comm`` (CPU tensors; CUDA tensors need the NCCL backend)."""
+    """torch ProcessGroup over ``comm``: CPU tensors always, CUDA tensors where ``comm`` runs the
+    NCCL backend (``collectives.init(backend="auto")`` picks it when every rank has a GPU)."""
 
     def __init__(self, comm: collectives.Communicator, timeout: float | None = None,
                  owns_mpi_comm: bool = False) -> None:
@@ -103,6 +107,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         op = _op(opts)
         for i, t in enumerate(tensors):
             _check(t, f"allreduce_coalesced tensors[{i}]")
+            self._on_gpu(t, "allreduce_coalesced")
         handles = [self.comm.all_reduce(t, op=op, async_op=True) for t in tensors]
         return self._work("allreduce_coalesced", tensors, handles)
 
@@ -124,7 +129,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """Gather every rank's tensor into the list ``output_tensors[0]`` (one per rank)."""
         t = _one(input_tensors, "allgather input")
         outs = _one_list(output_tensors, "allgather output", self.size(), t)
-        stage = torch.empty((self.size() * t.numel(),), dtype=t.dtype)
+        stage = torch.empty((self.size() * t.numel(),), dtype=t.dtype, device=t.device)
         hs = self._go(opts, self.comm.all_gather, t.view(-1), out=stage)
         return self._work("allgather", outs, hs, post=lambda: _unpack(stage, outs))
 
@@ -151,6 +156,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                opts: Any = None) -> Work:
         """Collect every rank's tensor into the root's list ``output_tensors[0]``."""
         t = _one(input_tensors, "gather input")
+        _host_only(t, "gather")
         root = _root(opts, self.size())
         tag = next(self._rooted_tags) % _TAG_LIMIT
         if self.rank() != root:
@@ -197,6 +203,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                 opts: Any = None) -> Work:
         """Give rank r element r of the root's list ``input_tensors[0]``."""
         out = _one(output_tensors, "scatter output")
+        _host_only(out, "scatter")
         root = _root(opts, self.size())
         tag = next(self._rooted_tags) % _TAG_LIMIT
         if self.rank() != root:
@@ -239,7 +246,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             for i, t in enumerate(ts):
                 _check(t, f"alltoall {what}[{i}]", like=input_tensors[0])
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
-        stage = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype)
+        stage = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype,
+                            device=flat_in.device)
         h, unpack = self._all_to_all_uneven(stage, flat_in, [t.numel() for t in output_tensors],
                                             [t.numel() for t in input_tensors])
 
@@ -257,12 +265,18 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
         """Start sending one tensor to group rank ``dst``; never blocks."""
         t = _one(tensors, "send")
+        if self._on_gpu(t, "send"):
+            h = self.comm.send(t, self._peer(dst, "dst"), _tag(tag), async_op=True)
+            return self._work(f"send to rank {dst}", [t], [h])
         req = self._mpi.isend(_bytes(t), self._peer(dst, "dst"), _tag(tag), channel="p2p")
         return RequestWork(f"send to rank {dst}", [t], self._mpi, [req], self.timeout)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         """Start receiving one tensor from group rank ``src``."""
         t = _one(tensors, "recv")
+        if self._on_gpu(t, "recv"):
+            h = self.comm.recv(t, self._peer(src, "src"), _tag(tag), async_op=True)
+            return self._work(f"recv from rank {src}", [t], [h])
         req = self._mpi.irecv(_bytes(t), self._peer(src, "src"), _tag(tag), channel="p2p")
         return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout)
 
@@ -289,6 +303,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def _go(self, opts: Any, method: Any, *args: Any, **kw: Any) -> list[Handle]:
         """Run a Communicator method: queued (its Handle) for async calls, inline for synchronous
         ones (torch >= 2.6 says which in ``opts.asyncOp``), which saves the thread hop."""
+        for a in (*args, *kw.values()):
+            if isinstance(a, torch.Tensor):
+                self._on_gpu(a, getattr(method, "__name__", "collective"))
         if getattr(opts, "asyncOp", True):
             return [method(*args, async_op=True, **kw)]
         method(*args, **kw)
@@ -322,17 +339,30 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             raise ValueError(f"all_to_all_single: rank {r} sends {int(sent[r, s])} rows to rank "
                              f"{s}, which expects {int(expected[r, s])} (split sizes disagree)")
         width = int(every.max()) * row
-        send = torch.zeros((p, width), dtype=input.dtype)
+        send = torch.zeros((p, width), dtype=input.dtype, device=input.device)
         flat_in, flat_out = input.reshape(-1), output.view(-1)
         for s, (lo, n) in enumerate(_offsets(ins, row)):
             send[s, :n] = flat_in[lo:lo + n]
-        recv = torch.empty((p, width), dtype=input.dtype)
+        recv = torch.empty((p, width), dtype=input.dtype, device=input.device)
 
         def unpack() -> None:
             for r, (lo, n) in enumerate(_offsets(outs, row)):
                 flat_out[lo:lo + n] = recv[r, :n]
 
         return self.comm.all_to_all(send, out=recv, async_op=True), unpack
+
+    def _on_gpu(self, t: torch.Tensor, what: str) -> bool:
+        """Whether ``t`` is a CUDA tensor (then this group must run NCCL, else TypeError)."""
+        if t.device.type != "cuda":
+            return False
+        if "cuda" not in getattr(self.comm.backend, "memories", ("host",)):
+            from ..backends.nccl import unavailable_reason
+
+            why = unavailable_reason() or "not every rank of the group has a GPU of its own"
+            raise TypeError(f"{what}: tensor is on {t.device} but this topocoll group runs on MPI "
+                            f"(NCCL backend not in use: {why}); move the tensor to CPU or "
+                            f"install cupy-cuda12x and nvidia-nccl-cu12 (docs/nccl.md)")
+        return True
 
     def _peer(self, peer: int, what: str) -> int:
         if not isinstance(peer, int) or not 0 <= peer < self.size():
@@ -344,16 +374,23 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
     """Raise TypeError/ValueError naming ``what`` if ``t`` can't be used as is."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
+    if t.device.type not in DEVICES:
         raise TypeError(f"{what} is on {t.device}: the topocoll torch backend moves CPU tensors "
-                        f"over MPI; {t.device.type} tensors need the NCCL backend (not available "
-                        f"in topocoll yet; use backend='nccl')")
+                        f"(MPI, shared memory) and CUDA tensors (NCCL)")
+    if like is not None and t.device != like.device:
+        raise TypeError(f"{what} is on {t.device} but the input is on {like.device}")
     if not t.is_contiguous():
         raise ValueError(f"{what} is not contiguous; pass {what.split()[0]}.contiguous()")
     if like is not None and t.dtype != like.dtype:
         raise TypeError(f"{what} has dtype {t.dtype} but the input has {like.dtype}")
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{what} has {t.numel()} elements, expected {numel}")
+
+
+def _host_only(t: torch.Tensor, what: str) -> None:
+    if t.device.type != "cpu":
+        raise TypeError(f"{what} of {t.device.type} tensors is not supported by topocoll yet "
+                        f"(CPU tensors only); use all_gather / a broadcast per rank instead")
 
 
 def _separate(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,70 @@
+"""CUDA tensors through the "topocoll" torch backend (NCCL underneath) match CPU references, and
+DDP on CUDA trains like DDP on CPU gloo. Needs one GPU per rank (the test skips otherwise)."""
+import _common  # noqa: F401
+from _common import rank_main
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import collectives.torch  # noqa: F401
+
+
+def collectives_match(r, p):
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for n in (0, 1, 1000, 1 << 20):
+        x = torch.arange(n, dtype=torch.float32) + r
+        t = x.to(dev)
+        dist.all_reduce(t)
+        ref = sum(torch.arange(n, dtype=torch.float32) + q for q in range(p)) if n else x
+        assert torch.equal(t.cpu(), ref), f"all_reduce n={n}"
+        out = torch.empty(p * n, device=dev)
+        dist.all_gather_into_tensor(out, x.to(dev))
+        assert torch.equal(out.cpu(), torch.cat([torch.arange(n, dtype=torch.float32) + q
+                                                 for q in range(p)])), f"all_gather n={n}"
+        b = x.to(dev)
+        dist.broadcast(b, src=p - 1)
+        assert torch.equal(b.cpu(), torch.arange(n, dtype=torch.float32) + p - 1)
+    big = torch.ones(p * 4, device=dev) * (r + 1)
+    small = torch.empty(4, device=dev)
+    dist.reduce_scatter_tensor(small, big)
+    assert torch.equal(small.cpu(), torch.full((4,), float(p * (p + 1) // 2)))
+    if p > 1:
+        msg = torch.full((5,), float(r), device=dev)
+        got = torch.empty(5, device=dev)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, msg, (r + 1) % p),
+                                       dist.P2POp(dist.irecv, got, (r - 1) % p)])
+        for q in reqs:
+            q.wait()
+        assert torch.equal(got.cpu(), torch.full((5,), float((r - 1) % p)))
+
+
+def ddp_matches_gloo(r, gloo):
+    weights = {}
+    for name, dev, group in (("topocoll", "cuda", None), ("gloo", "cpu", gloo)):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4)).to(dev)
+        m = DDP(net, process_group=group)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(10 + r)
+        for _ in range(4):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            nn.functional.mse_loss(m(x.to(dev)), y.to(dev)).backward()
+            opt.step()
+            opt.zero_grad()
+        weights[name] = [q.detach().cpu() for q in m.parameters()]
+    for a, b in zip(weights["topocoll"], weights["gloo"]):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+
+
+def body():
+    dist.init_process_group("topocoll")
+    r, p = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(r % torch.cuda.device_count())
+    collectives_match(r, p)
+    ddp_matches_gloo(r, dist.new_group(backend="gloo"))
+    dist.destroy_process_group()
+
+
+rank_main(body)
