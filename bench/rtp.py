@@ -1,6 +1,6 @@
 """RTP vs DDP vs FSDP on a small GPT: per-rank memory by kind and step throughput, side by side.
 
-    mpiexec -n 2 python -m bench.rtp [--layers 4 --d-model 256 ...] [--plot docs/rtp_bench.png]
+    mpiexec -n 2 python -m bench.rtp [--layers 4 --d-model 256 ...] [--plot docs/figures/rtp_bench.png]
 
 Memory is counted exactly, per rank, from tensors: parameters, gradients and optimizer state
 (Adam) that the rank holds, and activations = the peak bytes autograd saves for backward during a
