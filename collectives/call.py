@@ -1,6 +1,7 @@
 """One validated collective call: flat storage buffers, chunk bounds and options for an algorithm."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -28,10 +29,15 @@ class Call:
 def split_bounds(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:
     """Cut ``n`` units into ``parts`` contiguous ranges, the first ``n % parts`` one larger
     (numpy.array_split's rule); each range is scaled by ``unit`` elements."""
+    return list(_split_bounds(n, parts, unit))
+
+
+@functools.lru_cache(maxsize=1024)
+def _split_bounds(n: int, parts: int, unit: int) -> tuple[tuple[int, int], ...]:
     q, r = divmod(n, parts)
     out, start = [], 0
     for i in range(parts):
         stop = start + q + (1 if i < r else 0)
         out.append((start * unit, stop * unit))
         start = stop
-    return out
+    return tuple(out)

@@ -36,11 +36,20 @@ Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 def dtype_of_numpy(dt: np.dtype) -> DType:
     """The DType for a numpy dtype: numeric kinds reduce, others (bool, bytes, records) only move."""
+    known = _NUMPY_DTYPES.get(dt)
+    if known is not None:
+        return known  # every call wraps its arrays: keep the common case a dict lookup
     dt = np.dtype(dt)
     if dt.hasobject:
         raise TypeError(f"dtype {dt} holds Python objects; only fixed-size binary dtypes can be sent")
     numeric = dt.kind in "iufc" and dt.isnative
-    return DType(dt.name, dt, numeric, dt.kind in "fc")
+    found = DType(dt.name, dt, numeric, dt.kind in "fc")
+    if len(_NUMPY_DTYPES) < 256:
+        _NUMPY_DTYPES[dt] = found
+    return found
+
+
+_NUMPY_DTYPES: dict[np.dtype, DType] = {}
 
 
 def parse_op(op: str) -> str:

@@ -27,7 +27,7 @@ class MPIBackend(Backend):
         self.p2p = comm.Dup()
         self.rank = self.coll.Get_rank()
         self.size = self.coll.Get_size()
-        self._user_ops: dict[tuple[str, str], Any] = {}
+        self._typed_cache: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.parent_ranks: list[int] = list(range(self.size))  # set by split()
         self._arena: SharedArena | None = None
         self._no_arena = self._check_shared_memory()
@@ -161,18 +161,22 @@ class MPIBackend(Backend):
 
     def _typed(self, buf: np.ndarray, dtype: DType, op: str) -> tuple[np.ndarray, Any, Any]:
         """MPI datatype and op for a reduction; dtypes MPI can't reduce get a Python user op."""
+        key = (buf.dtype.char, dtype.name, op)
+        typed = self._typed_cache.get(key)  # per-call cost matters for small messages
+        if typed is None:
+            typed = self._typed_cache[key] = self._mpi_type_and_op(buf, dtype, op)
+        return (buf, *typed)
+
+    def _mpi_type_and_op(self, buf: np.ndarray, dtype: DType, op: str) -> tuple[Any, Any]:
         MPI = self._MPI
         base = "sum" if op == "avg" else op
         if self.native_supports(dtype, base):
             mop = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[base]
-            return buf, MPI.Datatype.fromcode(buf.dtype.char), mop
-        key = (dtype.name, base)
-        if key not in self._user_ops:
-            self._user_ops[key] = MPI.Op.Create(_user_op(dtype, base), commute=True)
+            return MPI.Datatype.fromcode(buf.dtype.char), mop
         # An element-sized unsigned type keeps MPI from splitting an element between two calls.
         carrier = {1: MPI.UINT8_T, 2: MPI.UINT16_T, 4: MPI.UINT32_T, 8: MPI.UINT64_T}.get(
             dtype.itemsize) or MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
-        return buf, carrier, self._user_ops[key]
+        return carrier, MPI.Op.Create(_user_op(dtype, base), commute=True)
 
 
 def _bytes(buf: np.ndarray) -> np.ndarray:
