@@ -41,6 +41,10 @@ def test_torchrun_with_mpi_imported_early_fails_clearly():
     run_torchrun("torch_early_mpi.py", 2, timeout=120)
 
 
+def test_torchrun_topocoll_subgroup_of_gloo_default_fails_clearly():
+    run_torchrun("torch_gloo_default.py", 2, timeout=120)
+
+
 def test_plain_process_is_a_world_of_one_and_a_storeless_join_fails_clearly():
     """A process no launcher started works as a world of 1; asked for 2 ranks with no store to
     join through, the factory's first step says what is wrong."""

@@ -115,6 +115,12 @@ def group_comm(global_ranks: Sequence[int], group_id: str) -> Any:
     parent = _world.get("comm")
     if parent is None:  # default group has another backend: torch ranks must be MPI ranks
         parent = MPI.COMM_WORLD
+        if dist.is_initialized() and dist.get_world_size() != parent.Get_size():
+            raise RuntimeError(f"topocoll: a topocoll subgroup needs an MPI world of all "
+                               f"{dist.get_world_size()} torch ranks, but this process's MPI "
+                               f"world has {parent.Get_size()} (not started by mpiexec); under "
+                               f"torchrun make the default group topocoll "
+                               f"(init_process_group('topocoll')) so the ranks join one MPI world")
         if dist.is_initialized() and dist.get_rank() != parent.Get_rank():
             raise RuntimeError(f"topocoll: torch rank {dist.get_rank()} is MPI rank "
                                f"{parent.Get_rank()}; with a non-topocoll default group the two "
