@@ -1,10 +1,16 @@
 """The PMI-1 server that joins torchrun's ranks into one MPI world: node maps, and no hangs."""
+import os
 import select
 import socket
 import subprocess
 import sys
 
-from collectives.torch.pmi import SERVER, process_mapping
+import pytest
+
+from tests.mpi_harness import LAUNCHER_ENV, ROOT
+
+pytest.importorskip("torch")
+from collectives.torch.pmi import SERVER, process_mapping  # noqa: E402 - needs torch
 
 
 def test_process_mapping_describes_contiguous_nodes():
@@ -65,3 +71,26 @@ def test_server_fails_the_job_when_a_rank_never_comes():
         assert "only 1 of 2 ranks connected" in proc.stderr.read()
     finally:
         proc.kill()
+
+
+def test_a_server_that_cannot_start_fails_every_rank_without_waiting():
+    """Rank 0 can't start the server: it raises, and so does every other rank (told through the
+    store), instead of waiting for an address that never comes."""
+    code = """
+import torch.distributed as dist
+from collectives.torch import pmi
+pmi.SERVER = pmi.SERVER.with_name("no_such_server.py")
+store = dist.HashStore()
+store.set(pmi.PREFIX + "host/1", "here")
+for rank in (0, 1):
+    try:
+        pmi.join_world(store, rank, 2, 30.0)
+    except RuntimeError as err:
+        print("RANK", rank, "RAISED", err)
+"""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    env["PYTHONPATH"] = str(ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert "RANK 0 RAISED topocoll: the PMI server did not start" in out.stdout, out
+    assert "RANK 1 RAISED topocoll: rank 0 could not start the PMI server" in out.stdout, out

@@ -19,6 +19,8 @@ PREFIX = "topocoll/pmi/"
 """Store keys this module writes (hostnames, the server's address)."""
 
 SERVER = Path(__file__).with_name("pmi_server.py")
+FAILED = "failed: "
+"""What rank 0 stores instead of the server's address when it can't start it."""
 
 
 def can_join() -> bool:
@@ -42,8 +44,15 @@ def join_world(store: Any, rank: int, size: int, timeout: float) -> None:
     store.set(f"{PREFIX}host/{rank}", host)
     if rank == 0:
         hosts = [store.get(f"{PREFIX}host/{r}").decode() for r in range(size)]
-        store.set(f"{PREFIX}addr", _start_server(hosts, timeout))
+        try:
+            store.set(f"{PREFIX}addr", _start_server(hosts, timeout))
+        except Exception as err:
+            store.set(f"{PREFIX}addr", f"{FAILED}{err}")  # the others raise too, not wait
+            raise
     addr = store.get(f"{PREFIX}addr").decode()
+    if addr.startswith(FAILED):
+        raise RuntimeError(f"topocoll: rank 0 could not start the PMI server that joins the ranks "
+                           f"into one MPI world: {addr[len(FAILED):]}")
     server_host, _, port = addr.rpartition(":")
     conn = socket.create_connection((server_host, int(port)), timeout=timeout)
     conn.settimeout(None)
