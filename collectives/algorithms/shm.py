@@ -28,63 +28,94 @@ from ..context import OpContext
 from ..dtypes import finish_avg, reducer
 from . import native
 
+CHUNK_BYTES = 256 << 10
+"""Bytes of one region a rank reduces at a time on registered buffers: the chunk stays in cache
+between reading it from every peer and writing it to every peer."""
+
 
 def all_reduce(b: Backend, ctx: OpContext, call: Call) -> None:
-    """In place on ``call.send``: every rank reduces its region from peers' slots, then gathers."""
+    """In place on ``call.send``: every rank reduces its region, from its peers' registered
+    buffers when every rank's is registered, else from their slots; then everyone gathers."""
     if b.size == 1:
         return native.all_reduce(b, ctx, call)
-    _reduce(b, ctx, call, "all_reduce", call.bounds)
+    gate = _Gate(_arena(b), ctx, call.send)
+    if gate.peers is not None:
+        return _reduce_peers(b, ctx, call, gate, "all_reduce", call.bounds)
+    _reduce(b, ctx, call, "all_reduce", call.bounds, gate)
 
 
 def reduce_scatter(b: Backend, ctx: OpContext, call: Call) -> None:
     """Rank r reduces region r of every rank's ``call.send`` straight into ``call.recv``."""
     if b.size == 1:
         return native.reduce_scatter(b, ctx, call)
-    _reduce(b, ctx, call, "reduce_scatter", call.bounds)
+    gate = _Gate(_arena(b), ctx, call.send)
+    if gate.peers is not None:
+        return _reduce_peers(b, ctx, call, gate, "reduce_scatter", call.bounds)
+    _reduce(b, ctx, call, "reduce_scatter", call.bounds, gate)
 
 
 def reduce(b: Backend, ctx: OpContext, call: Call) -> None:
-    """Every rank reduces one region (in parallel), then the root alone copies the result out."""
+    """Every rank reduces one region (in parallel) into the root's buffer (registered) or its
+    slot, from which the root alone copies the result out."""
     if b.size == 1:
         return native.reduce(b, ctx, call)
-    _reduce(b, ctx, call, "reduce", split_bounds(call.send.size, b.size))
+    bounds = split_bounds(call.send.size, b.size)
+    gate = _Gate(_arena(b), ctx, call.send)
+    if gate.peers is not None:
+        return _reduce_peers(b, ctx, call, gate, "reduce", bounds)
+    _reduce(b, ctx, call, "reduce", bounds, gate)
 
 
 def all_gather(b: Backend, ctx: OpContext, call: Call) -> None:
-    """Each rank publishes its ``call.send`` piece by piece; everyone copies all pieces out."""
+    """Everyone copies every rank's ``call.send`` into its ``call.recv``: straight from the
+    peers' registered buffers (one copy), else piece by piece through the slots."""
     if b.size == 1:
         return native.all_gather(b, ctx, call)
     arena = _arena(b)
     send, recv, r = _bytes(call.send), _bytes(call.recv), b.rank
     n, w = send.size, arena.slot_bytes
+    gate = _Gate(arena, ctx, send)
+    if gate.peers is not None:
+        for q in range(b.size):
+            recv[q * n:(q + 1) * n] = send if q == r else arena.peer(gate.peers[q], q, send)
+        return arena.sync(ctx)                               # peers have read my send
     for lo in range(0, n, w):
         hi = min(n, lo + w)
         slots = _slots(arena, send.dtype)
         slots[r][:hi - lo] = send[lo:hi]                     # publish my piece
-        arena.sync(ctx)
+        gate.sync()
         for q in range(b.size):                              # gather everyone's piece
             recv[q * n + lo:q * n + hi] = send[lo:hi] if q == r else slots[q][:hi - lo]
+    gate.close()
 
 
 def broadcast(b: Backend, ctx: OpContext, call: Call) -> None:
-    """The root publishes ``call.send`` piece by piece; the others copy each piece out."""
+    """The others copy the root's ``call.send``: straight from its registered buffer, else
+    piece by piece through its slot."""
     if b.size == 1:
         return
     arena = _arena(b)
     buf, root = _bytes(call.send), call.root
     n, w = buf.size, arena.slot_bytes
+    gate = _Gate(arena, ctx, buf, only=root)
+    if gate.peers is not None:
+        if b.rank != root:
+            buf[:] = arena.peer(gate.peers[root], root, buf)
+        return arena.sync(ctx)                               # everyone has read the root's
     for lo in range(0, n, w):
         hi = min(n, lo + w)
         slots = _slots(arena, buf.dtype)
         if b.rank == root:
             slots[root][:hi - lo] = buf[lo:hi]               # publish the root's piece
-        arena.sync(ctx)
+        gate.sync()
         if b.rank != root:
             buf[lo:hi] = slots[root][:hi - lo]               # copy it out
+    gate.close()
 
 
 def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
-    """Rank r publishes block q of ``call.send`` at q*w; rank q copies block q of every slot out."""
+    """Rank q copies block q of every rank's ``call.send``: straight from registered buffers, else
+    rank r publishes its block for q at q*w of its slot and q copies it out."""
     if b.size == 1:
         return native.all_to_all(b, ctx, call)
     arena = _arena(b)
@@ -92,6 +123,13 @@ def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
     unit = call.send.itemsize
     bounds = [(lo * unit, hi * unit) for lo, hi in call.bounds]
     mine = bounds[r][1] - bounds[r][0]                       # every block r has this length
+    gate = _Gate(arena, ctx, send)
+    if gate.peers is not None:
+        lo, hi = bounds[r]
+        for q in range(p):
+            src = send if q == r else arena.peer(gate.peers[q], q, send)
+            recv[q * mine:(q + 1) * mine] = src[lo:hi]
+        return arena.sync(ctx)                               # peers have read my send
     w = arena.slot_bytes // p
     for k in range(_steps(bounds, w)):
         slots = _slots(arena, send.dtype)
@@ -99,12 +137,13 @@ def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
         for q, (lo, hi) in enumerate(pieces):                # publish my block for each rank q
             if q != r:
                 slots[r][q * w:q * w + hi - lo] = send[lo:hi]
-        arena.sync(ctx)
+        gate.sync()
         lo, hi = pieces[r]
         at = k * w
         for q in range(p):                                   # block r of every rank, in order
             dst = recv[q * mine + at:q * mine + at + hi - lo]
             dst[:] = send[lo:hi] if q == r else slots[q][r * w:r * w + hi - lo]
+    gate.close()
 
 
 def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
@@ -128,8 +167,84 @@ def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
 
 
 # -- helpers --
-def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
-    """The reduce family (see the module docstring); ``mode`` says where the result goes."""
+class _Gate:
+    """The first barrier of a call, which also decides its path identically on every rank.
+
+    Each rank publishes where its buffer is registered (``SharedArena.locate``). A rank whose
+    buffer must be registered and isn't knows the call falls back to the slots (it is *early*):
+    it copies its first step in and syncs; the others sync first and read everyone's words.
+    No early rank: ``peers`` lists every rank's (window, offset) and the zero-copy path runs.
+    Otherwise the fallback's first ``sync`` also makes early ranks wait for the others' copy in.
+    """
+
+    def __init__(self, arena: SharedArena, ctx: OpContext, buf: np.ndarray,
+                 only: int | None = None) -> None:
+        self.arena, self.ctx = arena, ctx
+        where = arena.locate(buf)
+        needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
+        self.early = needed and where is None
+        arena.publish(np.array([int(self.early), *(where or (0, 0))], np.int64))
+        self.peers: list[tuple[int, int]] | None = None
+        self._first = True
+        if not self.early:
+            arena.sync(ctx)
+            words = arena.published(3)
+            if not words[:, 0].any():
+                self.peers = [(int(wid), int(off)) for _e, wid, off in words]
+
+    def sync(self) -> None:
+        """A barrier of the slot path; the first one also pairs the two kinds of ranks up."""
+        self.arena.sync(self.ctx)
+        if self._first:
+            self._first = False
+            if self.early and not self.arena.published(1)[:, 0].all():
+                self.arena.sync(self.ctx)  # ranks that synced once already now copied in
+
+    def close(self) -> None:
+        """Make sure the first barrier happened (a call whose loop had no step)."""
+        if self._first:
+            self.sync()
+
+
+def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate, mode: str,
+                  bounds) -> None:
+    """The reduce family on registered buffers: rank r reduces region r reading every rank's
+    buffer in cache-sized chunks and writes the result where ``mode`` wants it (every rank's
+    buffer, its own ``recv``, or the root's buffer); a closing barrier lets callers reuse them."""
+    arena, r, p, src = gate.arena, b.rank, b.size, call.send
+    bufs = [src if q == r else arena.peer(gate.peers[q], q, src) for q in range(p)]
+    combine = reducer(call.dtype, call.op or "sum")
+    avg = call.op == "avg"
+    lo, hi = bounds[r]
+    step = max(1, CHUNK_BYTES // src.itemsize)
+    spare = np.empty(min(step, hi - lo), src.dtype) if mode == "reduce" and r != call.root else None
+    for a in range(lo, hi, step):
+        e = min(hi, a + step)
+        if mode == "reduce_scatter":
+            acc = call.recv[a - lo:e - lo]
+            acc[:] = src[a:e]
+        elif spare is not None:
+            acc = spare[:e - a]
+            acc[:] = src[a:e]
+        else:
+            acc = src[a:e]                        # my own buffer is the result's home
+        for q in range(p):
+            if q != r:
+                combine(acc, bufs[q][a:e])
+        if avg:
+            finish_avg(call.dtype, acc, p)
+        if mode == "all_reduce":
+            for q in range(p):
+                if q != r:
+                    bufs[q][a:e] = acc
+        elif spare is not None:
+            bufs[call.root][a:e] = acc
+    arena.sync(ctx)
+
+
+def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Gate) -> None:
+    """The reduce family through the slots (see the module docstring); ``mode`` says where the
+    result goes."""
     arena = _arena(b)
     src, r, p = call.send, b.rank, b.size
     combine = reducer(call.dtype, call.op or "sum")
@@ -144,7 +259,7 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
         for q, (lo, hi) in enumerate(pieces):   # 1. copy in (my own region too, for reduce)
             if hi > lo and (q != r or mode == "reduce"):
                 slots[r][q * w:q * w + hi - lo] = src[lo:hi]
-        arena.sync(ctx)
+        gate.sync()
         lo, hi = pieces[r]                      # 3. reduce my region
         n = hi - lo
         if mode == "reduce_scatter":
@@ -163,12 +278,13 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
             continue                            # nobody reads my result: no second sync
         if in_buffer and n:
             slots[r][r * w:r * w + n] = acc     # publish it
-        arena.sync(ctx)
+        gate.sync()
         if mode == "reduce" and r != call.root:
             continue
         for q, (lo, hi) in enumerate(pieces):   # 5. copy out every rank's result
             if hi > lo and (q != r or not in_buffer):
                 src[lo:hi] = slots[q][q * w:q * w + hi - lo]
+    gate.close()
 
 
 def _arena(b: Backend) -> SharedArena:
