@@ -94,7 +94,7 @@ def test_overlap_prints_ratio():
 def test_repeats_report_the_median_of_interleaved_tries(tmp_path):
     js = tmp_path / "r.json"
     out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "1K", "-e", "1K", "-n", "3",
-                                        "-R", "3", "--algo", "ring,native", "--json", str(js)],
+                                        "--repeats", "3", "--algo", "ring,native", "--json", str(js)],
                     timeout=120)
     assert out.count("RC 0") == 2
     rows = json.loads(js.read_text())["rows"]
