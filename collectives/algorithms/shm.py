@@ -81,8 +81,7 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
     if b.size == 1:
         return _NATIVE[call.kind](b, ctx, call)
     only = call.root if call.kind == "broadcast" else None   # whose buffer the copy path reads
-    buf = call.send if _PEERS[call.kind] is _reduce_peers else _bytes(call.send)  # as used
-    gate = _Gate(_arena(b), ctx, buf, only=only, early=fallback is not None)
+    gate = _Gate(_arena(b), ctx, call.send, only=only, early=fallback is not None)
     if gate.peers is not None:
         return _PEERS[call.kind](b, ctx, call, gate)
     if fallback is None:
@@ -92,39 +91,32 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
 
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
-    """One copy: every peer's send straight into my recv."""
-    send, recv, r = _bytes(call.send), _bytes(call.recv), b.rank
+    """One copy: every peer's registered send straight into my recv."""
+    arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     n = send.size
     for q in range(b.size):
-        dst = recv[q * n:(q + 1) * n]
-        if q == r:
-            dst[:] = send
-        else:
-            gate.peers.copy_to(q, 0, n, dst)
-    gate.arena.sync(ctx)                                     # peers have read my send
+        recv[q * n:(q + 1) * n] = send if q == r else arena.peer(gate.peers[q], q, send)
+    arena.sync(ctx)                                          # peers have read my send
 
 
 def _peers_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
-    """One copy: the root's buffer straight into mine."""
-    buf, root = _bytes(call.send), call.root
+    """One copy: the root's registered buffer straight into mine."""
+    arena, buf, root = gate.arena, _bytes(call.send), call.root
     if b.rank != root:
-        gate.peers.copy_to(root, 0, buf.size, buf)
-    gate.arena.sync(ctx)                                     # everyone has read the root's
+        buf[:] = arena.peer(gate.peers[root], root, buf)
+    arena.sync(ctx)                                          # everyone has read the root's
 
 
 def _peers_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
-    """One copy: block r of every rank's send straight into my recv."""
-    send, recv, r = _bytes(call.send), _bytes(call.recv), b.rank
+    """One copy: block r of every rank's registered send straight into my recv."""
+    arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     unit = call.send.itemsize
     lo, hi = call.bounds[r][0] * unit, call.bounds[r][1] * unit
     mine = hi - lo
     for q in range(b.size):
-        dst = recv[q * mine:(q + 1) * mine]
-        if q == r:
-            dst[:] = send[lo:hi]
-        else:
-            gate.peers.copy_to(q, lo, hi, dst)
-    gate.arena.sync(ctx)                                     # peers have read my send
+        src = send if q == r else arena.peer(gate.peers[q], q, send)
+        recv[q * mine:(q + 1) * mine] = src[lo:hi]
+    arena.sync(ctx)                                          # peers have read my send
 
 
 def _slots_all_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
@@ -211,36 +203,28 @@ def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
 class _Gate:
     """The first barrier of a call, which also decides its path identically on every rank.
 
-    Each rank publishes where its buffer is registered (``SharedArena.locate``) and its address.
-    After the barrier everyone reads all ranks' words: registered everywhere (where needed) gives
-    ``peers`` over mapped views; else, where the kernel allows single-copy access between the
-    processes (``SharedArena.cma``), ``peers`` over addresses; else None (the slots). Without
-    single-copy access, a rank whose buffer must be registered and isn't knows at once that the
-    call takes the slots (it is *early*): it copies its first step in and syncs; the others sync
-    first, and in the slot path's first ``sync`` the early ranks wait for their copy in.
+    Each rank publishes where its buffer is registered (``SharedArena.locate``). A rank whose
+    buffer must be registered and isn't knows the call falls back to the slots (it is *early*):
+    it copies its first step in and syncs; the others sync first and read everyone's words.
+    No early rank: ``peers`` lists every rank's (window, offset) and the zero-copy path runs.
+    Otherwise the fallback's first ``sync`` also makes early ranks wait for the others' copy in.
     """
 
     def __init__(self, arena: SharedArena, ctx: OpContext, buf: np.ndarray,
                  only: int | None = None, early: bool = True) -> None:
         self.arena, self.ctx = arena, ctx
         where = arena.locate(buf)
-        needed = only is None or only == arena.rank  # whose buffer the direct path reads
-        self.early = early and needed and where is None and not arena.cma
-        addr = buf.__array_interface__["data"][0]
-        arena.publish(np.array([int(self.early), *(where or (0, 0)), addr], np.int64))
-        self.peers: _Peers | None = None
+        needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
+        self.early = early and needed and where is None
+        arena.publish(np.array([int(self.early), *(where or (0, 0))], np.int64))
+        self.peers: list[tuple[int, int]] | None = None
         self._first = True
         if not self.early:
             arena.sync(ctx)
-            words = arena.published(4)
+            words = arena.published(3)
             ready = [q for q in range(arena.size) if words[q, 1] and only in (None, q)]
             if len(ready) == (1 if only is not None else arena.size):
-                at = [(int(w[1]), int(w[2])) for w in words]
-                self.peers = _Peers(arena, buf, views=[
-                    buf if q == arena.rank else arena.peer(at[q], q, buf) if at[q][0] else None
-                    for q in range(arena.size)])
-            elif arena.cma:
-                self.peers = _Peers(arena, buf, addrs=[int(w[3]) for w in words])
+                self.peers = [(int(wid), int(off)) for _e, wid, off in words]
 
     def sync(self) -> None:
         """A barrier of the slot path; the first one also pairs the two kinds of ranks up."""
@@ -256,55 +240,18 @@ class _Gate:
             self.sync()
 
 
-class _Peers:
-    """Every rank's buffer of one call: mapped views (registered buffers: loads and stores), or
-    addresses that the kernel copies from and to (single-copy CMA: one copy per transfer)."""
-
-    def __init__(self, arena: SharedArena, mine: np.ndarray, views: list | None = None,
-                 addrs: list[int] | None = None) -> None:
-        self.arena, self.mine, self.rank = arena, mine, arena.rank
-        self.views, self.addrs, self.unit = views, addrs, mine.itemsize
-
-    @property
-    def copies(self) -> bool:
-        """Whether reading a peer's data needs a local temporary (CMA)."""
-        return self.views is None
-
-    def read(self, q: int, lo: int, hi: int, tmp: np.ndarray | None) -> np.ndarray:
-        """Elements lo:hi of rank q's buffer: a view, or copied into ``tmp[:hi-lo]``."""
-        if q == self.rank:
-            return self.mine[lo:hi]
-        if self.views is not None:
-            return self.views[q][lo:hi]
-        return self.arena.read_peer(q, self.addrs[q] + lo * self.unit, tmp[:hi - lo])
-
-    def copy_to(self, q: int, lo: int, hi: int, dst: np.ndarray) -> None:
-        """``dst[:] =`` elements lo:hi of rank q's buffer (one copy either way)."""
-        if self.views is not None or q == self.rank:
-            dst[:] = self.read(q, lo, hi, None)
-        else:
-            self.arena.read_peer(q, self.addrs[q] + lo * self.unit, dst)
-
-    def write(self, q: int, lo: int, src: np.ndarray) -> None:
-        """Rank q's buffer at elements ``lo:lo+len(src)`` ``= src``."""
-        if self.views is not None:
-            self.views[q][lo:lo + len(src)] = src
-        else:
-            self.arena.write_peer(q, self.addrs[q] + lo * self.unit, src)
-
-
 def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
-    """The reduce family on peers' buffers: rank r reduces region r reading every rank's buffer
-    in cache-sized chunks and writes the result where the collective wants it (every rank's
+    """The reduce family on registered buffers: rank r reduces region r reading every rank's
+    buffer in cache-sized chunks and writes the result where ``mode`` wants it (every rank's
     buffer, its own ``recv``, or the root's buffer); a closing barrier lets callers reuse them."""
-    r, p, src, mode, peers = b.rank, b.size, call.send, call.kind, gate.peers
+    arena, r, p, src, mode = gate.arena, b.rank, b.size, call.send, call.kind
     bounds = split_bounds(src.size, p) if mode == "reduce" else call.bounds
+    bufs = [src if q == r else arena.peer(gate.peers[q], q, src) for q in range(p)]
     combine = reducer(call.dtype, call.op or "sum")
     avg = call.op == "avg"
     lo, hi = bounds[r]
     step = max(1, CHUNK_BYTES // src.itemsize)
     spare = np.empty(min(step, hi - lo), src.dtype) if mode == "reduce" and r != call.root else None
-    tmp = np.empty(min(step, hi - lo), src.dtype) if peers.copies else None
     for a in range(lo, hi, step):
         e = min(hi, a + step)
         if mode == "reduce_scatter":
@@ -317,16 +264,16 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
             acc = src[a:e]                        # my own buffer is the result's home
         for q in range(p):
             if q != r:
-                combine(acc, peers.read(q, a, e, tmp))
+                combine(acc, bufs[q][a:e])
         if avg:
             finish_avg(call.dtype, acc, p)
         if mode == "all_reduce":
             for q in range(p):
                 if q != r:
-                    peers.write(q, a, acc)
+                    bufs[q][a:e] = acc
         elif spare is not None:
-            peers.write(call.root, a, acc)
-    gate.arena.sync(ctx)
+            bufs[call.root][a:e] = acc
+    arena.sync(ctx)
 
 
 def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Gate) -> None:

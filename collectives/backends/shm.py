@@ -19,7 +19,6 @@ the memory goes away with the processes even when a rank crashes: nothing can le
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import time
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..context import OpContext
-from ..errors import CollectiveTimeoutError, CommunicatorBrokenError
+from ..errors import CollectiveTimeoutError
 
 HEADER_BYTES = 4096
 """Bytes before a segment's data: the sequence flag and the signature areas, on their own page."""
@@ -71,7 +70,6 @@ class SharedArena:
         self._comm: Any = None
         self._windows: dict[int, tuple[Any, list[np.ndarray]]] = {}  # id -> (window, segments)
         self._next_window = 1
-        self.pids: list[int] | None = None  # peers' process ids where single-copy access works
         for q in range(size):
             mem, _unit = win.Shared_query(q)
             seg = np.frombuffer(mem, dtype=np.uint8)
@@ -99,7 +97,6 @@ class SharedArena:
         arena._comm = comm
         arena._flags[arena.rank][0] = 0
         comm.Barrier()  # every flag is zeroed before anyone polls one
-        arena.pids = _probe_cma(comm, arena._flags[arena.rank])
         return arena
 
     def flip(self) -> int:
@@ -199,22 +196,6 @@ class SharedArena:
         seg = self._windows[wid][1][owner]
         return seg[off:off + like.nbytes].view(like.dtype)
 
-    @property
-    def cma(self) -> bool:
-        """Whether every rank can read and write every peer's memory by address (Linux
-        cross-memory attach, the single copy MPICH uses for large messages); the same on all."""
-        return self.pids is not None
-
-    def read_peer(self, owner: int, addr: int, out: np.ndarray) -> np.ndarray:
-        """Copy ``out.nbytes`` bytes at address ``addr`` of rank ``owner`` into ``out`` (one copy,
-        by the kernel); returns ``out``."""
-        _vm_copy(_LIBC.process_vm_readv, self.pids[owner], addr, out, owner)
-        return out
-
-    def write_peer(self, owner: int, addr: int, src: np.ndarray) -> None:
-        """Copy ``src`` to address ``addr`` of rank ``owner`` (one copy, by the kernel)."""
-        _vm_copy(_LIBC.process_vm_writev, self.pids[owner], addr, src, owner)
-
     def publish(self, words: np.ndarray) -> None:
         """Write up to REG_WORDS int64s for this call; readable by all after the next ``sync``."""
         self._published += 1
@@ -264,55 +245,6 @@ def _spin(done, budget: float | None = None) -> bool:
             yield_()
         if time.perf_counter() > end:
             return False
-
-
-class _IOVec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-def _libc() -> Any:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        for fn in (libc.process_vm_readv, libc.process_vm_writev):
-            fn.restype = ctypes.c_ssize_t
-            fn.argtypes = [ctypes.c_int, ctypes.POINTER(_IOVec), ctypes.c_ulong,
-                           ctypes.POINTER(_IOVec), ctypes.c_ulong, ctypes.c_ulong]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_LIBC = _libc()
-
-
-def _vm_copy(fn: Any, pid: int, addr: int, local: np.ndarray, owner: int) -> None:
-    """One process_vm_readv/writev of all of ``local`` (looping over partial transfers)."""
-    base, left = local.__array_interface__["data"][0], local.nbytes
-    while left:
-        done = fn(pid, ctypes.byref(_IOVec(base, left)), 1, ctypes.byref(_IOVec(addr, left)), 1, 0)
-        if done <= 0:
-            err = ctypes.get_errno()
-            raise CommunicatorBrokenError(f"single-copy access to rank {owner}'s memory failed: "
-                                          f"{os.strerror(err)} (TOPOCOLL_SHM_CMA=0 avoids it)")
-        base, addr, left = base + done, addr + done, left - done
-
-
-def _probe_cma(comm: Any, mine: np.ndarray) -> list[int] | None:
-    """Every rank's pid if every rank can read every peer's memory (a test read of each
-    peer's flag), else None; agreed over ``comm``. ``TOPOCOLL_SHM_CMA=0`` switches it off."""
-    from mpi4py import MPI
-
-    off = os.environ.get("TOPOCOLL_SHM_CMA", "1").strip().lower() in ("0", "false", "no", "off")
-    where = comm.allgather((os.getpid(), mine.__array_interface__["data"][0]))
-    ok = not off and _LIBC is not None
-    probe = np.zeros(1, np.int64)
-    for pid, addr in where if ok else ():
-        try:
-            _vm_copy(_LIBC.process_vm_readv, pid, addr, probe, 0)
-        except CommunicatorBrokenError:
-            ok = False
-            break
-    return [pid for pid, _ in where] if comm.allreduce(int(ok), op=MPI.MIN) else None
 
 
 def shm_disabled() -> str | None:
