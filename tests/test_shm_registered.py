@@ -29,3 +29,10 @@ def test_no_rank_registered_uses_the_slots():
 def test_alloc_free_and_zero_copy_leaves_the_slots_alone(n):
     out = run_ranks("shm_registered.py", n, args=["api"], timeout=120)
     assert out.count("DONE rank") == n
+
+
+@pytest.mark.parametrize("kind", ["all_reduce", "broadcast"])
+def test_absent_peer_times_out_on_the_registered_path(kind):
+    out = run_ranks("shm_timeout.py", 3, args=[kind, "registered"], timeout=60)
+    assert out.count(f"{kind} timed out") == 2
+    assert out.count("rank 2 at the shared-memory barrier") == 2
