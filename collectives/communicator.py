@@ -216,14 +216,20 @@ class Communicator:
         ncclCommRegister). A torch dtype gives a CPU tensor. Without shared memory (several
         nodes, ``TOPOCOLL_SHM=0``, one rank) the array is ordinary memory. Valid until ``free``
         or ``close``."""
-        torch_dtype = dtype if type(dtype).__module__ == "torch" else None
-        storage = _torch_numpy(torch_dtype) if torch_dtype is not None else np.dtype(dtype)
-        dims = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-        if any(d < 0 for d in dims):
-            raise ValueError(f"alloc: shape {list(dims)} has a negative dimension")
-        nbytes = int(np.prod(dims, dtype=np.int64)) * storage.itemsize
-        self._executor.drain()
+        self._executor.drain()  # the window is allocated on this thread, over the same ranks
         arena = self.backend.arena()
+        try:
+            torch_dtype = dtype if type(dtype).__module__ == "torch" else None
+            storage = _torch_numpy(torch_dtype) if torch_dtype is not None else np.dtype(dtype)
+            dims = (int(shape),) if isinstance(shape, (int, np.integer)) else \
+                tuple(int(s) for s in shape)
+            if any(d < 0 for d in dims):
+                raise ValueError(f"alloc: shape {list(dims)} has a negative dimension")
+        except (TypeError, ValueError):
+            if arena is not None:
+                arena.alloc(-1)  # the other ranks learn it too, instead of waiting forever
+            raise
+        nbytes = int(np.prod(dims, dtype=np.int64)) * storage.itemsize
         raw = arena.alloc(nbytes) if arena is not None else np.zeros(nbytes, np.uint8)
         arr = raw.view(storage).reshape(dims)
         if torch_dtype is None:
@@ -238,7 +244,11 @@ class Communicator:
         self._executor.drain()
         arena = self.backend.arena()
         if arena is not None:
-            arena.free(as_buffer(x, "x").flat())
+            try:
+                flat = as_buffer(x, "x").flat()
+            except (TypeError, ValueError):
+                flat = None  # not an array: every rank's free raises below, none waits forever
+            arena.free(flat)
 
     def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
         """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here
@@ -377,7 +387,9 @@ def _torch_numpy(dtype: Any) -> np.dtype:
     """The numpy storage dtype of a torch dtype (raw bits for bfloat16)."""
     import torch
 
-    return np.dtype(np.int16) if dtype == torch.bfloat16 else torch.empty(0, dtype=dtype).numpy().dtype
+    if dtype == torch.bfloat16:
+        return np.dtype(np.int16)
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def _default_timeout() -> float:

@@ -145,11 +145,16 @@ class SharedArena:
     # -- registered buffers --
     def alloc(self, nbytes: int) -> np.ndarray:
         """Collectively allocate ``nbytes`` (may differ per rank) of registered memory: this rank's
-        segment of a new shared window that every rank maps, as a zeroed uint8 array."""
+        segment of a new shared window that every rank maps, as a zeroed uint8 array. A rank
+        passing -1 (its request was bad) makes every rank's call fail, none allocating."""
         from mpi4py import MPI
 
         if self._win is None:
             raise ValueError("the shared-memory arena is closed; can't allocate registered memory")
+        if self._comm.allreduce(int(nbytes < 0), op=MPI.MAX):  # a rank's request was bad
+            if nbytes < 0:
+                return np.empty(0, np.uint8)  # the caller raises its own error
+            raise ValueError("alloc: another rank passed a bad shape or dtype; nothing allocated")
         info = MPI.Info.Create()
         info.Set("alloc_shared_noncontig", "true")  # page-aligned segments, one per rank
         try:
@@ -163,12 +168,12 @@ class SharedArena:
         mine[:] = 0
         return mine
 
-    def free(self, buf: np.ndarray) -> None:
+    def free(self, buf: np.ndarray | None) -> None:
         """Collectively free the registered allocation holding ``buf`` (the same one on every
         rank, else ValueError everywhere); its arrays must not be used afterwards."""
         from mpi4py import MPI
 
-        where = self.locate(buf) if buf.nbytes else None
+        where = self.locate(buf) if buf is not None and buf.nbytes else None
         wid = where[0] if where else 0
         lo = self._comm.allreduce(wid, op=MPI.MIN)
         hi = self._comm.allreduce(wid, op=MPI.MAX)

@@ -144,8 +144,14 @@ def check_api(c):
     c.all_reduce(t2, op="avg")                 # auto
     assert bool((t2 == (p + 1) / 2).all()), t2
     expect_raises(ValueError, lambda: c.alloc((2, -1)), "negative")
+    if p > 1:  # a bad request on one rank only: every rank raises, none hangs
+        if r == 0:
+            expect_raises(TypeError, lambda: c.alloc(4, "no-such-dtype"), "not understood")
+        else:
+            expect_raises(ValueError, lambda: c.alloc(4), "another rank")
     if c.backend.arena() is not None:
         expect_raises(ValueError, lambda: c.free(np.zeros(4)), "not a registered buffer")
+        expect_raises(ValueError, lambda: c.free("x" if r == 0 else np.zeros(4)), "registered")
         a, b = c.alloc(16, np.uint8), c.alloc(16, np.uint8)
         expect_raises(ValueError, lambda: c.free(a if r == 0 else b), "different allocations")
         c.free(a)
