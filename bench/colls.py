@@ -90,18 +90,48 @@ def valid_op(dtype: str, op: str) -> bool:
     return op != "avg" or DTYPES[dtype].kind == "f" or dtype == "bfloat16"
 
 
+class Memory:
+    """Where a run's buffers live: fresh numpy arrays (``-R 0``), or registered memory from
+    ``comm.alloc`` (``-R 1``/``2``, like nccl-tests' user-buffer registration), one block per role
+    reused by every case, so a sweep allocates (collectively) only when a larger size needs it."""
+
+    def __init__(self, comm: collectives.Communicator, registered: bool) -> None:
+        self.comm, self.registered = comm, registered
+        self._blocks: dict[str, np.ndarray] = {}
+
+    def get(self, role: str, nbytes: int) -> np.ndarray | None:
+        """``nbytes`` of registered memory for ``role`` ("in"/"out"), or None for plain memory;
+        the same call on every rank (sizes are)."""
+        if not self.registered:
+            return None
+        block = self._blocks.get(role)
+        if block is None or block.nbytes < nbytes:
+            if block is not None:
+                self.comm.free(block)
+            block = self._blocks[role] = self.comm.alloc(nbytes, np.uint8)
+        return block[:nbytes]
+
+    def close(self) -> None:
+        """Release the registered blocks (collective)."""
+        for block in self._blocks.values():
+            self.comm.free(block)
+        self._blocks = {}
+
+
 class Case:
     """One collective at one size, dtype, op, root, mode and algorithm: buffers and the call."""
 
     def __init__(self, comm: collectives.Communicator, name: str, dtype: str, count: int,
-                 op: str, root: int, mode: str, algo: str) -> None:
+                 op: str, root: int, mode: str, algo: str, memory: Memory | None = None) -> None:
         self.comm, self.spec, self.dtype = comm, SPECS[name], dtype
         self.count, self.op, self.root, self.mode, self.algo = count, op, root, mode, algo
         n = comm.size
         in_len = n * count if name in ("reduce_scatter", "all_to_all") else count
         out_len = n * count if name in ("all_gather", "all_to_all") else count
-        self._in = _Array(dtype, in_len)
-        self._out = _Array(dtype, out_len) if mode == "oop" else self._in
+        memory = memory or Memory(comm, False)
+        self._in = _Array(dtype, in_len, memory.get("in", _Array.bytes_for(dtype, in_len)))
+        self._out = _Array(dtype, out_len, memory.get("out", _Array.bytes_for(dtype, out_len))) \
+            if mode == "oop" else self._in
         self.input_bytes = in_len * DTYPES[dtype].itemsize
         self._call = self._build()
 
@@ -234,11 +264,12 @@ def reduce_ranks(idx: np.ndarray, nranks: int, op: str) -> np.ndarray:
 class _Array:
     """A buffer with guard bytes on both sides, and its user-facing view (torch for bfloat16)."""
 
-    def __init__(self, dtype: str, length: int) -> None:
+    def __init__(self, dtype: str, length: int, memory: np.ndarray | None = None) -> None:
         self.dtype = dtype
         self.storage = DTYPES[dtype]
         self.length = length
-        self.backing = np.empty(length + 2 * GUARD, self.storage)
+        self.backing = np.empty(length + 2 * GUARD, self.storage) if memory is None else \
+            memory.view(self.storage)
         self.view = self.backing[GUARD:GUARD + length]
         self.user: Any = self.view
         if dtype == "bfloat16":
@@ -247,6 +278,11 @@ class _Array:
             whole = torch.from_numpy(self.backing.view(np.int16)).view(torch.bfloat16)
             self.user = whole[GUARD:GUARD + length]
         self.reset()
+
+    @staticmethod
+    def bytes_for(dtype: str, length: int) -> int:
+        """Bytes of the backing of a ``length``-element buffer, guards included."""
+        return (length + 2 * GUARD) * DTYPES[dtype].itemsize
 
     def reset(self) -> None:
         """Set every byte, guards included, to the sentinel."""

@@ -18,7 +18,7 @@ import numpy as np
 import collectives
 
 from . import report
-from .colls import DTYPES, SPECS, Case, busbw_factor, counts
+from .colls import DTYPES, SPECS, Case, Memory, busbw_factor, counts
 from .options import AVERAGE_MODES, Options, UsageError, launcher_rank, parse
 from .report import Result, Row
 from .sizes import format_size
@@ -64,6 +64,7 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
         _out(report.header(_params(opts, comm), ranks, algo_column=True))
     total = len(combos) * len(opts.sizes) * len(opts.algos) * opts.repeats
     rows, step = [], 0
+    memory = Memory(comm, opts.registered > 0)
     for dtype, op, root in combos:
         for size in opts.sizes:
             tries: dict[str, list[Row]] = {algo: [] for algo in opts.algos}
@@ -74,12 +75,13 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
                         what = f" {dtype} {op} root {root}" if len(combos) > 1 else ""
                         print(f"[{step:{len(str(total))}d}/{total}] {opts.collective} {algo}"
                               f"{what} {format_size(size)}", file=sys.stderr, flush=True)
-                    tries[algo].append(measure(comm, opts, dtype, op, root, size, algo))
+                    tries[algo].append(measure(comm, opts, dtype, op, root, size, algo, memory))
             for algo in opts.algos:
                 row = _median_row(tries[algo])
                 rows.append(row)
                 if lead:
                     _out([report.row_line(row, algo_column=True)])
+    memory.close()
     if lead:
         _out(report.footer(rows, opts.algos) + report.comparison(rows, opts.algos))
         meta = _meta(opts, n, ranks, argv, rows)
@@ -92,14 +94,14 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
 
 
 def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, root: int,
-            size: int, algo: str) -> Row:
+            size: int, algo: str, memory: Memory | None = None) -> Row:
     """Time (and check) one row in each mode the collective offers; same result on all ranks."""
     name, n = opts.collective, comm.size
     count, shown = counts(name, size, DTYPES[dtype].itemsize, n)
     api_op = "sum" if op == "none" else op
     row = Row(name, algo, algo, shown, count, dtype, op, root)
     for mode in SPECS[name].modes:
-        case = Case(comm, name, dtype, count, api_op, max(root, 0), mode, algo)
+        case = Case(comm, name, dtype, count, api_op, max(root, 0), mode, algo, memory)
         row.resolved = case.resolved()
         wrong = oob = 0
         if opts.check:
@@ -156,6 +158,7 @@ def _params(opts: Options, comm: collectives.Communicator) -> str:
             f"{opts.maxbytes} step: {step} warmup iters: {opts.warmup} iters: {opts.iters} "
             f"validation: {int(opts.check)} blocking: {int(opts.blocking)} average: "
             f"{AVERAGE_MODES[opts.average]} algos: {','.join(opts.algos)} "
+            f"registered buffers: {opts.registered} "
             f"agreement check: {check}")
 
 

@@ -47,6 +47,7 @@ class Options:
     plot: str | None
     quiet: bool
     repeats: int = 1
+    registered: int = 0
 
     def combos(self, nranks: int) -> list[tuple[str, str, int]]:
         """The (dtype, op, root) triples to sweep, skipping ops a dtype can't do (avg on ints)."""
@@ -75,12 +76,15 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     except ValueError as err:
         raise UsageError(f"bad size range: {err}") from None
     for flag, value, low in (("-n/--iters", ns.iters, 1), ("-w/--warmup_iters", ns.warmup, 0),
-                             ("-R/--repeats", ns.repeats, 1)):
+                             ("--repeats", ns.repeats, 1)):
         if value < low:
             raise UsageError(f"{flag} must be at least {low}, got {value}")
     for flag, value in (("-c/--check", ns.check), ("-z/--blocking", ns.blocking)):
         if value not in (0, 1):
             raise UsageError(f"{flag} must be 0 or 1, got {value}")
+    if ns.registered not in (0, 1, 2):
+        raise UsageError(f"-R/--local_register must be 0 (plain buffers), 1 or 2 (registered "
+                         f"buffers), got {ns.registered}")
     if ns.average not in AVERAGE_MODES:
         raise UsageError(f"-a/--average must be 0 (rank 0), 1 (avg), 2 (min) or 3 (max), "
                          f"got {ns.average}")
@@ -95,7 +99,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
         raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
     return Options(collective, sizes, minb, maxb, ns.stepfactor, stepb, ns.iters, ns.warmup,
                    bool(ns.check), ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
-                   ns.json, ns.plot, ns.quiet, ns.repeats)
+                   ns.json, ns.plot, ns.quiet, ns.repeats, ns.registered)
 
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
@@ -120,7 +124,10 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
         help="0: issue iterations with async_op=True and wait at the end; 1: wait each (default 0)")
     add("-a", "--average", type=int, default=3,
         help="combine per-rank times: 0 rank 0, 1 avg, 2 min, 3 max (default 3)")
-    add("-R", "--repeats", type=int, default=1,
+    add("-R", "--local_register", dest="registered", type=int, default=0,
+        help="0: plain buffers; 1 or 2: registered buffers (comm.alloc) for every algorithm, "
+             "native included, as nccl-tests' -R (default 0)")
+    add("--repeats", type=int, default=1,
         help="measure each row this many times, algorithms interleaved, and report the median "
              "(noisy shared machines; default 1, as nccl-tests)")
     add("--algo", default="auto",

@@ -209,6 +209,47 @@ class Communicator:
 
         return self._submit(ctx_name, run, async_op)
 
+    def alloc(self, shape: Any, dtype: Any = np.float32) -> Any:
+        """Collectively allocate a zeroed registered array (shapes may differ per rank): memory
+        every rank of the node maps, so ``algo="shm"`` collectives whose buffers are registered on
+        every rank read and write them in place, with no copy (NCCL's ncclMemAlloc +
+        ncclCommRegister). A torch dtype gives a CPU tensor. Without shared memory (several
+        nodes, ``TOPOCOLL_SHM=0``, one rank) the array is ordinary memory. Valid until ``free``
+        or ``close``."""
+        self._executor.drain()  # the window is allocated on this thread, over the same ranks
+        arena = self.backend.arena()
+        try:
+            torch_dtype = dtype if type(dtype).__module__ == "torch" else None
+            storage = _torch_numpy(torch_dtype) if torch_dtype is not None else np.dtype(dtype)
+            dims = (int(shape),) if isinstance(shape, (int, np.integer)) else \
+                tuple(int(s) for s in shape)
+            if any(d < 0 for d in dims):
+                raise ValueError(f"alloc: shape {list(dims)} has a negative dimension")
+        except (TypeError, ValueError):
+            if arena is not None:
+                arena.alloc(-1)  # the other ranks learn it too, instead of waiting forever
+            raise
+        nbytes = int(np.prod(dims, dtype=np.int64)) * storage.itemsize
+        raw = arena.alloc(nbytes) if arena is not None else np.zeros(nbytes, np.uint8)
+        arr = raw.view(storage).reshape(dims)
+        if torch_dtype is None:
+            return arr
+        import torch
+
+        return torch.from_numpy(arr).view(torch_dtype)
+
+    def free(self, x: Any) -> None:
+        """Collectively release a registered array from ``alloc`` (the same call on every rank);
+        the array must not be used afterwards. Ordinary arrays are left to the garbage collector."""
+        self._executor.drain()
+        arena = self.backend.arena()
+        if arena is not None:
+            try:
+                flat = as_buffer(x, "x").flat()
+            except (TypeError, ValueError):
+                flat = None  # not an array: every rank's free raises below, none waits forever
+            arena.free(flat)
+
     def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
         """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here
         (what ``auto`` picks; the same answer on every rank)."""
@@ -340,6 +381,15 @@ def _signature(call: Call, algo: str, buf: Buffer) -> tuple[np.ndarray, list[tup
     ]
     codes = [v if isinstance(v, int) else zlib.crc32(repr(v).encode()) for _, v in fields]
     return np.array(codes, dtype=np.int64), fields
+
+
+def _torch_numpy(dtype: Any) -> np.dtype:
+    """The numpy storage dtype of a torch dtype (raw bits for bfloat16)."""
+    import torch
+
+    if dtype == torch.bfloat16:
+        return np.dtype(np.int16)
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def _default_timeout() -> float:

@@ -19,14 +19,20 @@ Algorithm = Callable[[Backend, OpContext, Call], None]
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce,
-                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_reduce},
+                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_reduce,
+                   "shm_or_native": shm.registered_or_native},
     "all_gather": {"ring": ring.all_gather, "native": native.all_gather,
-                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_gather},
+                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_gather,
+                   "shm_or_native": shm.registered_or_native},
     "reduce_scatter": {"ring": ring.reduce_scatter, "native": native.reduce_scatter,
-                       "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.reduce_scatter},
-    "broadcast": {"native": native.broadcast, "shm": shm.broadcast},
-    "reduce": {"native": native.reduce, "shm": shm.reduce},
-    "all_to_all": {"native": native.all_to_all, "shm": shm.all_to_all},
+                       "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.reduce_scatter,
+                       "shm_or_native": shm.registered_or_native},
+    "broadcast": {"native": native.broadcast, "shm": shm.broadcast,
+                  "shm_or_native": shm.registered_or_native},
+    "reduce": {"native": native.reduce, "shm": shm.reduce,
+               "shm_or_native": shm.registered_or_native},
+    "all_to_all": {"native": native.all_to_all, "shm": shm.all_to_all,
+                   "shm_or_native": shm.registered_or_native},
     "rotate": {"p2p": rotate.rotate},
     "barrier": {"native": native.barrier},
 }
@@ -41,9 +47,10 @@ SHM_SMALL = 64 * 1024
 
 SHM_RANGE: dict[str, tuple[int, int | None]] = {"all_gather": (SHM_SMALL, 8 << 20)}
 """Bytes of ``x`` for which ``auto`` picks shared memory where it exists, per collective (default:
-``SHM_SMALL`` and up); outside the range the native collective wins. Measured (docs/shm.md): shm
-beats native from 64 KiB, except all-gather from 8 MiB per rank, where MPICH's single-copy
-transfer does fewer copies than the arena's copy in + copy out."""
+``SHM_SMALL`` and up). Measured (docs/shm.md): shm beats native from 64 KiB, except all-gather
+through the slots from 8 MiB per rank, where MPICH's single-copy transfer does fewer copies than
+the slots' copy in + copy out; there ``auto`` takes ``shm_or_native``: zero-copy when every rank's
+buffers are registered (decided at run time, alike on every rank), else native."""
 
 
 def algorithms_for(kind: str) -> tuple[str, ...]:
@@ -68,12 +75,12 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
                              f"choose one of {', '.join(algorithms_for(kind))}")
         return algo
     forced = os.environ.get("TOPOCOLL_ALGO")
-    if forced and forced in table and (forced != "shm" or has_shm):
+    if forced and forced in table and (not forced.startswith("shm") or has_shm):
         return forced
     if has_shm and size > 1 and "shm" in table and not hierarchical(topology):
         lo, hi = SHM_RANGE.get(kind, (SHM_SMALL, None))
         if hi is not None and nbytes >= hi:
-            return "native"
+            return "shm_or_native"
         if nbytes >= lo:
             return "shm"
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:

@@ -94,9 +94,25 @@ def test_overlap_prints_ratio():
 def test_repeats_report_the_median_of_interleaved_tries(tmp_path):
     js = tmp_path / "r.json"
     out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "1K", "-e", "1K", "-n", "3",
-                                        "-R", "3", "--algo", "ring,native", "--json", str(js)],
+                                        "--repeats", "3", "--algo", "ring,native", "--json", str(js)],
                     timeout=120)
     assert out.count("RC 0") == 2
     rows = json.loads(js.read_text())["rows"]
     assert [r["algo"] for r in rows] == ["ring", "native"]
     assert all(r["out_of_place"]["wrong"] == 0 for r in rows)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_registered_buffers_every_collective_checked(n):
+    """-R 1: every algorithm, native included, runs on registered buffers; results are right."""
+    for coll, algos in (("all_reduce", "native,shm,auto"), ("all_gather", "native,shm,auto"),
+                        ("reduce_scatter", "shm,auto"), ("broadcast", "shm"), ("reduce", "shm"),
+                        ("all_to_all", "shm,native")):
+        out = run_ranks("bench_cli.py", n, ["0", coll, "-b", "8", "-e", "1M", "-f", "64",
+                                            "-n", "2", "-w", "1", "-R", "1", "--algo", algos],
+                        timeout=120)
+        assert out.count(" RC 0") == n, out
+        assert "registered buffers: 1" in out
+        rows = _table_rows(out)
+        wrong = [r[i] for r in rows for i in (9, 13) if r[i] != "N/A"]  # #wrong per mode
+        assert len(rows) == 3 * len(algos.split(",")) and set(wrong) == {"0"}, out

@@ -98,6 +98,14 @@ def test_parse_defaults_and_lists():
     assert parse("rotate", ["--algo", "p2p"]).algos == ["p2p"]
 
 
+def test_registered_flag_is_nccl_tests_R_and_repeats_moved():
+    o = parse("all_reduce", [])
+    assert o.registered == 0 and o.repeats == 1
+    o = parse("all_reduce", ["-R", "2", "--repeats", "5"])
+    assert o.registered == 2 and o.repeats == 5
+    assert parse("all_gather", ["--local_register", "1"]).registered == 1
+
+
 @pytest.mark.parametrize("coll,argv,msg", [
     ("all_reduce", ["-o", "xor"], "unknown reduction op 'xor'"),
     ("all_reduce", ["-d", "float128"], "unknown datatype 'float128'"),
@@ -107,6 +115,8 @@ def test_parse_defaults_and_lists():
     ("all_reduce", ["-b", "8X"], "-b/--minbytes: bad size suffix"),
     ("all_reduce", ["-o", "avg", "-d", "int32"], "'avg' needs a floating type"),
     ("all_reduce", ["-n", "0"], "-n/--iters must be at least 1"),
+    ("all_reduce", ["-R", "5"], "-R/--local_register must be 0"),
+    ("all_reduce", ["--repeats", "0"], "--repeats must be at least 1"),
     ("all_reduce", ["-c", "2"], "-c/--check must be 0 or 1"),
     ("all_reduce", ["-a", "7"], "-a/--average"),
     ("all_reduce", ["-r", "x"], "-r/--root"),

@@ -28,67 +28,139 @@ from ..context import OpContext
 from ..dtypes import finish_avg, reducer
 from . import native
 
+CHUNK_BYTES = 256 << 10
+"""Bytes of one region a rank reduces at a time on registered buffers: the chunk stays in cache
+between reading it from every peer and writing it to every peer."""
+
 
 def all_reduce(b: Backend, ctx: OpContext, call: Call) -> None:
-    """In place on ``call.send``: every rank reduces its region from peers' slots, then gathers."""
-    if b.size == 1:
-        return native.all_reduce(b, ctx, call)
-    _reduce(b, ctx, call, "all_reduce", call.bounds)
+    """In place on ``call.send``: every rank reduces its region, from its peers' registered
+    buffers when every rank's is registered, else from their slots; then everyone gathers."""
+    _run(b, ctx, call, fallback=_slots_all_reduce)
 
 
 def reduce_scatter(b: Backend, ctx: OpContext, call: Call) -> None:
     """Rank r reduces region r of every rank's ``call.send`` straight into ``call.recv``."""
-    if b.size == 1:
-        return native.reduce_scatter(b, ctx, call)
-    _reduce(b, ctx, call, "reduce_scatter", call.bounds)
+    _run(b, ctx, call, fallback=_slots_reduce_scatter)
 
 
 def reduce(b: Backend, ctx: OpContext, call: Call) -> None:
-    """Every rank reduces one region (in parallel), then the root alone copies the result out."""
-    if b.size == 1:
-        return native.reduce(b, ctx, call)
-    _reduce(b, ctx, call, "reduce", split_bounds(call.send.size, b.size))
+    """Every rank reduces one region (in parallel) into the root's buffer (registered) or its
+    slot, from which the root alone copies the result out."""
+    _run(b, ctx, call, fallback=_slots_reduce)
 
 
 def all_gather(b: Backend, ctx: OpContext, call: Call) -> None:
-    """Each rank publishes its ``call.send`` piece by piece; everyone copies all pieces out."""
+    """Everyone copies every rank's ``call.send`` into its ``call.recv``: straight from the
+    peers' registered buffers (one copy), else piece by piece through the slots."""
+    _run(b, ctx, call, fallback=_slots_all_gather)
+
+
+def broadcast(b: Backend, ctx: OpContext, call: Call) -> None:
+    """The others copy the root's ``call.send``: straight from its registered buffer, else
+    piece by piece through its slot."""
+    _run(b, ctx, call, fallback=_slots_broadcast)
+
+
+def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Rank q copies block q of every rank's ``call.send``: straight from registered buffers, else
+    rank r publishes its block for q at q*w of its slot and q copies it out."""
+    _run(b, ctx, call, fallback=_slots_all_to_all)
+
+
+def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Zero-copy through registered buffers when every rank's are, else the backend's native
+    collective: ``auto``'s choice at sizes where native beats copying through the slots."""
+    _run(b, ctx, call, fallback=None)
+
+
+# -- paths --
+def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
+    """Publish registration, decide at the first barrier, take the zero-copy path or
+    ``fallback`` (None: the native collective, after a barrier every rank takes alike)."""
     if b.size == 1:
-        return native.all_gather(b, ctx, call)
-    arena = _arena(b)
-    send, recv, r = _bytes(call.send), _bytes(call.recv), b.rank
+        return _NATIVE[call.kind](b, ctx, call)
+    only = call.root if call.kind == "broadcast" else None   # whose buffer the copy path reads
+    gate = _Gate(_arena(b), ctx, call.send, only=only, early=fallback is not None)
+    if gate.peers is not None:
+        return _PEERS[call.kind](b, ctx, call, gate)
+    if fallback is None:
+        return _NATIVE[call.kind](b, ctx, call)
+    fallback(b, ctx, call, gate)
+    gate.close()
+
+
+def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """One copy: every peer's registered send straight into my recv."""
+    arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
+    n = send.size
+    for q in range(b.size):
+        recv[q * n:(q + 1) * n] = send if q == r else arena.peer(gate.peers[q], q, send)
+    arena.sync(ctx)                                          # peers have read my send
+
+
+def _peers_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """One copy: the root's registered buffer straight into mine."""
+    arena, buf, root = gate.arena, _bytes(call.send), call.root
+    if b.rank != root:
+        buf[:] = arena.peer(gate.peers[root], root, buf)
+    arena.sync(ctx)                                          # everyone has read the root's
+
+
+def _peers_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """One copy: block r of every rank's registered send straight into my recv."""
+    arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
+    unit = call.send.itemsize
+    lo, hi = call.bounds[r][0] * unit, call.bounds[r][1] * unit
+    mine = hi - lo
+    for q in range(b.size):
+        src = send if q == r else arena.peer(gate.peers[q], q, send)
+        recv[q * mine:(q + 1) * mine] = src[lo:hi]
+    arena.sync(ctx)                                          # peers have read my send
+
+
+def _slots_all_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    _reduce(b, ctx, call, "all_reduce", call.bounds, gate)
+
+
+def _slots_reduce_scatter(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    _reduce(b, ctx, call, "reduce_scatter", call.bounds, gate)
+
+
+def _slots_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    _reduce(b, ctx, call, "reduce", split_bounds(call.send.size, b.size), gate)
+
+
+def _slots_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """Each rank publishes its send piece by piece; everyone copies all pieces out."""
+    arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     n, w = send.size, arena.slot_bytes
     for lo in range(0, n, w):
         hi = min(n, lo + w)
         slots = _slots(arena, send.dtype)
         slots[r][:hi - lo] = send[lo:hi]                     # publish my piece
-        arena.sync(ctx)
+        gate.sync()
         for q in range(b.size):                              # gather everyone's piece
             recv[q * n + lo:q * n + hi] = send[lo:hi] if q == r else slots[q][:hi - lo]
 
 
-def broadcast(b: Backend, ctx: OpContext, call: Call) -> None:
-    """The root publishes ``call.send`` piece by piece; the others copy each piece out."""
-    if b.size == 1:
-        return
-    arena = _arena(b)
-    buf, root = _bytes(call.send), call.root
+def _slots_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """The root publishes its buffer piece by piece; the others copy each piece out."""
+    arena, buf, root = gate.arena, _bytes(call.send), call.root
     n, w = buf.size, arena.slot_bytes
     for lo in range(0, n, w):
         hi = min(n, lo + w)
         slots = _slots(arena, buf.dtype)
         if b.rank == root:
             slots[root][:hi - lo] = buf[lo:hi]               # publish the root's piece
-        arena.sync(ctx)
+        gate.sync()
         if b.rank != root:
             buf[lo:hi] = slots[root][:hi - lo]               # copy it out
 
 
-def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
-    """Rank r publishes block q of ``call.send`` at q*w; rank q copies block q of every slot out."""
-    if b.size == 1:
-        return native.all_to_all(b, ctx, call)
-    arena = _arena(b)
-    send, recv, r, p = _bytes(call.send), _bytes(call.recv), b.rank, b.size
+def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """Rank r publishes its block for q at q*w of its slot; rank q copies it out."""
+    arena, send, recv, r, p = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank, b.size
     unit = call.send.itemsize
     bounds = [(lo * unit, hi * unit) for lo, hi in call.bounds]
     mine = bounds[r][1] - bounds[r][0]                       # every block r has this length
@@ -99,7 +171,7 @@ def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
         for q, (lo, hi) in enumerate(pieces):                # publish my block for each rank q
             if q != r:
                 slots[r][q * w:q * w + hi - lo] = send[lo:hi]
-        arena.sync(ctx)
+        gate.sync()
         lo, hi = pieces[r]
         at = k * w
         for q in range(p):                                   # block r of every rank, in order
@@ -128,8 +200,85 @@ def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
 
 
 # -- helpers --
-def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
-    """The reduce family (see the module docstring); ``mode`` says where the result goes."""
+class _Gate:
+    """The first barrier of a call, which also decides its path identically on every rank.
+
+    Each rank publishes where its buffer is registered (``SharedArena.locate``). A rank whose
+    buffer must be registered and isn't knows the call falls back to the slots (it is *early*):
+    it copies its first step in and syncs; the others sync first and read everyone's words.
+    No early rank: ``peers`` lists every rank's (window, offset) and the zero-copy path runs.
+    Otherwise the fallback's first ``sync`` also makes early ranks wait for the others' copy in.
+    """
+
+    def __init__(self, arena: SharedArena, ctx: OpContext, buf: np.ndarray,
+                 only: int | None = None, early: bool = True) -> None:
+        self.arena, self.ctx = arena, ctx
+        where = arena.locate(buf)
+        needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
+        self.early = early and needed and where is None
+        arena.publish(np.array([int(self.early), *(where or (0, 0))], np.int64))
+        self.peers: list[tuple[int, int]] | None = None
+        self._first = True
+        if not self.early:
+            arena.sync(ctx)
+            words = arena.published(3)
+            ready = [q for q in range(arena.size) if words[q, 1] and only in (None, q)]
+            if len(ready) == (1 if only is not None else arena.size):
+                self.peers = [(int(wid), int(off)) for _e, wid, off in words]
+
+    def sync(self) -> None:
+        """A barrier of the slot path; the first one also pairs the two kinds of ranks up."""
+        self.arena.sync(self.ctx)
+        if self._first:
+            self._first = False
+            if self.early and not self.arena.published(1)[:, 0].all():
+                self.arena.sync(self.ctx)  # ranks that synced once already now copied in
+
+    def close(self) -> None:
+        """Make sure the first barrier happened (a call whose loop had no step)."""
+        if self._first:
+            self.sync()
+
+
+def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
+    """The reduce family on registered buffers: rank r reduces region r reading every rank's
+    buffer in cache-sized chunks and writes the result where ``mode`` wants it (every rank's
+    buffer, its own ``recv``, or the root's buffer); a closing barrier lets callers reuse them."""
+    arena, r, p, src, mode = gate.arena, b.rank, b.size, call.send, call.kind
+    bounds = split_bounds(src.size, p) if mode == "reduce" else call.bounds
+    bufs = [src if q == r else arena.peer(gate.peers[q], q, src) for q in range(p)]
+    combine = reducer(call.dtype, call.op or "sum")
+    avg = call.op == "avg"
+    lo, hi = bounds[r]
+    step = max(1, CHUNK_BYTES // src.itemsize)
+    spare = np.empty(min(step, hi - lo), src.dtype) if mode == "reduce" and r != call.root else None
+    for a in range(lo, hi, step):
+        e = min(hi, a + step)
+        if mode == "reduce_scatter":
+            acc = call.recv[a - lo:e - lo]
+            acc[:] = src[a:e]
+        elif spare is not None:
+            acc = spare[:e - a]
+            acc[:] = src[a:e]
+        else:
+            acc = src[a:e]                        # my own buffer is the result's home
+        for q in range(p):
+            if q != r:
+                combine(acc, bufs[q][a:e])
+        if avg:
+            finish_avg(call.dtype, acc, p)
+        if mode == "all_reduce":
+            for q in range(p):
+                if q != r:
+                    bufs[q][a:e] = acc
+        elif spare is not None:
+            bufs[call.root][a:e] = acc
+    arena.sync(ctx)
+
+
+def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Gate) -> None:
+    """The reduce family through the slots (see the module docstring); ``mode`` says where the
+    result goes."""
     arena = _arena(b)
     src, r, p = call.send, b.rank, b.size
     combine = reducer(call.dtype, call.op or "sum")
@@ -144,7 +293,7 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
         for q, (lo, hi) in enumerate(pieces):   # 1. copy in (my own region too, for reduce)
             if hi > lo and (q != r or mode == "reduce"):
                 slots[r][q * w:q * w + hi - lo] = src[lo:hi]
-        arena.sync(ctx)
+        gate.sync()
         lo, hi = pieces[r]                      # 3. reduce my region
         n = hi - lo
         if mode == "reduce_scatter":
@@ -163,12 +312,23 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds) -> None:
             continue                            # nobody reads my result: no second sync
         if in_buffer and n:
             slots[r][r * w:r * w + n] = acc     # publish it
-        arena.sync(ctx)
+        gate.sync()
         if mode == "reduce" and r != call.root:
             continue
         for q, (lo, hi) in enumerate(pieces):   # 5. copy out every rank's result
             if hi > lo and (q != r or not in_buffer):
                 src[lo:hi] = slots[q][q * w:q * w + hi - lo]
+    gate.close()
+
+
+_PEERS = {"all_reduce": _reduce_peers, "reduce_scatter": _reduce_peers, "reduce": _reduce_peers,
+          "all_gather": _peers_all_gather, "broadcast": _peers_broadcast,
+          "all_to_all": _peers_all_to_all}
+"""The zero-copy path of each collective (every rank's buffers registered)."""
+
+_NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scatter,
+           "reduce": native.reduce, "all_gather": native.all_gather,
+           "broadcast": native.broadcast, "all_to_all": native.all_to_all}
 
 
 def _arena(b: Backend) -> SharedArena:

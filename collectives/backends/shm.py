@@ -3,7 +3,11 @@ and a barrier that polls per-rank sequence flags in that memory instead of sendi
 
 Layout of each rank's segment (an MPI-3 shared window, ``MPI_Win_allocate_shared``)::
 
-    | flag: int64 epoch, 2 signature areas (4 KiB) | half 0: slot_bytes | half 1: slot_bytes |
+    | flag, 2 signature areas, 2 registration areas (4 KiB) | half 0: slot_bytes | half 1 |
+
+Registered buffers (``alloc``) are further shared windows over the same ranks: every rank maps
+every rank's segment of them, so a collective whose buffers are registered on every rank reads and
+writes its peers' buffers in place, with no copy through the slots.
 
 Only the owner writes its segment; everyone reads every segment. Algorithms alternate the two
 halves step by step (``flip``), so a step's writes never race the previous step's readers:
@@ -27,8 +31,12 @@ from ..errors import CollectiveTimeoutError
 HEADER_BYTES = 4096
 """Bytes before a segment's data: the sequence flag and the signature areas, on their own page."""
 
-SIG_OFFSET, SIG_WORDS = 64, 248
+SIG_OFFSET, SIG_WORDS = 64, 240
 """Where the two alternating signature areas of ``agree`` start, and their size in int64s."""
+
+REG_OFFSET, REG_WORDS = SIG_OFFSET + 16 * SIG_WORDS, 8
+"""Where the two alternating areas start in which a rank publishes where a call's buffers are
+registered (``publish``), and their size in int64s."""
 
 DEFAULT_SLOT_BYTES = 2 << 20
 """Bytes of one half of a rank's segment: the pipeline step (``TOPOCOLL_SHM_SLOT`` overrides)."""
@@ -57,11 +65,17 @@ class SharedArena:
         self._flags: list[np.ndarray] = []
         self._sigs: list[np.ndarray] = []
         self._halves: list[tuple[np.ndarray, np.ndarray]] = []
+        self._regs: list[np.ndarray] = []
+        self._published = 0
+        self._comm: Any = None
+        self._windows: dict[int, tuple[Any, list[np.ndarray]]] = {}  # id -> (window, segments)
+        self._next_window = 1
         for q in range(size):
             mem, _unit = win.Shared_query(q)
             seg = np.frombuffer(mem, dtype=np.uint8)
             self._flags.append(seg[:8].view(np.int64))
             self._sigs.append(seg[SIG_OFFSET:SIG_OFFSET + 16 * SIG_WORDS].view(np.int64))
+            self._regs.append(seg[REG_OFFSET:REG_OFFSET + 16 * REG_WORDS].view(np.int64))
             data = seg[HEADER_BYTES:HEADER_BYTES + 2 * slot_bytes]
             self._halves.append((data[:slot_bytes], data[slot_bytes:]))
 
@@ -80,6 +94,7 @@ class SharedArena:
             info.Free()
         win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, so Win.Sync may fence memory
         arena = cls(win, comm.Get_rank(), comm.Get_size(), slot)
+        arena._comm = comm
         arena._flags[arena.rank][0] = 0
         comm.Barrier()  # every flag is zeroed before anyone polls one
         return arena
@@ -127,18 +142,91 @@ class SharedArena:
         every = np.stack([s[at:at + n] for s in self._sigs])
         return every.min(axis=0), every.max(axis=0)
 
+    # -- registered buffers --
+    def alloc(self, nbytes: int) -> np.ndarray:
+        """Collectively allocate ``nbytes`` (may differ per rank) of registered memory: this rank's
+        segment of a new shared window that every rank maps, as a zeroed uint8 array. A rank
+        passing -1 (its request was bad) makes every rank's call fail, none allocating."""
+        from mpi4py import MPI
+
+        if self._win is None:
+            raise ValueError("the shared-memory arena is closed; can't allocate registered memory")
+        if self._comm.allreduce(int(nbytes < 0), op=MPI.MAX):  # a rank's request was bad
+            if nbytes < 0:
+                return np.empty(0, np.uint8)  # the caller raises its own error
+            raise ValueError("alloc: another rank passed a bad shape or dtype; nothing allocated")
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")  # page-aligned segments, one per rank
+        try:
+            win = MPI.Win.Allocate_shared(max(int(nbytes), 1), 1, info, self._comm)
+        finally:
+            info.Free()
+        segs = [np.frombuffer(win.Shared_query(q)[0], dtype=np.uint8) for q in range(self.size)]
+        wid, self._next_window = self._next_window, self._next_window + 1
+        self._windows[wid] = (win, segs)
+        mine = segs[self.rank][:nbytes]
+        mine[:] = 0
+        return mine
+
+    def free(self, buf: np.ndarray | None) -> None:
+        """Collectively free the registered allocation holding ``buf`` (the same one on every
+        rank, else ValueError everywhere); its arrays must not be used afterwards."""
+        from mpi4py import MPI
+
+        where = self.locate(buf) if buf is not None and buf.nbytes else None
+        wid = where[0] if where else 0
+        lo = self._comm.allreduce(wid, op=MPI.MIN)
+        hi = self._comm.allreduce(wid, op=MPI.MAX)
+        if lo != hi or lo == 0:
+            raise ValueError("free: the array is not a registered buffer from alloc on every rank "
+                             "(or ranks passed different allocations)")
+        win, _segs = self._windows.pop(wid)
+        win.Free()
+
+    def locate(self, buf: np.ndarray) -> tuple[int, int] | None:
+        """(window id, byte offset) of ``buf`` inside this rank's registered memory, or None."""
+        if self._windows and buf.nbytes:
+            addr = buf.__array_interface__["data"][0]
+            for wid, (_win, segs) in self._windows.items():
+                seg = segs[self.rank]
+                off = addr - seg.__array_interface__["data"][0]
+                if 0 <= off and off + buf.nbytes <= seg.nbytes:
+                    return wid, off
+        return None
+
+    def peer(self, where: tuple[int, int], owner: int, like: np.ndarray) -> np.ndarray:
+        """Rank ``owner``'s registered buffer at ``where`` (its published window id and offset),
+        with the dtype and size of ``like``."""
+        wid, off = where
+        seg = self._windows[wid][1][owner]
+        return seg[off:off + like.nbytes].view(like.dtype)
+
+    def publish(self, words: np.ndarray) -> None:
+        """Write up to REG_WORDS int64s for this call; readable by all after the next ``sync``."""
+        self._published += 1
+        at = (self._published % 2) * REG_WORDS
+        self._regs[self.rank][at:at + len(words)] = words
+
+    def published(self, n: int) -> np.ndarray:
+        """Every rank's words of the current call, shape (size, n) (call after a ``sync``)."""
+        at = (self._published % 2) * REG_WORDS
+        return np.stack([r[at:at + n] for r in self._regs])
+
     def close(self) -> None:
-        """Free the window (collective); skipped after a timeout, when a peer may be gone."""
+        """Free the windows (collective); skipped after a timeout, when a peer may be gone."""
         if self._win is None:
             return
         win, self._win = self._win, None
-        self._flags, self._sigs, self._halves = [], [], []
+        windows = [w for w, _segs in self._windows.values()]
+        self._flags, self._sigs, self._halves, self._regs, self._windows = [], [], [], [], {}
         if self._broken:
             return  # freeing would wait for the missing peer; the OS reclaims the memory at exit
         try:
             from mpi4py import MPI
 
             if not MPI.Is_finalized():
+                for w in windows:
+                    w.Free()
                 win.Unlock_all()
                 win.Free()
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown

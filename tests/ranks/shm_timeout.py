@@ -1,5 +1,6 @@
 """A rank that never reaches the shared-memory barrier: the others get CollectiveTimeoutError
-naming the operation and that rank, within the timeout; close() then returns."""
+naming the operation and that rank, within the timeout; close() then returns. argv[2]
+"registered": the buffers are registered (the zero-copy path's first barrier must notice)."""
 import _common  # noqa: F401
 from _common import rank_main
 
@@ -20,8 +21,10 @@ def body():
     c = collectives.init(timeout=30, check=False)
     assert c.backend.arena() is not None, c.backend.arena_unavailable()
     absent = c.size - 1
+    registered = len(sys.argv) > 2 and sys.argv[2] == "registered"
+    x = c.alloc(1 << 16, np.float32) if registered else np.empty(1 << 16, np.float32)
     if c.rank != absent:
-        x = np.ones(1 << 16, np.float32)
+        x[:] = 1
         t0 = time.monotonic()
         try:
             if kind == "all_reduce":

@@ -1,0 +1,184 @@
+"""Shared-memory collectives on registered buffers (``comm.alloc``) against numpy: every rank
+registered (zero-copy path), some ranks registered (falls back to the slots, or to native for
+``shm_or_native``), none; in place and out of place, uneven sizes, size 0, all ops.
+
+argv[1]: "all", "mixed" or "none" (which ranks' buffers are registered); "api" checks
+alloc/free themselves.
+"""
+import _common  # noqa: F401  (sets sys.path)
+from _common import expect_raises, rank_data, rank_main, reference, valid_ops
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+
+DTYPES = ["int8", "int32", "float16", "float32", "float64", "complex64"]
+BLOCK = 4 << 20
+SENTINEL = 0x5A
+
+
+class Buffers:
+    """Arrays in registered memory (at a different offset on each rank) or in plain memory."""
+
+    def __init__(self, c, registered):
+        self.c, self.registered = c, registered
+        self.blocks = {k: c.alloc(BLOCK, np.uint8) for k in "abc"}  # collective on every rank
+
+    def get(self, key, n, dtype, fill=None):
+        dt = np.dtype(dtype)
+        if self.registered:
+            off = 64 * (self.c.rank + 1)
+            arr = self.blocks[key][off:off + n * dt.itemsize].view(dt)
+        else:
+            arr = np.empty(n, dt)
+        if fill is not None:
+            arr[:] = fill
+        return arr
+
+
+def sizes(p):
+    """0, 1, uneven, several reduction chunks (CHUNK_BYTES) for the wider dtypes."""
+    return [0, 1, 13, 70001]
+
+
+def same_on_all_ranks(arr, what):
+    blobs = MPI.COMM_WORLD.allgather(np.ascontiguousarray(arr).tobytes())
+    assert all(b == blobs[0] for b in blobs), f"{what}: results differ between ranks"
+
+
+def check_reducing(c, bufs, algo):
+    p, r = c.size, c.rank
+    for dt in DTYPES:
+        ops = valid_ops(dt) if algo == "shm" else valid_ops(dt)[:1]
+        for op in ops:
+            for n in sizes(p):
+                every = [rank_data(n, dt, q) for q in range(p)]
+                ref = reference(every, op)
+                what = f"{algo} {dt} {op} n={n}"
+                x = bufs.get("a", n, dt, every[r])
+                assert c.all_reduce(x, op=op, algo=algo) is x
+                assert np.array_equal(x, ref), f"all_reduce in place {what}: {x[:6]} != {ref[:6]}"
+                same_on_all_ranks(x, f"all_reduce {what}")
+                x, out = bufs.get("b", n, dt, every[r]), bufs.get("a", n, dt, 0)
+                assert c.all_reduce(x, op=op, algo=algo, out=out) is out
+                assert np.array_equal(out, ref), f"all_reduce out of place {what}"
+                assert np.array_equal(x, every[r]), f"all_reduce out of place {what} changed x"
+                part = np.array_split(ref, p)[r]
+                out = bufs.get("c", len(part), dt, 0)
+                assert c.reduce_scatter(x, op=op, algo=algo, out=out) is out
+                assert np.array_equal(out, part), f"reduce_scatter {what}"
+                assert np.array_equal(x, every[r]), f"reduce_scatter {what} changed x"
+                for root in sorted({0, p - 1}):
+                    x = bufs.get("a", n, dt, every[r])
+                    c.reduce(x, root=root, op=op, algo=algo)
+                    want = ref if r == root else every[r]
+                    assert np.array_equal(x, want), f"reduce root={root} {what}"
+
+
+def check_moving(c, bufs, algo):
+    p, r = c.size, c.rank
+    for dt in ("int8", "float16", "float64"):
+        for n in sizes(p):
+            every = [rank_data(n, dt, q, salt=1) for q in range(p)]
+            what = f"{algo} {dt} n={n}"
+            x, out = bufs.get("a", n, dt, every[r]), bufs.get("b", p * n, dt, 0)
+            assert c.all_gather(x, out=out, algo=algo) is out
+            assert np.array_equal(out, np.concatenate(every)), f"all_gather {what}"
+            for root in sorted({0, p - 1}):
+                x = bufs.get("a", n, dt, every[r])
+                c.broadcast(x, root=root, algo=algo)
+                assert np.array_equal(x, every[root]), f"broadcast root={root} {what}"
+            x = bufs.get("a", n, dt, every[r])
+            mine = len(np.array_split(x, p)[r])
+            out = bufs.get("b", p * mine, dt, 0)
+            c.all_to_all(x, out=out, algo=algo)
+            want = np.concatenate([np.array_split(every[q], p)[r] for q in range(p)])
+            assert np.array_equal(out, want), f"all_to_all {what}"
+
+
+def check_random_floats_bitwise(c, bufs):
+    rng = np.random.default_rng(7 + c.rank)
+    for n in (5, 200003):
+        x = bufs.get("a", n, "float32", rng.standard_normal(n).astype(np.float32))
+        c.all_reduce(x, algo="shm")
+        same_on_all_ranks(x, f"random float32 n={n}")
+
+
+def check_slots_untouched(c, registered_everywhere):
+    """The zero-copy path leaves the slots alone; the fallback writes them."""
+    arena = c.backend.arena()
+    if arena is None:
+        return
+    halves = [arena.slot(c.rank, h, np.uint8) for h in (0, 1)]
+    for h in halves:
+        h[:4096] = SENTINEL
+    c.barrier()
+    reg = c.alloc(1000, np.float32)
+    x = reg if c.rank or registered_everywhere else np.empty(1000, np.float32)
+    x[:] = c.rank + 1
+    c.all_reduce(x, algo="shm")
+    assert np.all(x == sum(range(1, c.size + 1)))
+    touched = any((h[:4096] != SENTINEL).any() for h in halves)
+    assert touched != registered_everywhere, f"slots touched: {touched}"
+    c.free(reg)
+
+
+def check_api(c):
+    p, r = c.size, c.rank
+    z = c.alloc((3, 5), np.float64)
+    assert z.shape == (3, 5) and z.dtype == np.float64 and not z.any()
+    e = c.alloc(0, np.int32)
+    assert e.shape == (0,)
+    import torch
+
+    t = c.alloc((4, 6), torch.bfloat16)
+    assert t.dtype == torch.bfloat16 and t.shape == (4, 6)
+    t[:] = 1.5
+    assert c.all_reduce(t, algo="shm") is t
+    assert bool((t == 1.5 * p).all()), t
+    t2 = c.alloc(7, torch.bfloat16)
+    t2[:] = r + 1
+    c.all_reduce(t2, op="avg")                 # auto
+    assert bool((t2 == (p + 1) / 2).all()), t2
+    expect_raises(ValueError, lambda: c.alloc((2, -1)), "negative")
+    if p > 1:  # a bad request on one rank only: every rank raises, none hangs
+        if r == 0:
+            expect_raises(TypeError, lambda: c.alloc(4, "no-such-dtype"), "not understood")
+        else:
+            expect_raises(ValueError, lambda: c.alloc(4), "another rank")
+    if c.backend.arena() is not None:
+        expect_raises(ValueError, lambda: c.free(np.zeros(4)), "not a registered buffer")
+        expect_raises(ValueError, lambda: c.free("x" if r == 0 else np.zeros(4)), "registered")
+        a, b = c.alloc(16, np.uint8), c.alloc(16, np.uint8)
+        expect_raises(ValueError, lambda: c.free(a if r == 0 else b), "different allocations")
+        c.free(a)
+        c.free(b)
+    for arr in (z, e):
+        if c.backend.arena() is not None and arr.size:
+            c.free(arr)
+    if p > 1:
+        check_slots_untouched(c, True)
+        check_slots_untouched(c, False)
+
+
+def body():
+    c = collectives.init(timeout=60)
+    mode = sys.argv[1]
+    if mode == "api":
+        check_api(c)
+    else:
+        registered = mode == "all" or (mode == "mixed" and c.rank != 0)
+        bufs = Buffers(c, registered)
+        for algo in ("shm", "shm_or_native"):
+            check_reducing(c, bufs, algo)
+            check_moving(c, bufs, algo)
+        check_random_floats_bitwise(c, bufs)
+    c.barrier()
+    print(f"DONE rank {c.rank}", flush=True)
+    c.close()
+
+
+rank_main(body)
