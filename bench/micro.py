@@ -6,6 +6,7 @@ machine disturbs all of them alike and their ratio stays meaningful.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import socket
 import sys
@@ -109,20 +110,38 @@ def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, 
             case.run(1, blocking=True)
             wrong, oob = case.wrong(), case.out_of_bounds()
             case.fill()
-        case.run(opts.warmup, opts.blocking)
+        iters = timed_iterations(comm, opts, case)
         comm.barrier()
         t0 = time.perf_counter()
-        case.run(opts.iters, opts.blocking)
-        seconds = combine_time(comm, (time.perf_counter() - t0) / opts.iters, opts.average)
+        case.run(iters, opts.blocking)
+        seconds = combine_time(comm, (time.perf_counter() - t0) / iters, opts.average)
         counts_ = comm.all_reduce(np.array([wrong, oob], np.int64), op="sum")
         algbw, busbw = report.bandwidths(shown, seconds, busbw_factor(name, n))
-        res = Result(seconds * 1e6, algbw, busbw, int(counts_[0]) if opts.check else None)
+        res = Result(seconds * 1e6, algbw, busbw, int(counts_[0]) if opts.check else None,
+                     iters)
         row.out_of_bounds += int(counts_[1])
         if mode == "oop":
             row.out_of_place = res
         else:
             row.in_place = res
     return row
+
+
+def timed_iterations(comm: collectives.Communicator, opts: Options, case: Case) -> int:
+    """Run the warm-up; return how many iterations to time: ``-n``, or with ``--min-time`` enough
+    to fill it (estimated from the warm-up, the largest count over ranks, at most ``MAX_ITERS``)."""
+    t0 = time.perf_counter()
+    case.run(max(opts.warmup, 1 if opts.min_time else 0), opts.blocking)
+    if not opts.min_time:
+        return opts.iters
+    per_iter = (time.perf_counter() - t0) / max(opts.warmup, 1)
+    want = np.array([min(MAX_ITERS, math.ceil(opts.min_time / max(per_iter, 1e-7)))], np.int64)
+    comm.all_reduce(want, op="max")
+    return max(opts.iters, int(want[0]))
+
+
+MAX_ITERS = 100_000
+"""Cap on the timed iterations ``--min-time`` may ask for."""
 
 
 def _median_row(tries: list[Row]) -> Row:
@@ -155,7 +174,8 @@ def _params(opts: Options, comm: collectives.Communicator) -> str:
     step = f"{opts.stepfactor:g}(factor)" if opts.stepfactor > 1 else f"{opts.stepbytes}(bytes)"
     check = "on" if comm.check else "off (TOPOCOLL_CHECK=0)"
     return (f"collective {opts.collective}  ranks {comm.size}  minBytes {opts.minbytes} maxBytes "
-            f"{opts.maxbytes} step: {step} warmup iters: {opts.warmup} iters: {opts.iters} "
+            f"{opts.maxbytes} step: {step} warmup iters: {opts.warmup} iters: {opts.iters}"
+            f"{f' (or {opts.min_time * 1e3:g} ms)' if opts.min_time else ''} "
             f"validation: {int(opts.check)} blocking: {int(opts.blocking)} average: "
             f"{AVERAGE_MODES[opts.average]} algos: {','.join(opts.algos)} "
             f"registered buffers: {opts.registered} "

@@ -48,6 +48,7 @@ class Options:
     quiet: bool
     repeats: int = 1
     registered: int = 0
+    min_time: float = 0.0   # seconds; 0: exactly ``iters`` timed iterations
 
     def combos(self, nranks: int) -> list[tuple[str, str, int]]:
         """The (dtype, op, root) triples to sweep, skipping ops a dtype can't do (avg on ints)."""
@@ -85,6 +86,8 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     if ns.registered not in (0, 1, 2):
         raise UsageError(f"-R/--local_register must be 0 (plain buffers), 1 or 2 (registered "
                          f"buffers), got {ns.registered}")
+    if ns.min_time < 0:
+        raise UsageError(f"--min-time must be >= 0 milliseconds, got {ns.min_time:g}")
     if ns.average not in AVERAGE_MODES:
         raise UsageError(f"-a/--average must be 0 (rank 0), 1 (avg), 2 (min) or 3 (max), "
                          f"got {ns.average}")
@@ -99,7 +102,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
         raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
     return Options(collective, sizes, minb, maxb, ns.stepfactor, stepb, ns.iters, ns.warmup,
                    bool(ns.check), ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
-                   ns.json, ns.plot, ns.quiet, ns.repeats, ns.registered)
+                   ns.json, ns.plot, ns.quiet, ns.repeats, ns.registered, ns.min_time / 1e3)
 
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
@@ -130,6 +133,9 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("--repeats", type=int, default=1,
         help="measure each row this many times, algorithms interleaved, and report the median "
              "(noisy shared machines; default 1, as nccl-tests)")
+    add("--min-time", type=float, default=0.0, metavar="MS",
+        help="time at least this many milliseconds per measurement: small messages get more "
+             "than -n iterations (OSU-style; the count is agreed over ranks; default 0: exactly -n)")
     add("--algo", default="auto",
         help="comma list of algorithms to compare side by side, e.g. ring,native (default auto)")
     add("--json", metavar="PATH", help="write every row and the run's metadata as JSON")

@@ -18,6 +18,7 @@ class Result:
     algbw: float   # GB/s, size / time
     busbw: float   # GB/s, algbw * the collective's factor
     wrong: int | None  # mismatching elements summed over ranks (None: not checked)
+    iters: int = 0     # timed iterations (-n, or more with --min-time)
 
 
 @dataclass

@@ -43,6 +43,7 @@ class Communicator:
         self._executor = Executor(name)
         self._broken: str | None = None
         self._flat_ring_cache: list[int] | None = None
+        self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
 
     # -- identity --
     @property
@@ -253,11 +254,19 @@ class Communicator:
     def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
         """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here
         (what ``auto`` picks; the same answer on every rank)."""
+        key = (collective, nbytes, algo)
+        chosen = self._chosen.get(key)  # small calls feel every microsecond of choosing
+        if chosen is not None:
+            return chosen
         if collective not in select.ALGORITHMS:
             raise ValueError(f"unknown collective {collective!r}; one of "
                              f"{', '.join(select.ALGORITHMS)}")
-        return select.resolve(collective, algo, nbytes, self.size, self.topology,
-                              has_shm=self.backend.arena_unavailable() is None)
+        chosen = select.resolve(collective, algo, nbytes, self.size, self.topology,
+                                has_shm=self.backend.arena_unavailable() is None)
+        if len(self._chosen) >= 4096:
+            self._chosen.clear()
+        self._chosen[key] = chosen
+        return chosen
 
     def close(self) -> None:
         """Finish queued operations and free the communicator's resources."""

@@ -102,6 +102,18 @@ def test_repeats_report_the_median_of_interleaved_tries(tmp_path):
     assert all(r["out_of_place"]["wrong"] == 0 for r in rows)
 
 
+def test_min_time_gives_small_messages_more_iterations(tmp_path):
+    """--min-time: an 8-byte call takes microseconds, so 30 ms need far more than -n 2 iterations;
+    every rank times the same count (the JSON row records it) and results stay right."""
+    js = tmp_path / "m.json"
+    out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "8", "-e", "8", "-n", "2",
+                                        "--min-time", "30", "--json", str(js)], timeout=120)
+    assert out.count("RC 0") == 2 and "iters: 2 (or 30 ms)" in out, out
+    (row,) = json.loads(js.read_text())["rows"]
+    for mode in ("out_of_place", "in_place"):
+        assert row[mode]["iters"] > 2 and row[mode]["wrong"] == 0, row
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_registered_buffers_every_collective_checked(n):
     """-R 1: every algorithm, native included, runs on registered buffers; results are right."""

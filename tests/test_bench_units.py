@@ -117,6 +117,7 @@ def test_registered_flag_is_nccl_tests_R_and_repeats_moved():
     ("all_reduce", ["-n", "0"], "-n/--iters must be at least 1"),
     ("all_reduce", ["-R", "5"], "-R/--local_register must be 0"),
     ("all_reduce", ["--repeats", "0"], "--repeats must be at least 1"),
+    ("all_reduce", ["--min-time", "-1"], "--min-time must be >= 0"),
     ("all_reduce", ["-c", "2"], "-c/--check must be 0 or 1"),
     ("all_reduce", ["-a", "7"], "-a/--average"),
     ("all_reduce", ["-r", "x"], "-r/--root"),
