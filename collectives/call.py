@@ -24,6 +24,8 @@ class Call:
     bounds: Sequence[tuple[int, int]] = field(default_factory=list)  # element range of each rank
     ring: Sequence[int] | None = None  # rank order of the ring (None: 0..size-1)
     topology: Any = None               # the communicator's topology.Topology, if known
+    agreement: Any = None  # (signature, check(lo, hi)) for an algorithm that agrees in its own
+    #                        first barrier (FUSES_AGREEMENT); None: already agreed, or not checked
 
 
 def split_bounds(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:

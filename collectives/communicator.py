@@ -293,10 +293,14 @@ class Communicator:
         limit = self._timeout(timeout)
         moves = call.send.size > 0 or (call.recv is not None and call.recv.size > 0)
 
+        fused = agree and moves and chosen in select.AGREES_IN_FIRST_BARRIER
+
         def run() -> Any:
             ctx = OpContext(kind, limit)
-            if agree:
-                self._agree(ctx, sig, fields)
+            if fused:
+                call.agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields))
+            elif agree:
+                self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             if copy_in is not None:
                 copyto(*copy_in)
             if moves or kind == "barrier":
@@ -325,8 +329,9 @@ class Communicator:
             return self._executor.submit(name, guarded)
         return self._executor.run(name, guarded)
 
-    def _agree(self, ctx: OpContext, sig: np.ndarray, fields: list[tuple[str, Any]]) -> None:
-        lo, hi = self.backend.agree(sig, ctx)
+    def _check_agreement(self, ctx: OpContext, lo: np.ndarray, hi: np.ndarray,
+                         fields: list[tuple[str, Any]]) -> None:
+        """Raise MismatchError naming the first field whose (min, max) over ranks differ."""
         for i, (label, mine) in enumerate(fields):
             if lo[i] != hi[i]:
                 extra = f" (range {lo[i]}..{hi[i]} over ranks)" if label == "element count" else ""

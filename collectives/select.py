@@ -41,6 +41,10 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
 RING_THRESHOLD = 256 * 1024
 """Bytes at and above which ``auto`` prefers the ring to the native collective."""
 
+AGREES_IN_FIRST_BARRIER = frozenset({"shm", "shm_or_native"})
+"""Algorithms that take the communicator's signature check into their own first barrier
+(``Call.agreement``): one shared-memory barrier per call fewer when checking is on."""
+
 SHM_SMALL = 64 * 1024
 """Bytes below which ``auto`` keeps the native collective on one node: after the polling fix in
 ``context.py`` (sched_yield spin) native and shm are within noise of each other there."""

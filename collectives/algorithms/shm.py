@@ -19,6 +19,8 @@ ranks share a node (the world, or a node sub-communicator of a hierarchical algo
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from ..backends.base import Backend
@@ -81,7 +83,9 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
     if b.size == 1:
         return _NATIVE[call.kind](b, ctx, call)
     only = call.root if call.kind == "broadcast" else None   # whose buffer the copy path reads
-    gate = _Gate(_arena(b), ctx, call.send, only=only, early=fallback is not None)
+    gate = _Gate(_arena(b), ctx, call.send, only=only, early=fallback is not None,
+                 agreement=call.agreement)
+    call.agreement = None
     if gate.peers is not None:
         return _PEERS[call.kind](b, ctx, call, gate)
     if fallback is None:
@@ -211,8 +215,12 @@ class _Gate:
     """
 
     def __init__(self, arena: SharedArena, ctx: OpContext, buf: np.ndarray,
-                 only: int | None = None, early: bool = True) -> None:
+                 only: int | None = None, early: bool = True, agreement: Any = None) -> None:
         self.arena, self.ctx = arena, ctx
+        self._agreement = agreement  # checked right after the first barrier, which shares it
+        self._mark = arena.mark()      # undone on mismatch (peers on other paths never moved)
+        if agreement is not None:
+            arena.post_signature(agreement[0])
         where = arena.locate(buf)
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
         self.early = early and needed and where is None
@@ -221,6 +229,7 @@ class _Gate:
         self._first = True
         if not self.early:
             arena.sync(ctx)
+            self._check_agreement()
             words = arena.published(3)
             ready = [q for q in range(arena.size) if words[q, 1] and only in (None, q)]
             if len(ready) == (1 if only is not None else arena.size):
@@ -231,6 +240,7 @@ class _Gate:
         self.arena.sync(self.ctx)
         if self._first:
             self._first = False
+            self._check_agreement()
             if self.early and not self.arena.published(1)[:, 0].all():
                 self.arena.sync(self.ctx)  # ranks that synced once already now copied in
 
@@ -238,6 +248,18 @@ class _Gate:
         """Make sure the first barrier happened (a call whose loop had no step)."""
         if self._first:
             self.sync()
+
+    def _check_agreement(self) -> None:
+        """Raise the communicator's MismatchError if the ranks' signatures differ (every rank
+        reads the same words after the same barrier, so all raise together)."""
+        if self._agreement is not None:
+            sig, check = self._agreement
+            self._agreement = None
+            try:
+                check(*self.arena.agreed(len(sig)))
+            except Exception:
+                self.arena.rewind(self._mark)
+                raise
 
 
 def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:

@@ -104,6 +104,15 @@ class SharedArena:
         self._step += 1
         return self._step % 2
 
+    def mark(self) -> tuple[int, int]:
+        """The arena's call-local counters (halves flipped, registrations published)."""
+        return self._step, self._published
+
+    def rewind(self, mark: tuple[int, int]) -> None:
+        """Back to ``mark``: a call that some ranks began and all abandoned at its first barrier
+        (a signature mismatch) must leave every rank on the same half and publication area."""
+        self._step, self._published = mark
+
     def slot(self, owner: int, half: int, dtype: np.dtype) -> np.ndarray:
         """Half ``half`` of ``owner``'s segment as a 1-D array of ``dtype`` (writable by the owner
         only; readers must wait for the owner's next ``sync``)."""
@@ -132,13 +141,23 @@ class SharedArena:
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,
         read all (one barrier, no messages; the two areas alternate like the data halves)."""
+        self.post_signature(sig)
+        self.sync(ctx)
+        return self.agreed(len(sig))
+
+    def post_signature(self, sig: np.ndarray) -> None:
+        """``agree``'s first half: write this rank's signature; the next ``sync`` shares it (an
+        algorithm's own first barrier can do that, saving one)."""
         n = len(sig)
         if n > SIG_WORDS:
             raise ValueError(f"a signature of {n} words exceeds the arena's {SIG_WORDS}")
         self._agreed += 1
         at = (self._agreed % 2) * SIG_WORDS
         self._sigs[self.rank][at:at + n] = sig
-        self.sync(ctx)
+
+    def agreed(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``agree``'s second half, after the sync: (min, max) over ranks of the posted words."""
+        at = (self._agreed % 2) * SIG_WORDS
         every = np.stack([s[at:at + n] for s in self._sigs])
         return every.min(axis=0), every.max(axis=0)
 

@@ -58,6 +58,43 @@ def mismatches(c):
     y = np.ones(5)
     c.all_reduce(y)
     assert np.all(y == c.size)
+    shm_mismatches(c)
+
+
+def shm_mismatches(c):
+    """The same checks where the agreement rides the shared-memory algorithm's first barrier."""
+    if c.backend.arena_unavailable() is not None:
+        return
+    big = 1 << 16  # elements: auto picks shm here
+    for algo in ("shm", "shm_or_native"):
+        x = np.ones(big + c.rank, np.float32)
+        expect(MismatchError, lambda: c.all_reduce(x, algo=algo), "element count")
+        expect(MismatchError, lambda: c.all_reduce(np.ones(big, np.float32),
+                                                   op="sum" if c.rank else "max", algo=algo), "op")
+        registered = c.alloc(big, np.float32)  # mixed registration and a mismatch at once
+        x = registered if c.rank == 0 else np.ones(big + 1, np.float32)
+        expect(MismatchError, lambda: c.all_reduce(x, algo=algo), "element count")
+        c.free(registered)
+    # One rank moves nothing (size 0: no algorithm runs there), the others run shm.
+    x = np.ones(0 if c.rank == 0 else big, np.float32)
+    expect(MismatchError, lambda: c.all_reduce(x, algo="shm"), "element count")
+    # One rank picks shm, the others native.
+    expect(MismatchError, lambda: c.all_reduce(np.ones(big, np.float32),
+                                               algo="shm" if c.rank == 0 else "native"),
+           "algorithm")
+    expect(MismatchError, lambda: (c.all_gather(np.ones(big, np.float32), algo="shm") if c.rank
+                                   else c.all_reduce(np.ones(big, np.float32), algo="shm")),
+           "collective")
+    # Every rank is back in step: plain and registered buffers, twice (both halves/areas).
+    reg = c.alloc(big, np.float32)
+    for _ in range(2):
+        y = np.ones(big, np.float32)
+        c.all_reduce(y, algo="shm")
+        assert np.all(y == c.size)
+        reg[:] = c.rank + 1
+        c.all_reduce(reg, algo="shm")
+        assert np.all(reg == c.size * (c.size + 1) // 2)
+    c.free(reg)
     # recv into a buffer of the wrong size: the receiver gets MismatchError, the channel recovers.
     if c.rank == 0:
         c.send(np.arange(6, dtype=np.int32), dst=1)
