@@ -293,7 +293,8 @@ class Communicator:
         limit = self._timeout(timeout)
         moves = call.send.size > 0 or (call.recv is not None and call.recv.size > 0)
 
-        fused = agree and moves and chosen in select.AGREES_IN_FIRST_BARRIER
+        fused = (agree and moves and chosen in select.AGREES_IN_FIRST_BARRIER
+                 and self.backend.arena_unavailable() is None)  # else shm raises before its gate
 
         def run() -> Any:
             ctx = OpContext(kind, limit)

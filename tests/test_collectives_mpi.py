@@ -16,6 +16,10 @@ def test_bad_input_and_mismatches_raise_on_every_rank(n):
     run_ranks("collectives_errors.py", n, timeout=120)
 
 
+def test_mismatches_raise_on_every_rank_without_shared_memory():
+    run_ranks("collectives_errors.py", 2, timeout=120, env={"TOPOCOLL_SHM": "0"})
+
+
 @pytest.mark.parametrize("algo", ["ring", "native"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_absent_peer_times_out_naming_the_operation(n, algo):

@@ -192,7 +192,7 @@ class SharedArena:
         rank, else ValueError everywhere); its arrays must not be used afterwards."""
         from mpi4py import MPI
 
-        where = self.locate(buf) if buf is not None and buf.nbytes else None
+        where = self.locate(buf, empty_ok=True) if buf is not None else None
         wid = where[0] if where else 0
         lo = self._comm.allreduce(wid, op=MPI.MIN)
         hi = self._comm.allreduce(wid, op=MPI.MAX)
@@ -202,14 +202,17 @@ class SharedArena:
         win, _segs = self._windows.pop(wid)
         win.Free()
 
-    def locate(self, buf: np.ndarray) -> tuple[int, int] | None:
-        """(window id, byte offset) of ``buf`` inside this rank's registered memory, or None."""
-        if self._windows and buf.nbytes:
+    def locate(self, buf: np.ndarray, empty_ok: bool = False) -> tuple[int, int] | None:
+        """(window id, byte offset) of ``buf`` inside this rank's registered memory, or None.
+
+        Empty arrays count only with ``empty_ok`` (``free`` of a zero-byte allocation): a
+        collective never needs to read them in place."""
+        if self._windows and (buf.nbytes or empty_ok):
             addr = buf.__array_interface__["data"][0]
             for wid, (_win, segs) in self._windows.items():
                 seg = segs[self.rank]
                 off = addr - seg.__array_interface__["data"][0]
-                if 0 <= off and off + buf.nbytes <= seg.nbytes:
+                if 0 <= off and off + buf.nbytes <= max(seg.nbytes, 1):
                     return wid, off
         return None
 

@@ -51,6 +51,11 @@ def mismatches(c):
     expect(MismatchError, lambda: c.all_reduce(np.ones(3), op="sum" if c.rank else "max"), "op")
     expect(MismatchError, lambda: c.all_reduce(np.ones(3), algo="ring" if c.rank else "native"),
            "algorithm")
+    # shm on one rank: where there is no arena (TOPOCOLL_SHM=0, several nodes) it can't run, but
+    # the ranks still agree first, so all of them get the mismatch, and stay usable.
+    expect(MismatchError, lambda: c.all_reduce(np.ones(1 << 16, np.float32),
+                                               algo="shm" if c.rank == 0 else "native"),
+           "algorithm")
     # Different collectives.
     expect(MismatchError, lambda: (c.all_gather(np.ones(3)) if c.rank else c.all_reduce(
         np.ones(3))), "collective")

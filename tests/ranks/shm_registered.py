@@ -156,9 +156,11 @@ def check_api(c):
         expect_raises(ValueError, lambda: c.free(a if r == 0 else b), "different allocations")
         c.free(a)
         c.free(b)
-    for arr in (z, e):
-        if c.backend.arena() is not None and arr.size:
+    if c.backend.arena() is not None:
+        mixed = c.alloc(0 if r == 0 else 10, np.float32)  # shapes may differ, one may be empty
+        for arr in (z, e, mixed, t, t2):
             c.free(arr)
+        assert not c.backend.arena()._windows, "a registered allocation leaked"
     if p > 1:
         check_slots_untouched(c, True)
         check_slots_untouched(c, False)
