@@ -94,3 +94,21 @@ for rank in (0, 1):
                          timeout=60)
     assert "RANK 0 RAISED topocoll: the PMI server did not start" in out.stdout, out
     assert "RANK 1 RAISED topocoll: rank 0 could not start the PMI server" in out.stdout, out
+
+
+def test_a_rank_connecting_after_a_failure_is_turned_away():
+    """A rank dies (EOF) before all have connected: ranks connecting later get EOF at once instead
+    of waiting in a barrier that can never complete."""
+    proc, port = _start(3, 30)
+    try:
+        first = socket.create_connection(("127.0.0.1", port), timeout=20)
+        second = socket.create_connection(("127.0.0.1", port), timeout=20)
+        second.sendall(b"cmd=barrier_in\n")
+        first.close()  # dies before the third rank arrives
+        assert second.makefile("rb").readline() == b""
+        late = socket.create_connection(("127.0.0.1", port), timeout=20)
+        late.sendall(b"cmd=barrier_in\n")
+        assert late.makefile("rb").readline() == b""
+        assert proc.wait(timeout=20) == 1
+    finally:
+        proc.kill()

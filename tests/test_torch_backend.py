@@ -41,6 +41,11 @@ def test_torchrun_with_mpi_imported_early_fails_clearly():
     run_torchrun("torch_early_mpi.py", 2, timeout=120)
 
 
+def test_torchrun_with_one_rank_unable_to_join_fails_every_rank_at_once():
+    """The store's timeout is 300 s; the test's 60 s bound shows nobody waits for it."""
+    run_torchrun("torch_early_mpi_one.py", 3, timeout=60)
+
+
 def test_torchrun_topocoll_subgroup_of_gloo_default_fails_clearly():
     run_torchrun("torch_gloo_default.py", 2, timeout=120)
 

@@ -21,6 +21,8 @@ PREFIX = "topocoll/pmi/"
 SERVER = Path(__file__).with_name("pmi_server.py")
 FAILED = "failed: "
 """What rank 0 stores instead of the server's address when it can't start it."""
+DECLINED = "declined: "
+"""What a rank that can't join stores instead of its hostname."""
 
 
 def can_join() -> bool:
@@ -45,6 +47,10 @@ def join_world(store: Any, rank: int, size: int, timeout: float) -> None:
     if rank == 0:
         hosts = [store.get(f"{PREFIX}host/{r}").decode() for r in range(size)]
         try:
+            declined = [f"rank {r}: {h[len(DECLINED):]}" for r, h in enumerate(hosts)
+                        if h.startswith(DECLINED)]
+            if declined:
+                raise RuntimeError(f"topocoll: ranks can't join one MPI world ({'; '.join(declined)})")
             store.set(f"{PREFIX}addr", _start_server(hosts, timeout))
         except Exception as err:
             store.set(f"{PREFIX}addr", f"{FAILED}{err}")  # the others raise too, not wait
@@ -57,12 +63,24 @@ def join_world(store: Any, rank: int, size: int, timeout: float) -> None:
     conn = socket.create_connection((server_host, int(port)), timeout=timeout)
     conn.settimeout(None)
     os.environ.update(PMI_FD=str(conn.detach()), PMI_RANK=str(rank), PMI_SIZE=str(size))
-    from mpi4py import MPI  # MPI_Init runs here, through the PMI server
+    try:
+        from mpi4py import MPI  # MPI_Init runs here, through the PMI server
+    finally:
+        for var in ("PMI_FD", "PMI_RANK", "PMI_SIZE"):  # read once; children must not inherit
+            os.environ.pop(var, None)
 
     world = MPI.COMM_WORLD
     if (world.Get_rank(), world.Get_size()) != (rank, size):
         raise RuntimeError(f"topocoll: MPI world is rank {world.Get_rank()} of "
                            f"{world.Get_size()}, torch expects {rank} of {size}")
+
+
+def decline(store: Any, rank: int, reason: str) -> None:
+    """Tell rank 0 that this rank can't join (MPI already initialised here), so every rank fails
+    at once instead of waiting for the store's timeout."""
+    store.set(f"{PREFIX}host/{rank}", f"{DECLINED}{reason}")
+    if rank == 0:
+        store.set(f"{PREFIX}addr", f"{FAILED}rank 0: {reason}")
 
 
 def process_mapping(hosts: Sequence[str]) -> str:

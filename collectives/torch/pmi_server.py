@@ -69,6 +69,10 @@ class Manager:
         """Answer one rank's requests until it finalizes; a rank that vanishes fails the job."""
         with self.lock:
             self.conns.append(conn)
+            failed = not self.clean
+        if failed:  # the job already failed: a late rank must not wait in a barrier forever
+            _close(conn)
+            return
         reader = conn.makefile("rb")
         for raw in reader:
             fields = _parse(raw.decode(errors="replace"))
@@ -89,10 +93,7 @@ class Manager:
         with self.lock:
             self.clean = False
             for c in self.conns:
-                try:
-                    c.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+                _close(c)
 
     def _answer(self, cmd: str, f: dict[str, str]) -> str:
         if cmd == "init":
@@ -133,6 +134,13 @@ def _parse(line: str) -> dict[str, str]:
         key, _, value = token.partition("=")
         fields[key] = value
     return fields
+
+
+def _close(conn: socket.socket) -> None:
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _send(conn: socket.socket, line: str) -> None:

@@ -231,6 +231,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                                  f"{input.numel()} and {output.numel()} elements")
             hs = self._go(opts, self.comm.all_to_all, input.view(-1), out=output.view(-1))
             return self._work("all_to_all_single", [output], hs)
+        self._on_gpu(input, "all_to_all_single")
         h, unpack = self._all_to_all_uneven(output, input, output_split_sizes, input_split_sizes)
         return self._work("all_to_all_single", [output], [h], post=unpack)
 
@@ -245,6 +246,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                 raise ValueError(f"alltoall needs {p} {what} tensors (one per rank), got {len(ts)}")
             for i, t in enumerate(ts):
                 _check(t, f"alltoall {what}[{i}]", like=input_tensors[0])
+        self._on_gpu(input_tensors[0], "alltoall")
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         stage = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype,
                             device=flat_in.device)
@@ -265,20 +267,21 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
         """Start sending one tensor to group rank ``dst``; never blocks."""
         t = _one(tensors, "send")
-        if self._on_gpu(t, "send"):
-            h = self.comm.send(t, self._peer(dst, "dst"), _tag(tag), async_op=True)
-            return self._work(f"send to rank {dst}", [t], [h])
-        req = self._mpi.isend(_bytes(t), self._peer(dst, "dst"), _tag(tag), channel="p2p")
-        return RequestWork(f"send to rank {dst}", [t], self._mpi, [req], self.timeout)
+        # CUDA tensors are staged through host memory: a send must never wait behind (or block)
+        # the communicator's ordered queue, which NCCL point-to-point would need
+        host = t.detach().cpu() if self._on_gpu(t, "send") else t
+        req = self._mpi.isend(_bytes(host), self._peer(dst, "dst"), _tag(tag), channel="p2p")
+        return RequestWork(f"send to rank {dst}", [host], self._mpi, [req], self.timeout)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         """Start receiving one tensor from group rank ``src``."""
         t = _one(tensors, "recv")
-        if self._on_gpu(t, "recv"):
-            h = self.comm.recv(t, self._peer(src, "src"), _tag(tag), async_op=True)
-            return self._work(f"recv from rank {src}", [t], [h])
-        req = self._mpi.irecv(_bytes(t), self._peer(src, "src"), _tag(tag), channel="p2p")
-        return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout)
+        staged = self._on_gpu(t, "recv")
+        host = torch.empty_like(t, device="cpu") if staged else t
+        req = self._mpi.irecv(_bytes(host), self._peer(src, "src"), _tag(tag), channel="p2p")
+        post = (lambda: t.copy_(host)) if staged else None
+        return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout,
+                           post=post)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         """``recv(src=None)``: not supported; name the source rank."""

@@ -79,8 +79,11 @@ def world_comm(rank: int, size: int, store: Any = None, timeout: float = 1800.0)
     With ``store`` and no MPI launcher (torchrun), the ranks first join one MPI world through it.
     """
     imported_early = "mpi4py.MPI" in sys.modules
-    if store is not None and size > 1 and pmi.can_join():
-        pmi.join_world(store, rank, size, timeout)
+    if store is not None and size > 1 and not mpi_launched():
+        if not imported_early:
+            pmi.join_world(store, rank, size, timeout)
+        elif sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() != size:  # a singleton: can't join
+            pmi.decline(store, rank, "mpi4py.MPI was imported before init_process_group")
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
