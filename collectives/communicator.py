@@ -228,10 +228,11 @@ class Communicator:
                 raise ValueError(f"alloc: shape {list(dims)} has a negative dimension")
         except (TypeError, ValueError):
             if arena is not None:
-                arena.alloc(-1)  # the other ranks learn it too, instead of waiting forever
+                arena.alloc(-1, OpContext("alloc", self.timeout))  # the others learn it too
             raise
         nbytes = int(np.prod(dims, dtype=np.int64)) * storage.itemsize
-        raw = arena.alloc(nbytes) if arena is not None else np.zeros(nbytes, np.uint8)
+        raw = arena.alloc(nbytes, OpContext("alloc", self.timeout)) if arena is not None \
+            else np.zeros(nbytes, np.uint8)
         arr = raw.view(storage).reshape(dims)
         if torch_dtype is None:
             return arr
@@ -249,7 +250,7 @@ class Communicator:
                 flat = as_buffer(x, "x").flat()
             except (TypeError, ValueError):
                 flat = None  # not an array: every rank's free raises below, none waits forever
-            arena.free(flat)
+            arena.free(flat, OpContext("free", self.timeout))
 
     def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
         """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here

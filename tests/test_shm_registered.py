@@ -36,3 +36,8 @@ def test_absent_peer_times_out_on_the_registered_path(kind):
     out = run_ranks("shm_timeout.py", 3, args=[kind, "registered"], timeout=60)
     assert out.count(f"{kind} timed out") == 2
     assert out.count("rank 2 at the shared-memory barrier") == 2
+
+
+def test_alloc_with_an_absent_peer_times_out():
+    out = run_ranks("shm_timeout.py", 2, args=["alloc"], timeout=60)
+    assert out.count("alloc timed out") == 1 and "rank 1 at the shared-memory barrier" in out

@@ -162,15 +162,18 @@ class SharedArena:
         return every.min(axis=0), every.max(axis=0)
 
     # -- registered buffers --
-    def alloc(self, nbytes: int) -> np.ndarray:
+    def alloc(self, nbytes: int, ctx: OpContext) -> np.ndarray:
         """Collectively allocate ``nbytes`` (may differ per rank) of registered memory: this rank's
         segment of a new shared window that every rank maps, as a zeroed uint8 array. A rank
-        passing -1 (its request was bad) makes every rank's call fail, none allocating."""
+        passing -1 (its request was bad) makes every rank's call fail, none allocating. The ranks
+        first meet at an arena barrier (``ctx``'s deadline: an absent peer raises a timeout
+        instead of hanging the window's collective allocation)."""
         from mpi4py import MPI
 
         if self._win is None:
             raise ValueError("the shared-memory arena is closed; can't allocate registered memory")
-        if self._comm.allreduce(int(nbytes < 0), op=MPI.MAX):  # a rank's request was bad
+        _lo, hi = self.agree(np.array([int(nbytes < 0)], np.int64), ctx)
+        if hi[0]:  # a rank's request was bad
             if nbytes < 0:
                 return np.empty(0, np.uint8)  # the caller raises its own error
             raise ValueError("alloc: another rank passed a bad shape or dtype; nothing allocated")
@@ -187,19 +190,15 @@ class SharedArena:
         mine[:] = 0
         return mine
 
-    def free(self, buf: np.ndarray | None) -> None:
+    def free(self, buf: np.ndarray | None, ctx: OpContext) -> None:
         """Collectively free the registered allocation holding ``buf`` (the same one on every
         rank, else ValueError everywhere); its arrays must not be used afterwards."""
-        from mpi4py import MPI
-
         where = self.locate(buf, empty_ok=True) if buf is not None else None
-        wid = where[0] if where else 0
-        lo = self._comm.allreduce(wid, op=MPI.MIN)
-        hi = self._comm.allreduce(wid, op=MPI.MAX)
-        if lo != hi or lo == 0:
+        lo, hi = self.agree(np.array([where[0] if where else 0], np.int64), ctx)
+        if lo[0] != hi[0] or lo[0] == 0:
             raise ValueError("free: the array is not a registered buffer from alloc on every rank "
                              "(or ranks passed different allocations)")
-        win, _segs = self._windows.pop(wid)
+        win, _segs = self._windows.pop(int(lo[0]))
         win.Free()
 
     def locate(self, buf: np.ndarray, empty_ok: bool = False) -> tuple[int, int] | None:

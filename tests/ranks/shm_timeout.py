@@ -1,6 +1,7 @@
 """A rank that never reaches the shared-memory barrier: the others get CollectiveTimeoutError
 naming the operation and that rank, within the timeout; close() then returns. argv[2]
-"registered": the buffers are registered (the zero-copy path's first barrier must notice)."""
+"registered": the buffers are registered (the zero-copy path's first barrier must notice).
+Kind "alloc": the collective allocation of registered memory must time out the same way."""
 import _common  # noqa: F401
 from _common import rank_main
 
@@ -18,7 +19,7 @@ from collectives import CollectiveTimeoutError
 def body():
     kind = sys.argv[1]
     # check=False: no agreement round first, so it is the shm barrier that must notice
-    c = collectives.init(timeout=30, check=False)
+    c = collectives.init(timeout=1.0 if kind == "alloc" else 30, check=False)
     assert c.backend.arena() is not None, c.backend.arena_unavailable()
     absent = c.size - 1
     registered = len(sys.argv) > 2 and sys.argv[2] == "registered"
@@ -27,7 +28,9 @@ def body():
         x[:] = 1
         t0 = time.monotonic()
         try:
-            if kind == "all_reduce":
+            if kind == "alloc":
+                c.alloc(1 << 10, np.float32)
+            elif kind == "all_reduce":
                 c.all_reduce(x, algo="shm", timeout=1.0)
             else:
                 c.broadcast(x, root=absent, algo="shm", async_op=True, timeout=1.0).wait()
