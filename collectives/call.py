@@ -25,7 +25,7 @@ class Call:
     ring: Sequence[int] | None = None  # rank order of the ring (None: 0..size-1)
     topology: Any = None               # the communicator's topology.Topology, if known
     agreement: Any = None  # (signature, check(lo, hi)) for an algorithm that agrees in its own
-    #                        first barrier (FUSES_AGREEMENT); None: already agreed, or not checked
+    #                        first barrier (select.AGREES_IN_FIRST_BARRIER); None: already agreed
 
 
 def split_bounds(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:

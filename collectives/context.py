@@ -54,3 +54,16 @@ class OpContext:
                     f"operation (set timeout= or TOPOCOLL_TIMEOUT to change the limit)")
             nap = min(max(nap * 2, 20e-6), MAX_NAP_SECONDS)
             time.sleep(nap)
+
+
+def spin(done: Callable[[], bool], seconds: float) -> bool:
+    """Poll ``done`` for up to ``seconds``, yielding the core between tries (peers or the other
+    thread may share it); whether it came true. Callers fall back to a blocking or sleeping wait."""
+    end = time.perf_counter() + seconds
+    while True:
+        for _ in range(16):
+            if done():
+                return True
+            os.sched_yield()
+        if time.perf_counter() > end:
+            return False

@@ -1,12 +1,11 @@
 """Async handles and the per-communicator progress thread that runs operations in issue order."""
 from __future__ import annotations
 
-import os
 import queue
 import threading
-import time
 from typing import Any, Callable
 
+from .context import spin
 from .errors import CollectiveTimeoutError
 
 HANDOFF_SPIN_SECONDS = 100e-6
@@ -45,7 +44,7 @@ class Handle:
         own timeout.
         """
         if not self._event.is_set():
-            _spin(self._event.is_set)
+            spin(self._event.is_set, HANDOFF_SPIN_SECONDS)
         if not self._event.wait(timeout):
             raise CollectiveTimeoutError(f"{self.name}: not finished after waiting {timeout:g} s")
         if self._error is not None:
@@ -149,7 +148,7 @@ class Executor:
     def _run(self) -> None:
         while True:
             if self._queue.empty():
-                _spin(lambda: not self._queue.empty())
+                spin(lambda: not self._queue.empty(), HANDOFF_SPIN_SECONDS)
             item = self._queue.get()
             if item is None:
                 return
@@ -162,9 +161,3 @@ class Executor:
             handle._finish(result, error)
             self._release()
 
-
-def _spin(ready: Callable[[], bool]) -> None:
-    """Poll ``ready`` for up to ``HANDOFF_SPIN_SECONDS``, yielding the core between polls."""
-    until = time.monotonic() + HANDOFF_SPIN_SECONDS
-    while not ready() and time.monotonic() < until:
-        os.sched_yield()

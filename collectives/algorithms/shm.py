@@ -218,13 +218,12 @@ class _Gate:
                  only: int | None = None, early: bool = True, agreement: Any = None) -> None:
         self.arena, self.ctx = arena, ctx
         self._agreement = agreement  # checked right after the first barrier, which shares it
-        self._mark = arena.mark()      # undone on mismatch (peers on other paths never moved)
-        if agreement is not None:
-            arena.post_signature(agreement[0])
+        self._mark = arena.mark()      # undone on mismatch (peers on other paths never flipped)
         where = arena.locate(buf)
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
         self.early = early and needed and where is None
-        arena.publish(np.array([int(self.early), *(where or (0, 0))], np.int64))
+        arena.publish(sig=agreement[0] if agreement is not None else None,
+                      reg=np.array([int(self.early), *(where or (0, 0))], np.int64))
         self.peers: list[tuple[int, int]] | None = None
         self._first = True
         if not self.early:

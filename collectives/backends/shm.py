@@ -3,7 +3,7 @@ and a barrier that polls per-rank sequence flags in that memory instead of sendi
 
 Layout of each rank's segment (an MPI-3 shared window, ``MPI_Win_allocate_shared``)::
 
-    | flag, 2 signature areas, 2 registration areas (4 KiB) | half 0: slot_bytes | half 1 |
+    | flag, 2 areas of published words (4 KiB) | half 0: slot_bytes | half 1: slot_bytes |
 
 Registered buffers (``alloc``) are further shared windows over the same ranks: every rank maps
 every rank's segment of them, so a collective whose buffers are registered on every rank reads and
@@ -20,23 +20,22 @@ the memory goes away with the processes even when a rank crashes: nothing can le
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import numpy as np
 
-from ..context import OpContext
+from ..context import OpContext, spin
 from ..errors import CollectiveTimeoutError
 
 HEADER_BYTES = 4096
-"""Bytes before a segment's data: the sequence flag and the signature areas, on their own page."""
+"""Bytes before a segment's data: the sequence flag and the published-word areas, on their own page."""
 
-SIG_OFFSET, SIG_WORDS = 64, 240
-"""Where the two alternating signature areas of ``agree`` start, and their size in int64s."""
+WORDS_OFFSET, AREA_WORDS = 64, 248
+"""Where the two alternating areas of ``publish`` start, and their size in int64s."""
 
-REG_OFFSET, REG_WORDS = SIG_OFFSET + 16 * SIG_WORDS, 8
-"""Where the two alternating areas start in which a rank publishes where a call's buffers are
-registered (``publish``), and their size in int64s."""
+SIG_WORDS = 240
+"""The first ``SIG_WORDS`` words of an area hold a call's signature (``agree``); the words after
+them, where a rank's buffers of the call are registered (the zero-copy gate)."""
 
 DEFAULT_SLOT_BYTES = 2 << 20
 """Bytes of one half of a rank's segment: the pipeline step (``TOPOCOLL_SHM_SLOT`` overrides)."""
@@ -61,12 +60,10 @@ class SharedArena:
         self._epoch = 0
         self._step = 0
         self._broken = False
-        self._agreed = 0
-        self._flags: list[np.ndarray] = []
-        self._sigs: list[np.ndarray] = []
-        self._halves: list[tuple[np.ndarray, np.ndarray]] = []
-        self._regs: list[np.ndarray] = []
         self._published = 0
+        self._flags: list[np.ndarray] = []
+        self._areas: list[np.ndarray] = []
+        self._halves: list[tuple[np.ndarray, np.ndarray]] = []
         self._comm: Any = None
         self._windows: dict[int, tuple[Any, list[np.ndarray]]] = {}  # id -> (window, segments)
         self._next_window = 1
@@ -74,8 +71,8 @@ class SharedArena:
             mem, _unit = win.Shared_query(q)
             seg = np.frombuffer(mem, dtype=np.uint8)
             self._flags.append(seg[:8].view(np.int64))
-            self._sigs.append(seg[SIG_OFFSET:SIG_OFFSET + 16 * SIG_WORDS].view(np.int64))
-            self._regs.append(seg[REG_OFFSET:REG_OFFSET + 16 * REG_WORDS].view(np.int64))
+            words = seg[WORDS_OFFSET:WORDS_OFFSET + 16 * AREA_WORDS].view(np.int64)
+            self._areas.append(words.reshape(2, AREA_WORDS))
             data = seg[HEADER_BYTES:HEADER_BYTES + 2 * slot_bytes]
             self._halves.append((data[:slot_bytes], data[slot_bytes:]))
 
@@ -104,14 +101,15 @@ class SharedArena:
         self._step += 1
         return self._step % 2
 
-    def mark(self) -> tuple[int, int]:
-        """The arena's call-local counters (halves flipped, registrations published)."""
-        return self._step, self._published
+    def mark(self) -> int:
+        """How many halves ``flip`` has handed out (to ``rewind`` to)."""
+        return self._step
 
-    def rewind(self, mark: tuple[int, int]) -> None:
+    def rewind(self, mark: int) -> None:
         """Back to ``mark``: a call that some ranks began and all abandoned at its first barrier
-        (a signature mismatch) must leave every rank on the same half and publication area."""
-        self._step, self._published = mark
+        (a signature mismatch) must leave every rank on the same half. (Publication areas need no
+        rewind: every rank publishes exactly once before that barrier, whatever its path.)"""
+        self._step = mark
 
     def slot(self, owner: int, half: int, dtype: np.dtype) -> np.ndarray:
         """Half ``half`` of ``owner``'s segment as a 1-D array of ``dtype`` (writable by the owner
@@ -131,7 +129,7 @@ class SharedArena:
         flags[self.rank][0] = epoch
         arrived = lambda: all(f[0] >= epoch for f in flags)  # noqa: E731
         try:
-            if not _spin(arrived):
+            if not spin(arrived, SPIN_SECONDS):
                 ctx.poll(arrived, lambda: self._missing(epoch))
         except CollectiveTimeoutError:
             self._broken = True
@@ -140,26 +138,32 @@ class SharedArena:
 
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,
-        read all (one barrier, no messages; the two areas alternate like the data halves)."""
-        self.post_signature(sig)
+        read all (one barrier, no messages)."""
+        self.publish(sig=sig)
         self.sync(ctx)
         return self.agreed(len(sig))
 
-    def post_signature(self, sig: np.ndarray) -> None:
-        """``agree``'s first half: write this rank's signature; the next ``sync`` shares it (an
-        algorithm's own first barrier can do that, saving one)."""
-        n = len(sig)
-        if n > SIG_WORDS:
-            raise ValueError(f"a signature of {n} words exceeds the arena's {SIG_WORDS}")
-        self._agreed += 1
-        at = (self._agreed % 2) * SIG_WORDS
-        self._sigs[self.rank][at:at + n] = sig
+    def publish(self, sig: np.ndarray | None = None, reg: np.ndarray | None = None) -> None:
+        """Write this rank's words for the next ``sync``: a signature (``agreed`` reads it) and/or
+        where its buffers are registered (``published``). The two areas alternate like the data
+        halves, so the next call's words never overwrite ones a slower peer is still reading."""
+        if sig is not None and len(sig) > SIG_WORDS:
+            raise ValueError(f"a signature of {len(sig)} words exceeds the arena's {SIG_WORDS}")
+        self._published += 1
+        area = self._areas[self.rank][self._published % 2]
+        if sig is not None:
+            area[:len(sig)] = sig
+        if reg is not None:
+            area[SIG_WORDS:SIG_WORDS + len(reg)] = reg
 
     def agreed(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """``agree``'s second half, after the sync: (min, max) over ranks of the posted words."""
-        at = (self._agreed % 2) * SIG_WORDS
-        every = np.stack([s[at:at + n] for s in self._sigs])
+        """After the sync: (min, max) over ranks of the first ``n`` signature words published."""
+        every = self._current(0, n)
         return every.min(axis=0), every.max(axis=0)
+
+    def published(self, n: int) -> np.ndarray:
+        """After the sync: every rank's first ``n`` registration words, shape (size, n)."""
+        return self._current(SIG_WORDS, n)
 
     # -- registered buffers --
     def alloc(self, nbytes: int, ctx: OpContext) -> np.ndarray:
@@ -222,24 +226,13 @@ class SharedArena:
         seg = self._windows[wid][1][owner]
         return seg[off:off + like.nbytes].view(like.dtype)
 
-    def publish(self, words: np.ndarray) -> None:
-        """Write up to REG_WORDS int64s for this call; readable by all after the next ``sync``."""
-        self._published += 1
-        at = (self._published % 2) * REG_WORDS
-        self._regs[self.rank][at:at + len(words)] = words
-
-    def published(self, n: int) -> np.ndarray:
-        """Every rank's words of the current call, shape (size, n) (call after a ``sync``)."""
-        at = (self._published % 2) * REG_WORDS
-        return np.stack([r[at:at + n] for r in self._regs])
-
     def close(self) -> None:
         """Free the windows (collective); skipped after a timeout, when a peer may be gone."""
         if self._win is None:
             return
         win, self._win = self._win, None
         windows = [w for w, _segs in self._windows.values()]
-        self._flags, self._sigs, self._halves, self._regs, self._windows = [], [], [], [], {}
+        self._flags, self._areas, self._halves, self._windows = [], [], [], {}
         if self._broken:
             return  # freeing would wait for the missing peer; the OS reclaims the memory at exit
         try:
@@ -253,24 +246,14 @@ class SharedArena:
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
 
+    def _current(self, start: int, n: int) -> np.ndarray:
+        at = self._published % 2
+        return np.stack([a[at, start:start + n] for a in self._areas])
+
     def _missing(self, epoch: int) -> str:
         late = [q for q, f in enumerate(self._flags) if f[0] < epoch]
         names = ", ".join(f"rank {q}" for q in late) or "the other ranks"
         return f"{names} at the shared-memory barrier"
-
-
-def _spin(done, budget: float | None = None) -> bool:
-    """Poll ``done`` yielding the core between tries (peers may share it) for up to ``budget``
-    seconds; the caller then falls back to sleeping (OpContext.poll), which bounds the wait."""
-    yield_ = os.sched_yield
-    end = time.perf_counter() + (SPIN_SECONDS if budget is None else budget)
-    while True:
-        for _ in range(16):
-            if done():
-                return True
-            yield_()
-        if time.perf_counter() > end:
-            return False
 
 
 def shm_disabled() -> str | None:
