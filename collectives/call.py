@@ -26,6 +26,17 @@ class Call:
     topology: Any = None               # the communicator's topology.Topology, if known
     agreement: Any = None  # (signature, check(lo, hi)) for an algorithm that agrees in its own
     #                        first barrier (select.AGREES_IN_FIRST_BARRIER); None: already agreed
+    source: np.ndarray | None = None  # out-of-place all_reduce: the input, for an algorithm that
+    #   reads it itself (select.READS_SOURCE) instead of finding it copied into ``send``
+
+
+def take_source(call: Call) -> None:
+    """Copy an out-of-place input into ``send`` for a path that works in place only."""
+    if call.source is not None:
+        from .gpu import copyto
+
+        copyto(call.send, call.source)
+        call.source = None
 
 
 def split_bounds(n: int, parts: int, unit: int = 1) -> list[tuple[int, int]]:

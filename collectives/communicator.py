@@ -6,6 +6,8 @@ root, op, algorithm) fail together with a MismatchError instead of hanging or co
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 import zlib
 from typing import Any
@@ -296,6 +298,8 @@ class Communicator:
 
         fused = (agree and moves and chosen in select.AGREES_IN_FIRST_BARRIER
                  and self.backend.arena_unavailable() is None)  # else shm raises before its gate
+        if copy_in is not None and chosen in select.READS_SOURCE:
+            call.source, copy_in = copy_in[1], None
 
         def run() -> Any:
             ctx = OpContext(kind, limit)
@@ -334,6 +338,8 @@ class Communicator:
     def _check_agreement(self, ctx: OpContext, lo: np.ndarray, hi: np.ndarray,
                          fields: list[tuple[str, Any]]) -> None:
         """Raise MismatchError naming the first field whose (min, max) over ranks differ."""
+        if lo is hi:
+            return  # every rank published the same signature (SharedArena.agreed)
         for i, (label, mine) in enumerate(fields):
             if lo[i] != hi[i]:
                 extra = f" (range {lo[i]}..{hi[i]} over ranks)" if label == "element count" else ""
@@ -365,7 +371,7 @@ class Communicator:
         if not buf.shape:
             raise ValueError(f"{what} needs x with at least one dimension to split")
         lo, hi = split_bounds(buf.shape[0], self.size)[self.rank]
-        row = int(np.prod(buf.shape[1:], dtype=np.int64))
+        row = math.prod(buf.shape[1:])
         return hi - lo, split_bounds(buf.shape[0], self.size, row)
 
     def _flat_ring(self) -> list[int]:
@@ -389,14 +395,23 @@ class Communicator:
 
 def _signature(call: Call, algo: str, buf: Buffer) -> tuple[np.ndarray, list[tuple[str, Any]]]:
     """The int64 vector ranks compare, and the matching (label, this rank's value) pairs."""
-    fields: list[tuple[str, Any]] = [
-        ("collective", call.kind), ("algorithm", algo), ("dtype", buf.dtype.name),
-        ("element count", int(buf.flat().size)), ("shape", list(buf.shape)),
-        ("root", call.root), ("reduction op", call.op), ("shift", call.shift),
-        ("memory (host or GPU)", buf.memory),
-    ]
+    return _signature_of(call.kind, algo, buf.dtype.name, int(buf.flat().size),
+                         tuple(buf.shape), call.root, call.op, call.shift, buf.memory)
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature_of(*values: Any) -> tuple[np.ndarray, list[tuple[str, Any]]]:
+    """Encoded once per distinct call: hashing the fields costs more than a small collective."""
+    fields = [(label, list(v) if label == "shape" else v)
+              for label, v in zip(_SIGNATURE_LABELS, values)]
     codes = [v if isinstance(v, int) else zlib.crc32(repr(v).encode()) for _, v in fields]
-    return np.array(codes, dtype=np.int64), fields
+    sig = np.array(codes, dtype=np.int64)
+    sig.flags.writeable = False  # shared by every call with these values
+    return sig, fields
+
+
+_SIGNATURE_LABELS = ("collective", "algorithm", "dtype", "element count", "shape", "root",
+                     "reduction op", "shift", "memory (host or GPU)")
 
 
 def _torch_numpy(dtype: Any) -> np.dtype:

@@ -5,6 +5,7 @@ uint16 and reduced through torch, since numpy has no bfloat16).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,8 +31,9 @@ class DType:
 
 BFLOAT16 = DType("bfloat16", np.dtype(np.uint16), True, True)
 
-Reducer = Callable[[np.ndarray, np.ndarray], None]
-"""``reducer(acc, inc)`` combines ``inc`` into ``acc`` in place (both storage views, same shape)."""
+Reducer = Callable[..., None]
+"""``combine(acc, inc)`` combines ``inc`` into ``acc`` in place (storage views of one shape);
+``combine(a, inc, out=c)`` writes ``a (op) inc`` to ``c`` instead, sparing a copy of ``a``."""
 
 
 def dtype_of_numpy(dt: np.dtype) -> DType:
@@ -77,22 +79,27 @@ def check_reducible(dtype: DType, op: str) -> None:
         raise TypeError(f"op {op!r} is not defined for complex dtype {dtype.name}")
 
 
+@functools.lru_cache(maxsize=256)
 def reducer(dtype: DType, op: str) -> Reducer:
     """The in-place combine function for ``op`` on ``dtype`` ('avg' combines like 'sum');
-    GPU (CuPy) storage views are combined on the GPU by ``gpu.combine``."""
+    GPU (CuPy) storage views are combined on the GPU by ``gpu.combine``. Made once per pair."""
     base = "sum" if op == "avg" else op
     host = _torch_reducer(base) if dtype.name == "bfloat16" else None
     ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[base]
 
-    def combine(acc: np.ndarray, inc: np.ndarray) -> None:
+    def combine(acc: np.ndarray, inc: np.ndarray, out: np.ndarray | None = None) -> None:
+        if out is None:
+            out = acc
         if not isinstance(acc, np.ndarray):
-            from .gpu import combine as on_gpu
+            from .gpu import combine as on_gpu, copyto
 
-            on_gpu(acc, inc, base, dtype)
+            if out is not acc:
+                copyto(out, acc)
+            on_gpu(out, inc, base, dtype)
         elif host is not None:
-            host(acc, inc)
+            host(acc, inc, out)
         else:
-            ufunc(acc, inc, out=acc)
+            ufunc(acc, inc, out=out)
 
     return combine
 
@@ -118,9 +125,8 @@ def _torch_reducer(op: str) -> Reducer:
 
     fn = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}[op]
 
-    def combine(acc: np.ndarray, inc: np.ndarray) -> None:
-        a = torch.from_numpy(acc.view(np.int16)).view(torch.bfloat16)
-        b = torch.from_numpy(inc.view(np.int16)).view(torch.bfloat16)
-        fn(a, b, out=a)
+    def combine(acc: np.ndarray, inc: np.ndarray, out: np.ndarray) -> None:
+        a, b, c = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for v in (acc, inc, out))
+        fn(a, b, out=c)
 
     return combine

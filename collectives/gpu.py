@@ -73,7 +73,7 @@ def copyto(dst: Any, src: Any) -> None:
 def shares_memory(a: Any, b: Any) -> bool:
     """Whether two arrays overlap (never, when one is on the host and the other on a GPU)."""
     if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
-        return bool(np.shares_memory(a, b))
+        return bool(np.may_share_memory(a, b) and np.shares_memory(a, b))  # bounds first: cheap
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return False
     return bool(array_module(a).shares_memory(a, b))

@@ -45,6 +45,10 @@ AGREES_IN_FIRST_BARRIER = frozenset({"shm", "shm_or_native"})
 """Algorithms that take the communicator's signature check into their own first barrier
 (``Call.agreement``): one shared-memory barrier per call fewer when checking is on."""
 
+READS_SOURCE = frozenset({"shm", "shm_or_native"})
+"""All-reduce algorithms that read an out-of-place input themselves (``Call.source``): the
+communicator then skips copying it into the output first, a full pass over memory."""
+
 SHM_SMALL = 64 * 1024
 """Bytes below which ``auto`` keeps the native collective on one node: after the polling fix in
 ``context.py`` (sched_yield spin) native and shm are within noise of each other there."""

@@ -25,10 +25,20 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..backends.shm import SharedArena
-from ..call import Call, split_bounds
+from ..call import Call, split_bounds, take_source
 from ..context import OpContext
 from ..dtypes import finish_avg, reducer
 from . import native
+
+REGISTERED_FROM = 64 << 10
+"""Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
+two barriers cost more than the slots' copies, so every rank goes through the slots at once."""
+
+ONE_SHOT_BYTES = {0: 32 << 10, 2: 1 << 20}
+"""Largest all-reduce done in one shot, by number of ranks (0: any other number). With two ranks
+one shot reads no more than two do (each rank reads its peer's whole buffer either way) and saves
+a barrier per step; with more, every rank reads every buffer, so it pays only for small ones.
+Measured in docs/shm.md ("One shot")."""
 
 CHUNK_BYTES = 256 << 10
 """Bytes of one region a rank reduces at a time on registered buffers: the chunk stays in cache
@@ -79,19 +89,52 @@ def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
 # -- paths --
 def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
     """Publish registration, decide at the first barrier, take the zero-copy path or
-    ``fallback`` (None: the native collective, after a barrier every rank takes alike)."""
+    ``fallback`` (None: the native collective, after a barrier every rank takes alike).
+    Small calls skip registration: the slots need one barrier where zero-copy needs two."""
+    if b.size == 1 or fallback is None:
+        take_source(call)                   # only the slot paths read an out-of-place input
     if b.size == 1:
         return _NATIVE[call.kind](b, ctx, call)
+    arena = _arena(b)
+    small = fallback is not None and call.send.nbytes < REGISTERED_FROM
+    if not small and arena.locate(call.send) is not None:
+        take_source(call)                   # peers may read my buffer right after the gate
     only = call.root if call.kind == "broadcast" else None   # whose buffer the copy path reads
-    gate = _Gate(_arena(b), ctx, call.send, only=only, early=fallback is not None,
-                 agreement=call.agreement)
+    gate = _Gate(arena, ctx, call.send, only=only, early=fallback is not None,
+                 agreement=call.agreement, registered=not small)
     call.agreement = None
     if gate.peers is not None:
         return _PEERS[call.kind](b, ctx, call, gate)
     if fallback is None:
         return _NATIVE[call.kind](b, ctx, call)
+    if call.kind == "all_reduce" and call.send.nbytes <= one_shot_bytes(b.size, arena):
+        return _one_shot_all_reduce(b, ctx, call, gate)
     fallback(b, ctx, call, gate)
     gate.close()
+
+
+def one_shot_bytes(ranks: int, arena: SharedArena) -> int:
+    """Largest all-reduce that every rank reduces whole from every slot after one barrier
+    (instead of reduce-scatter, barrier, all-gather): ``ONE_SHOT_BYTES`` for this many ranks,
+    bounded by the slot."""
+    return min(arena.slot_bytes, ONE_SHOT_BYTES.get(ranks, ONE_SHOT_BYTES[0]))
+
+
+def _one_shot_all_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """Everyone publishes its whole buffer, syncs once, and sums every slot in rank order:
+    more reading than reduce-scatter + all-gather but one barrier fewer, which small messages
+    feel most (NCCL's one-shot/LL all-reduce). The same order everywhere: bitwise identical."""
+    out, n = call.send, call.send.size
+    mine = out if call.source is None else call.source
+    slots = _slots(gate.arena, out.dtype)
+    slots[b.rank][:n] = mine
+    gate.sync()
+    combine = reducer(call.dtype, call.op or "sum")
+    combine(mine if b.rank == 0 else slots[0][:n], slots[1][:n], out=out)
+    for q in range(2, b.size):
+        combine(out, slots[q][:n])
+    if call.op == "avg":
+        finish_avg(call.dtype, out, b.size)
 
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
@@ -215,24 +258,30 @@ class _Gate:
     """
 
     def __init__(self, arena: SharedArena, ctx: OpContext, buf: np.ndarray,
-                 only: int | None = None, early: bool = True, agreement: Any = None) -> None:
+                 only: int | None = None, early: bool = True, agreement: Any = None,
+                 registered: bool = True) -> None:
         self.arena, self.ctx = arena, ctx
         self._agreement = agreement  # checked right after the first barrier, which shares it
         self._mark = arena.mark()      # undone on mismatch (peers on other paths never flipped)
+        self.peers: list[tuple[int, int]] | None = None
+        self._first = True
+        self._alike = not registered   # every rank goes early (decided by the agreed size)
+        sig = agreement[0] if agreement is not None else None
+        if not registered:
+            self.early = True
+            arena.publish(sig=sig)
+            return
         where = arena.locate(buf)
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
         self.early = early and needed and where is None
-        arena.publish(sig=agreement[0] if agreement is not None else None,
-                      reg=np.array([int(self.early), *(where or (0, 0))], np.int64))
-        self.peers: list[tuple[int, int]] | None = None
-        self._first = True
+        arena.publish(sig=sig, reg=np.array([int(self.early), *(where or (0, 0))], np.int64))
         if not self.early:
             arena.sync(ctx)
             self._check_agreement()
             words = arena.published(3)
-            ready = [q for q in range(arena.size) if words[q, 1] and only in (None, q)]
+            ready = [q for q in range(arena.size) if words[q][1] and only in (None, q)]
             if len(ready) == (1 if only is not None else arena.size):
-                self.peers = [(int(wid), int(off)) for _e, wid, off in words]
+                self.peers = [(wid, off) for _e, wid, off in words]
 
     def sync(self) -> None:
         """A barrier of the slot path; the first one also pairs the two kinds of ranks up."""
@@ -240,7 +289,7 @@ class _Gate:
         if self._first:
             self._first = False
             self._check_agreement()
-            if self.early and not self.arena.published(1)[:, 0].all():
+            if self.early and not self._alike and not all(w[0] for w in self.arena.published(1)):
                 self.arena.sync(self.ctx)  # ranks that synced once already now copied in
 
     def close(self) -> None:
@@ -308,31 +357,37 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
         raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
                          f"too small for {p} ranks; raise TOPOCOLL_SHM_SLOT")
     in_buffer = mode == "all_reduce"            # result of my region lands in place in src
+    mine = src if call.source is None else call.source  # my input (out of place: not src)
     for k in range(_steps(bounds, w)):
         slots = _slots(arena, src.dtype)
         pieces = _pieces(bounds, k, w)
         for q, (lo, hi) in enumerate(pieces):   # 1. copy in (my own region too, for reduce)
             if hi > lo and (q != r or mode == "reduce"):
-                slots[r][q * w:q * w + hi - lo] = src[lo:hi]
+                slots[r][q * w:q * w + hi - lo] = mine[lo:hi]
         gate.sync()
         lo, hi = pieces[r]                      # 3. reduce my region
         n = hi - lo
         if mode == "reduce_scatter":
             acc = call.recv[k * w:k * w + n]
-            acc[:] = src[lo:hi]
         elif in_buffer:
             acc = src[lo:hi]
         else:
             acc = slots[r][r * w:r * w + n]
-        for q in range(p):
-            if q != r and n:
-                combine(acc, slots[q][r * w:r * w + n])
-        if call.op == "avg" and n:
-            finish_avg(call.dtype, acc, p)
+        first = mine[lo:hi] if mode != "reduce" else acc  # own data, reduced first
+        step = max(1, CHUNK_BYTES // src.itemsize)
+        for a in range(0, n, step):             # in cache-sized chunks: the publish reads cache
+            e = min(n, a + step)
+            part, into = acc[a:e], first[a:e]
+            for q in range(p):
+                if q != r:
+                    combine(into, slots[q][r * w + a:r * w + e], out=part)
+                    into = part
+            if call.op == "avg":
+                finish_avg(call.dtype, part, p)
+            if in_buffer:
+                slots[r][r * w + a:r * w + e] = part  # publish it
         if mode == "reduce_scatter":
             continue                            # nobody reads my result: no second sync
-        if in_buffer and n:
-            slots[r][r * w:r * w + n] = acc     # publish it
         gate.sync()
         if mode == "reduce" and r != call.root:
             continue
@@ -368,8 +423,7 @@ def _bytes(buf: np.ndarray) -> np.ndarray:
 
 def _slots(arena: SharedArena, dtype: np.dtype) -> list[np.ndarray]:
     """Every rank's half for the next pipeline step, typed."""
-    half = arena.flip()
-    return [arena.slot(q, half, dtype) for q in range(arena.size)]
+    return arena.slots(arena.flip(), dtype)
 
 
 def _steps(bounds, w: int) -> int:
@@ -380,4 +434,6 @@ def _steps(bounds, w: int) -> int:
 
 def _pieces(bounds, k: int, w: int) -> list[tuple[int, int]]:
     """Step ``k``'s element range of each region (empty where a region is already done)."""
+    if k == 0 and all(hi - lo <= w for lo, hi in bounds):
+        return bounds  # one step: the regions themselves (most small calls)
     return [(min(lo + k * w, hi), min(lo + (k + 1) * w, hi)) for lo, hi in bounds]

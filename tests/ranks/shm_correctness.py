@@ -38,7 +38,11 @@ def check_reducing(c):
                 assert c.all_reduce(x, op=op, algo="shm") is x
                 assert np.array_equal(x, ref), f"all_reduce {what}: {x[:6]} != {ref[:6]}"
                 same_on_all_ranks(x, f"all_reduce {what}")
-                x = every[c.rank].copy()
+                x, out = every[c.rank].copy(), np.empty(n, dt)  # out of place: reads x itself
+                assert c.all_reduce(x, op=op, algo="shm", out=out) is out
+                assert np.array_equal(out, ref), f"all_reduce out= {what}: {out[:6]} != {ref[:6]}"
+                assert np.array_equal(x, every[c.rank]), f"all_reduce out= {what} changed x"
+                same_on_all_ranks(out, f"all_reduce out= {what}")
                 got = c.reduce_scatter(x, op=op, algo="shm")
                 part = np.array_split(ref, c.size)[c.rank]
                 assert np.array_equal(got, part), f"reduce_scatter {what}"
@@ -143,7 +147,7 @@ def check_auto_and_arena(c):
     assert np.all(x == sum(range(c.size)))
     arena = c.backend.arena()
     assert arena is not None and arena.size == c.size
-    addr = arena.slot(c.rank, 0, np.uint8).ctypes.data
+    addr = arena.slots(0, np.uint8)[c.rank].ctypes.data
     for line in open("/proc/self/maps"):
         lo, hi = (int(v, 16) for v in line.split()[0].split("-"))
         if lo <= addr < hi:

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
+from collectives.algorithms.shm import REGISTERED_FROM
 
 DTYPES = ["int8", "int32", "float16", "float32", "float64", "complex64"]
 BLOCK = 4 << 20
@@ -112,12 +113,13 @@ def check_slots_untouched(c, registered_everywhere):
     arena = c.backend.arena()
     if arena is None:
         return
-    halves = [arena.slot(c.rank, h, np.uint8) for h in (0, 1)]
+    halves = [arena.slots(h, np.uint8)[c.rank] for h in (0, 1)]
     for h in halves:
         h[:4096] = SENTINEL
     c.barrier()
-    reg = c.alloc(1000, np.float32)
-    x = reg if c.rank or registered_everywhere else np.empty(1000, np.float32)
+    n = REGISTERED_FROM // 4 + 1000  # smaller calls take the slots even when registered
+    reg = c.alloc(n, np.float32)
+    x = reg if c.rank or registered_everywhere else np.empty(n, np.float32)
     x[:] = c.rank + 1
     c.all_reduce(x, algo="shm")
     assert np.all(x == sum(range(1, c.size + 1)))
