@@ -34,10 +34,11 @@ REGISTERED_FROM = 64 << 10
 """Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
 two barriers cost more than the slots' copies, so every rank goes through the slots at once."""
 
-ONE_SHOT_BYTES = {0: 32 << 10, 2: 1 << 20}
-"""Largest all-reduce done in one shot, by number of ranks (0: any other number). With two ranks
-one shot reads no more than two do (each rank reads its peer's whole buffer either way) and saves
-a barrier per step; with more, every rank reads every buffer, so it pays only for small ones.
+ONE_SHOT_BYTES = {"all_reduce": {0: 32 << 10, 2: 1 << 20}, "reduce_scatter": {0: 32 << 10}}
+"""Largest input done in one shot (``_one_shot``), by collective and number of ranks (0: any
+other number). All-reduce on two ranks reads no more in one shot than in two (each rank reads its
+peer's whole buffer either way) and saves a barrier per step; with more ranks every rank reads
+every buffer, and reduce-scatter gains only Python steps, so they go one-shot only when small.
 Measured in docs/shm.md ("One shot")."""
 
 CHUNK_BYTES = 256 << 10
@@ -107,34 +108,41 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
         return _PEERS[call.kind](b, ctx, call, gate)
     if fallback is None:
         return _NATIVE[call.kind](b, ctx, call)
-    if call.kind == "all_reduce" and call.send.nbytes <= one_shot_bytes(b.size, arena):
-        return _one_shot_all_reduce(b, ctx, call, gate)
+    if call.send.nbytes <= one_shot_bytes(call.kind, b.size, arena):
+        return _one_shot(b, ctx, call, gate)
     fallback(b, ctx, call, gate)
     gate.close()
 
 
-def one_shot_bytes(ranks: int, arena: SharedArena) -> int:
-    """Largest all-reduce that every rank reduces whole from every slot after one barrier
-    (instead of reduce-scatter, barrier, all-gather): ``ONE_SHOT_BYTES`` for this many ranks,
-    bounded by the slot."""
-    return min(arena.slot_bytes, ONE_SHOT_BYTES.get(ranks, ONE_SHOT_BYTES[0]))
+def one_shot_bytes(kind: str, ranks: int, arena: SharedArena) -> int:
+    """Largest input of ``kind`` published whole and reduced after one barrier (``_one_shot``):
+    ``ONE_SHOT_BYTES`` for this many ranks, bounded by the slot; -1 where there is no one-shot."""
+    limits = ONE_SHOT_BYTES.get(kind)
+    if limits is None:
+        return -1
+    return min(arena.slot_bytes, limits.get(ranks, limits[0]))
 
 
-def _one_shot_all_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
-    """Everyone publishes its whole buffer, syncs once, and sums every slot in rank order:
-    more reading than reduce-scatter + all-gather but one barrier fewer, which small messages
-    feel most (NCCL's one-shot/LL all-reduce). The same order everywhere: bitwise identical."""
-    out, n = call.send, call.send.size
-    mine = out if call.source is None else call.source
-    slots = _slots(gate.arena, out.dtype)
+def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """All-reduce or reduce-scatter in one shot: everyone publishes its whole input, syncs once,
+    and sums its result from every slot in rank order. More reading than two-shot (all-reduce)
+    but one barrier and a few Python steps per call fewer, which small messages feel most
+    (NCCL's one-shot/LL all-reduce). The same order everywhere: bitwise identical."""
+    mine = call.send if call.source is None else call.source
+    n, p = mine.size, b.size
+    slots = _slots(gate.arena, mine.dtype)
     slots[b.rank][:n] = mine
     gate.sync()
+    if call.kind == "all_reduce":
+        lo, hi, out = 0, n, call.send
+    else:
+        (lo, hi), out = call.bounds[b.rank], call.recv
     combine = reducer(call.dtype, call.op or "sum")
-    combine(mine if b.rank == 0 else slots[0][:n], slots[1][:n], out=out)
-    for q in range(2, b.size):
-        combine(out, slots[q][:n])
+    combine(slots[0][lo:hi], slots[1][lo:hi], out=out)  # never reads out: safe in place
+    for q in range(2, p):
+        combine(out, slots[q][lo:hi])
     if call.op == "avg":
-        finish_avg(call.dtype, out, b.size)
+        finish_avg(call.dtype, out, p)
 
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
