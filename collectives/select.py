@@ -1,9 +1,9 @@
 """Algorithm choice: which algorithms implement each collective, and what ``algo="auto"`` picks.
 
-The rule is a size threshold for now: latency-bound messages go to the backend's native
-collective; bandwidth-bound ones go to shared memory when all ranks share a node (``has_shm``),
-else to the ring. ``TOPOCOLL_ALGO=<name>`` overrides ``auto`` wherever that algorithm exists,
-like NCCL_ALGO.
+When all ranks share a node (``has_shm``) shared memory wins at every size; otherwise the rule
+is a size threshold: latency-bound messages go to the backend's native collective, bandwidth-bound
+ones to the ring (or, on a known multi-node topology, to the cost model's pick).
+``TOPOCOLL_ALGO=<name>`` overrides ``auto`` wherever that algorithm exists, like NCCL_ALGO.
 """
 from __future__ import annotations
 
@@ -49,16 +49,13 @@ READS_SOURCE = frozenset({"shm", "shm_or_native"})
 """All-reduce algorithms that read an out-of-place input themselves (``Call.source``): the
 communicator then skips copying it into the output first, a full pass over memory."""
 
-SHM_SMALL = 64 * 1024
-"""Bytes below which ``auto`` keeps the native collective on one node: after the polling fix in
-``context.py`` (sched_yield spin) native and shm are within noise of each other there."""
-
-SHM_RANGE: dict[str, tuple[int, int | None]] = {"all_gather": (SHM_SMALL, 8 << 20)}
+SHM_RANGE: dict[str, tuple[int, int | None]] = {"all_gather": (0, 8 << 20)}
 """Bytes of ``x`` for which ``auto`` picks shared memory where it exists, per collective (default:
-``SHM_SMALL`` and up). Measured (docs/shm.md): shm beats native from 64 KiB, except all-gather
-through the slots from 8 MiB per rank, where MPICH's single-copy transfer does fewer copies than
-the slots' copy in + copy out; there ``auto`` takes ``shm_or_native``: zero-copy when every rank's
-buffers are registered (decided at run time, alike on every rank), else native."""
+every size). Measured (docs/shm.md): shm beats native at every size, small ones included (one
+barrier against MPI's messages), except all-gather through the slots from 8 MiB per rank, where
+MPICH's single-copy transfer does fewer copies than the slots' copy in + copy out; there ``auto``
+takes ``shm_or_native``: zero-copy when every rank's buffers are registered (decided at run time,
+alike on every rank), else native."""
 
 
 def algorithms_for(kind: str) -> tuple[str, ...]:
@@ -86,7 +83,7 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
     if forced and forced in table and (not forced.startswith("shm") or has_shm):
         return forced
     if has_shm and size > 1 and "shm" in table and not hierarchical(topology):
-        lo, hi = SHM_RANGE.get(kind, (SHM_SMALL, None))
+        lo, hi = SHM_RANGE.get(kind, (0, None))
         if hi is not None and nbytes >= hi:
             return "shm_or_native"
         if nbytes >= lo:

@@ -34,7 +34,8 @@ REGISTERED_FROM = 64 << 10
 """Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
 two barriers cost more than the slots' copies, so every rank goes through the slots at once."""
 
-ONE_SHOT_BYTES = {"all_reduce": {0: 32 << 10, 2: 1 << 20}, "reduce_scatter": {0: 32 << 10}}
+ONE_SHOT_BYTES = {"all_reduce": {0: 32 << 10, 2: 1 << 20}, "reduce_scatter": {0: 32 << 10},
+                  "reduce": {0: 32 << 10}}
 """Largest input done in one shot (``_one_shot``), by collective and number of ranks (0: any
 other number). All-reduce on two ranks reads no more in one shot than in two (each rank reads its
 peer's whole buffer either way) and saves a barrier per step; with more ranks every rank reads
@@ -124,19 +125,22 @@ def one_shot_bytes(kind: str, ranks: int, arena: SharedArena) -> int:
 
 
 def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
-    """All-reduce or reduce-scatter in one shot: everyone publishes its whole input, syncs once,
-    and sums its result from every slot in rank order. More reading than two-shot (all-reduce)
-    but one barrier and a few Python steps per call fewer, which small messages feel most
-    (NCCL's one-shot/LL all-reduce). The same order everywhere: bitwise identical."""
+    """All-reduce, reduce-scatter or reduce in one shot: everyone publishes its whole input,
+    syncs once, and sums its result (the root alone, for reduce) from every slot in rank order.
+    More reading than two-shot but one barrier and a few Python steps per call fewer, which
+    small messages feel most (NCCL's one-shot/LL all-reduce). The same order everywhere:
+    bitwise identical."""
     mine = call.send if call.source is None else call.source
     n, p = mine.size, b.size
     slots = _slots(gate.arena, mine.dtype)
     slots[b.rank][:n] = mine
     gate.sync()
-    if call.kind == "all_reduce":
+    if call.kind == "reduce_scatter":
+        (lo, hi), out = call.bounds[b.rank], call.recv
+    elif call.kind == "all_reduce" or b.rank == call.root:
         lo, hi, out = 0, n, call.send
     else:
-        (lo, hi), out = call.bounds[b.rank], call.recv
+        return                                          # reduce: only the root sums
     combine = reducer(call.dtype, call.op or "sum")
     combine(slots[0][lo:hi], slots[1][lo:hi], out=out)  # never reads out: safe in place
     for q in range(2, p):
@@ -194,9 +198,11 @@ def _slots_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> 
         hi = min(n, lo + w)
         slots = _slots(arena, send.dtype)
         slots[r][:hi - lo] = send[lo:hi]                     # publish my piece
+        recv[r * n + lo:r * n + hi] = send[lo:hi]            # and keep it, while it is in cache
         gate.sync()
-        for q in range(b.size):                              # gather everyone's piece
-            recv[q * n + lo:q * n + hi] = send[lo:hi] if q == r else slots[q][:hi - lo]
+        for q in range(b.size):                              # gather everyone else's piece
+            if q != r:
+                recv[q * n + lo:q * n + hi] = slots[q][:hi - lo]
 
 
 def _slots_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
