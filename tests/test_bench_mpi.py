@@ -128,3 +128,20 @@ def test_registered_buffers_every_collective_checked(n):
         rows = _table_rows(out)
         wrong = [r[i] for r in rows for i in (9, 13) if r[i] != "N/A"]  # #wrong per mode
         assert len(rows) == 3 * len(algos.split(",")) and set(wrong) == {"0"}, out
+
+
+def test_membw_prints_copy_and_add_rates_per_rank_and_node():
+    out = run_ranks("bench_membw.py", 2, ["0", "--sizes", "64K,1M", "--min-time", "20"],
+                    timeout=120)
+    assert "RANK 0 RC 0" in out and "RANK 1 RC 0" in out
+    rows = re.findall(r"^\s*(64 KiB|1 MiB)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$",
+                      out, re.M)
+    assert [r[0] for r in rows] == ["64 KiB", "1 MiB"], out
+    for _size, *rates in rows:
+        copy_rank, copy_node, add_rank, add_node = map(float, rates)
+        assert 0 < copy_rank <= copy_node and 0 < add_rank <= add_node
+
+
+def test_membw_rejects_bad_sizes_on_every_rank():
+    out = run_ranks("bench_membw.py", 2, ["2", "--sizes", "0"], timeout=60)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out and "at least 4 bytes" in out
