@@ -37,7 +37,7 @@ SIG_WORDS = 240
 """The first ``SIG_WORDS`` words of an area hold a call's signature (``agree``); the words after
 them, where a rank's buffers of the call are registered (the zero-copy gate)."""
 
-DEFAULT_SLOT_BYTES = 2 << 20
+DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one half of a rank's segment: the pipeline step (``TOPOCOLL_SHM_SLOT`` overrides)."""
 
 OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
