@@ -32,9 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"rank and node total; each figure lasts >= {args.min_time:g} ms")
     say(f"{'size':>10} {'copy/rank':>10} {'copy/node':>10} {'add/rank':>10} {'add/node':>10}")
     for nbytes in args.sizes:
-        a, b, c = (np.ones(max(nbytes // 4, 1), np.float32) for _ in range(3))
-        copy = _rate(comm, nbytes, lambda: np.copyto(c, a), args.min_time / 1e3)
-        add = _rate(comm, nbytes, lambda: np.add(a, b, out=c), args.min_time / 1e3)
+        a, b, c = (np.ones(nbytes // 4, np.float32) for _ in range(3))  # sizes >= 4 bytes
+        copy = _rate(comm, c.nbytes, lambda: np.copyto(c, a), args.min_time / 1e3)
+        add = _rate(comm, c.nbytes, lambda: np.add(a, b, out=c), args.min_time / 1e3)
         say(f"{format_size(nbytes):>10} {min(copy):>10.2f} {sum(copy):>10.2f} "
             f"{min(add):>10.2f} {sum(add):>10.2f}")
     return 0

@@ -93,9 +93,12 @@ def reducer(dtype: DType, op: str) -> Reducer:
         if not isinstance(acc, np.ndarray):
             from .gpu import combine as on_gpu, copyto
 
-            if out is not acc:
-                copyto(out, acc)
-            on_gpu(out, inc, base, dtype)
+            if out is inc:
+                on_gpu(out, acc, base, dtype)  # every op is commutative; copying acc first
+            else:                              # would overwrite inc before it is read
+                if out is not acc:
+                    copyto(out, acc)
+                on_gpu(out, inc, base, dtype)
         elif host is not None:
             host(acc, inc, out)
         else:

@@ -164,7 +164,8 @@ class SharedArena:
 
     def agreed(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """After the sync: (min, max) over ranks of the first ``n`` signature words published;
-        when every rank published the same words, both are that one array (``lo is hi``)."""
+        when every rank published the same words, both are that one array (``lo is hi``), a view
+        of this rank's area: read it before this rank's next ``publish``."""
         at = self._published % 2
         mine = self._areas[self.rank][at, :n]
         words = mine.tobytes()  # a byte comparison costs ~0.2 us; min/max over a stack ~5 us
