@@ -99,13 +99,19 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
         return _NATIVE[call.kind](b, ctx, call)
     arena = _arena(b)
     small = fallback is not None and call.send.nbytes < REGISTERED_FROM
-    if not small and arena.locate(call.send) is not None:
-        take_source(call)                   # peers may read my buffer right after the gate
+    source = None                           # where an out-of-place input is registered
+    if not small and call.source is not None and arena.locate(call.send) is not None:
+        source = arena.locate(call.source)
+        if source is None:
+            take_source(call)               # peers may read my buffer right after the gate
     only = call.root if call.kind == "broadcast" else None   # whose buffer the copy path reads
     gate = _Gate(arena, ctx, call.send, only=only, early=fallback is not None,
-                 agreement=call.agreement, registered=not small)
+                 agreement=call.agreement, registered=not small, source=source)
     call.agreement = None
     if gate.peers is not None:
+        if gate.late_sources:               # some ranks' inputs aren't registered: everyone's
+            take_source(call)               # goes into its output first, as for in place
+            arena.sync(ctx)
         return _PEERS[call.kind](b, ctx, call, gate)
     if fallback is None:
         return _NATIVE[call.kind](b, ctx, call)
@@ -267,17 +273,22 @@ class _Gate:
     Each rank publishes where its buffer is registered (``SharedArena.locate``). A rank whose
     buffer must be registered and isn't knows the call falls back to the slots (it is *early*):
     it copies its first step in and syncs; the others sync first and read everyone's words.
-    No early rank: ``peers`` lists every rank's (window, offset) and the zero-copy path runs.
-    Otherwise the fallback's first ``sync`` also makes early ranks wait for the others' copy in.
+    No early rank: ``peers`` lists every rank's (window, offset) and the zero-copy path runs;
+    ``sources`` lists where every rank's out-of-place input is registered, if every rank's is
+    (peers then read inputs in place), else ``late_sources`` says whether some rank still holds
+    one to copy into its output. Otherwise the fallback's first ``sync`` also makes early ranks
+    wait for the others' copy in.
     """
 
     def __init__(self, arena: SharedArena, ctx: OpContext, buf: np.ndarray,
                  only: int | None = None, early: bool = True, agreement: Any = None,
-                 registered: bool = True) -> None:
+                 registered: bool = True, source: tuple[int, int] | None = None) -> None:
         self.arena, self.ctx = arena, ctx
         self._agreement = agreement  # checked right after the first barrier, which shares it
         self._mark = arena.mark()      # undone on mismatch (peers on other paths never flipped)
         self.peers: list[tuple[int, int]] | None = None
+        self.sources: list[tuple[int, int]] | None = None
+        self.late_sources = False
         self._first = True
         self._alike = not registered   # every rank goes early (decided by the agreed size)
         sig = agreement[0] if agreement is not None else None
@@ -288,14 +299,19 @@ class _Gate:
         where = arena.locate(buf)
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
         self.early = early and needed and where is None
-        arena.publish(sig=sig, reg=np.array([int(self.early), *(where or (0, 0))], np.int64))
+        reg = [int(self.early), *(where or (0, 0)), *(source or (0, 0))]
+        arena.publish(sig=sig, reg=np.array(reg, np.int64))
         if not self.early:
             arena.sync(ctx)
             self._check_agreement()
-            words = arena.published(3)
+            words = arena.published(5)
             ready = [q for q in range(arena.size) if words[q][1] and only in (None, q)]
             if len(ready) == (1 if only is not None else arena.size):
-                self.peers = [(wid, off) for _e, wid, off in words]
+                self.peers = [(w[1], w[2]) for w in words]
+                if all(w[3] for w in words):
+                    self.sources = [(w[3], w[4]) for w in words]
+                else:
+                    self.late_sources = any(w[3] for w in words)
 
     def sync(self) -> None:
         """A barrier of the slot path; the first one also pairs the two kinds of ranks up."""
@@ -331,6 +347,10 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
     arena, r, p, src, mode = gate.arena, b.rank, b.size, call.send, call.kind
     bounds = split_bounds(src.size, p) if mode == "reduce" else call.bounds
     bufs = [src if q == r else arena.peer(gate.peers[q], q, src) for q in range(p)]
+    ins = bufs                                # where the inputs are: in place, the buffers
+    if gate.sources is not None:              # out of place: every rank's registered input
+        ins = [call.source if q == r else arena.peer(gate.sources[q], q, call.source)
+               for q in range(p)]
     combine = reducer(call.dtype, call.op or "sum")
     avg = call.op == "avg"
     lo, hi = bounds[r]
@@ -340,15 +360,15 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
         e = min(hi, a + step)
         if mode == "reduce_scatter":
             acc = call.recv[a - lo:e - lo]
-            acc[:] = src[a:e]
         elif spare is not None:
             acc = spare[:e - a]
-            acc[:] = src[a:e]
         else:
             acc = src[a:e]                        # my own buffer is the result's home
+        into = ins[r][a:e]                        # my own input, reduced first
         for q in range(p):
             if q != r:
-                combine(acc, bufs[q][a:e])
+                combine(into, ins[q][a:e], out=acc)
+                into = acc
         if avg:
             finish_avg(call.dtype, acc, p)
         if mode == "all_reduce":

@@ -128,6 +128,33 @@ def check_slots_untouched(c, registered_everywhere):
     c.free(reg)
 
 
+def check_out_of_place_inputs(c):
+    """all_reduce(x, out=): peers read every registered x in place; where some rank's x is
+    plain, everyone's x is first copied into its out (one extra barrier). Results, untouched
+    inputs and (zero-copy both ways) untouched slots."""
+    arena = c.backend.arena()
+    n = REGISTERED_FROM // 4 + 1001
+    every = [rank_data(n, "float32", q) for q in range(c.size)]
+    for x_everywhere in (True, False):
+        halves = [arena.slots(h, np.uint8)[c.rank] for h in (0, 1)]
+        for h in halves:
+            h[:4096] = SENTINEL
+        c.barrier()
+        reg_x, out = c.alloc(n, np.float32), c.alloc(n, np.float32)
+        x = reg_x if x_everywhere or c.rank == 0 else np.empty(n, np.float32)
+        x[:] = every[c.rank]
+        for op in ("sum", "max", "avg"):
+            assert c.all_reduce(x, op=op, algo="shm", out=out) is out
+            want = reference(every, op)
+            assert np.array_equal(out, want), f"out of place {op} x_everywhere={x_everywhere}"
+            assert np.array_equal(x, every[c.rank]), "the input changed"
+            same_on_all_ranks(out, f"out of place {op}")
+        touched = any((h[:4096] != SENTINEL).any() for h in halves)
+        assert not touched, f"slots touched (x registered everywhere: {x_everywhere})"
+        c.free(out)
+        c.free(reg_x)
+
+
 def check_api(c):
     p, r = c.size, c.rank
     z = c.alloc((3, 5), np.float64)
@@ -166,6 +193,7 @@ def check_api(c):
     if p > 1:
         check_slots_untouched(c, True)
         check_slots_untouched(c, False)
+        check_out_of_place_inputs(c)
 
 
 def body():
