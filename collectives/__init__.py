@@ -90,12 +90,32 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
 
         backend_obj = EmulatedBackend.create(backend_obj, topo)
     comm_obj = Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
+    _agree_on_checking(comm_obj)
     if select.hierarchical(topo) and "TOPOCOLL_STEP_OVERHEAD" not in os.environ:
         # auto and HO-Ring's chunking follow the cost model: give it this machine's step cost
         from .schedules import ensure_calibrated
 
         ensure_calibrated(comm_obj, topo)
     return comm_obj
+
+
+def _agree_on_checking(comm: Communicator) -> None:
+    """Raise ValueError on every rank if ranks differ in ``check`` (or ``TOPOCOLL_CHECK``): a
+    checking rank would compare its signature with words an unchecking peer never wrote.
+    Sub-communicators (``split``) inherit the agreed setting."""
+    if comm.size == 1:
+        return
+    import numpy as np
+
+    from .context import OpContext
+
+    lo, hi = comm.backend.agree(np.array([int(comm.check)], np.int64),
+                                OpContext("init", comm.timeout))
+    if lo[0] != hi[0]:
+        comm.close()
+        raise ValueError(f"init: ranks disagree on checking calls across ranks (check= or "
+                         f"TOPOCOLL_CHECK); this rank (rank {comm.rank}) has check={comm.check}. "
+                         f"Set it alike on every rank.")
 
 
 def _choose_backend(backend: str, comm: Any, device: int | None) -> str:

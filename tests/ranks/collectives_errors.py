@@ -4,6 +4,7 @@ from _common import expect_raises as expect
 from _common import rank_main
 
 import numpy as np
+from mpi4py import MPI
 
 import collectives
 from collectives import MismatchError
@@ -111,11 +112,20 @@ def shm_mismatches(c):
     c.barrier()
 
 
+def check_setting_differs():
+    """check= (TOPOCOLL_CHECK) set differently on some rank: ValueError at init, every rank."""
+    if MPI.COMM_WORLD.Get_size() > 1:
+        rank = MPI.COMM_WORLD.Get_rank()
+        expect(ValueError, lambda: collectives.init(timeout=30, check=rank != 1),
+               "disagree on checking", f"rank {rank}")
+
+
 def body():
     c = collectives.init(timeout=30)
     local_errors(c)
     mismatches(c)
     c.close()
+    check_setting_differs()
 
 
 rank_main(body)
