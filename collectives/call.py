@@ -29,6 +29,12 @@ class Call:
     source: np.ndarray | None = None  # out-of-place all_reduce: the input, for an algorithm that
     #   reads it itself (select.READS_SOURCE) instead of finding it copied into ``send``
 
+    @property
+    def input(self) -> np.ndarray:
+        """The data this rank contributes: ``source`` while an out-of-place input is kept
+        there, else ``send``."""
+        return self.send if self.source is None else self.source
+
 
 def take_source(call: Call) -> None:
     """Copy an out-of-place input into ``send`` for a path that works in place only."""

@@ -49,13 +49,14 @@ READS_SOURCE = frozenset({"shm", "shm_or_native"})
 """All-reduce algorithms that read an out-of-place input themselves (``Call.source``): the
 communicator then skips copying it into the output first, a full pass over memory."""
 
-SHM_RANGE: dict[str, tuple[int, int | None]] = {"all_gather": (0, 8 << 20)}
-"""Bytes of ``x`` for which ``auto`` picks shared memory where it exists, per collective (default:
-every size). Measured (docs/shm.md): shm beats native at every size, small ones included (one
-barrier against MPI's messages), except all-gather through the slots from 8 MiB per rank, where
-MPICH's single-copy transfer does fewer copies than the slots' copy in + copy out; there ``auto``
-takes ``shm_or_native``: zero-copy when every rank's buffers are registered (decided at run time,
-alike on every rank), else native."""
+SHM_OR_NATIVE_FROM: dict[str, int] = {"all_gather": 8 << 20}
+"""Bytes of ``x`` from which ``auto`` takes ``shm_or_native`` instead of ``shm`` where shared
+memory exists; below it (and for collectives not listed, at every size) ``shm``. Measured
+(docs/shm.md): shm beats native at every size, small ones included (one barrier against MPI's
+messages), except all-gather through the slots from 8 MiB per rank, where MPICH's single-copy
+transfer does fewer copies than the slots' copy in + copy out; there ``shm_or_native`` goes
+zero-copy when every rank's buffers are registered (decided at run time, alike on every rank),
+else native."""
 
 
 def algorithms_for(kind: str) -> tuple[str, ...]:
@@ -83,11 +84,8 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
     if forced and forced in table and (not forced.startswith("shm") or has_shm):
         return forced
     if has_shm and size > 1 and "shm" in table and not hierarchical(topology):
-        lo, hi = SHM_RANGE.get(kind, (0, None))
-        if hi is not None and nbytes >= hi:
-            return "shm_or_native"
-        if nbytes >= lo:
-            return "shm"
+        limit = SHM_OR_NATIVE_FROM.get(kind)
+        return "shm_or_native" if limit is not None and nbytes >= limit else "shm"
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
         if "ho_ring" in table and hierarchical(topology):
             return _modelled_choice(kind, nbytes, topology)

@@ -136,7 +136,7 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     More reading than two-shot but one barrier and a few Python steps per call fewer, which
     small messages feel most (NCCL's one-shot/LL all-reduce). The same order everywhere:
     bitwise identical."""
-    mine = call.send if call.source is None else call.source
+    mine = call.input
     n, p = mine.size, b.size
     slots = _slots(gate.arena, mine.dtype)
     slots[b.rank][:n] = mine
@@ -391,7 +391,7 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
         raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
                          f"too small for {p} ranks; raise TOPOCOLL_SHM_SLOT")
     in_buffer = mode == "all_reduce"            # result of my region lands in place in src
-    mine = src if call.source is None else call.source  # my input (out of place: not src)
+    mine = call.input                           # my input (out of place: not src)
     for k in range(_steps(bounds, w)):
         slots = _slots(arena, src.dtype)
         pieces = _pieces(bounds, k, w)
