@@ -34,7 +34,7 @@ REGISTERED_FROM = 64 << 10
 """Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
 two barriers cost more than the slots' copies, so every rank goes through the slots at once."""
 
-ONE_SHOT_BYTES = {"all_reduce": {0: 32 << 10, 2: 1 << 20}, "reduce_scatter": {0: 32 << 10},
+ONE_SHOT_BYTES = {"all_reduce": {0: 32 << 10, 2: 512 << 10}, "reduce_scatter": {0: 32 << 10},
                   "reduce": {0: 32 << 10}}
 """Largest input done in one shot (``_one_shot``), by collective and number of ranks (0: any
 other number). All-reduce on two ranks reads no more in one shot than in two (each rank reads its
