@@ -1,14 +1,16 @@
 """The Communicator: validate the call, agree across ranks, choose an algorithm, run or hand back.
 
-Every public method checks its arguments on the calling rank before any communication, so bad
-input raises at once; a small signature all-reduce then makes ranks that disagree (shape, dtype,
-root, op, algorithm) fail together with a MismatchError instead of hanging or corrupting data.
+Every public method checks its arguments on the calling rank before any communication; a small
+signature all-reduce then makes ranks that disagree (shape, dtype, root, op, algorithm) fail
+together with a MismatchError instead of hanging or corrupting data. A rank that rejects its own
+arguments still joins that agreement, saying so, so its peers fail with it instead of timing out.
 """
 from __future__ import annotations
 
 import functools
 import math
 import os
+import threading
 import zlib
 from typing import Any
 
@@ -31,6 +33,22 @@ DEFAULT_TIMEOUT = 300.0
 """Seconds an operation may wait for a peer before raising (``TOPOCOLL_TIMEOUT`` overrides)."""
 
 
+def _rejected_together(method: Any) -> Any:
+    """A collective whose argument errors reach every rank: when this rank rejects the call
+    before communicating, it joins the call's agreement with a signature that says so
+    (``Communicator._reject``), so its peers raise MismatchError naming it; then it raises."""
+    @functools.wraps(method)
+    def checked(self: "Communicator", *args: Any, **kwargs: Any) -> Any:
+        self._local.submitted = False
+        try:
+            return method(self, *args, **kwargs)
+        except (TypeError, ValueError) as err:
+            if not self._local.submitted:
+                self._reject(method.__name__, kwargs.get("timeout"), err)
+            raise
+    return checked
+
+
 class Communicator:
     """A group of ranks and the collectives over it (``async_op=True`` returns a Handle)."""
 
@@ -46,6 +64,7 @@ class Communicator:
         self._broken: str | None = None
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
+        self._local = threading.local()  # .submitted: this thread's call reached _submit
 
     # -- identity --
     @property
@@ -78,6 +97,7 @@ class Communicator:
                             name=f"{self.name}.{int(color)}", topology=topo)
 
     # -- collectives --
+    @_rejected_together
     def all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
                    out: Any = None, timeout: float | None = None) -> Any:
         """Reduce ``x`` over all ranks with ``op``; the result replaces ``x`` (or fills ``out``).
@@ -97,6 +117,7 @@ class Communicator:
         copy_in = None if target is buf else (target.flat(), buf.flat())
         return self._launch(call, buf, algo, async_op, target.user, timeout, copy_in=copy_in)
 
+    @_rejected_together
     def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
@@ -108,6 +129,7 @@ class Communicator:
                     bounds=[(r * n, (r + 1) * n) for r in range(self.size)])
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
+    @_rejected_together
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
                        async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
@@ -120,6 +142,7 @@ class Communicator:
         call = Call("reduce_scatter", buf.dtype, buf.flat(), target.flat(), op=op, bounds=bounds)
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
+    @_rejected_together
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
@@ -130,6 +153,7 @@ class Communicator:
         call = Call("broadcast", buf.dtype, buf.flat(), root=root)
         return self._launch(call, buf, algo, async_op, buf.user, timeout)
 
+    @_rejected_together
     def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
@@ -142,6 +166,7 @@ class Communicator:
         call = Call("reduce", buf.dtype, buf.flat(), op=op, root=root)
         return self._launch(call, buf, algo, async_op, buf.user, timeout)
 
+    @_rejected_together
     def all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
@@ -152,6 +177,7 @@ class Communicator:
         call = Call("all_to_all", buf.dtype, buf.flat(), target.flat(), bounds=bounds)
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
+    @_rejected_together
     def rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
                timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
@@ -167,6 +193,7 @@ class Communicator:
         copy_out = (recv, staged) if staged is not recv else None
         return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out)
 
+    @_rejected_together
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
         """Wait until every rank has called barrier."""
         empty = as_buffer(np.empty(0, np.uint8), "barrier")
@@ -318,6 +345,7 @@ class Communicator:
         return self._submit(kind, run, async_op)
 
     def _submit(self, name: str, run: Any, async_op: bool) -> Any:
+        self._local.submitted = True  # from here on every rank's errors are shared or agreed
         if self._broken:
             raise CommunicatorBrokenError(f"{name}: communicator {self.name} is unusable after an "
                                           f"earlier failure: {self._broken}")
@@ -335,11 +363,35 @@ class Communicator:
             return self._executor.submit(name, guarded)
         return self._executor.run(name, guarded)
 
+    def _reject(self, kind: str, timeout: Any, err: Exception) -> None:
+        """Join the agreement of a call this rank rejected (``_rejected_together``), with a
+        signature whose first word is this rank + 1: every path agrees through
+        ``backend.agree`` or a first barrier built like it, so peers meet it there. If none
+        arrives within the timeout, ``err`` gets a note saying so (the communicator is broken)."""
+        if not self.check or self.size == 1 or self._broken:
+            return
+        try:
+            limit = self._timeout(timeout)
+        except (TypeError, ValueError):
+            limit = self.timeout
+        sig = np.zeros(len(_SIGNATURE_LABELS), np.int64)
+        sig[0] = self.rank + 1
+        try:
+            self._submit(kind, lambda: self.backend.agree(sig, OpContext(kind, limit)), False)
+        except CollectiveError as late:
+            if hasattr(err, "add_note"):
+                err.add_note(f"No peer joined {kind} within {limit:g} s to learn of this error "
+                             f"({late}).")
+
     def _check_agreement(self, ctx: OpContext, lo: np.ndarray, hi: np.ndarray,
                          fields: list[tuple[str, Any]]) -> None:
         """Raise MismatchError naming the first field whose (min, max) over ranks differ."""
         if lo is hi:
             return  # every rank published the same signature (SharedArena.agreed)
+        if hi[0]:
+            raise MismatchError(f"{ctx.name}: rank {hi[0] - 1} rejected its arguments (the error "
+                                f"raised there says why), so no rank runs this call; this rank "
+                                f"(rank {self.rank}) passed valid ones.")
         for i, (label, mine) in enumerate(fields):
             if lo[i] != hi[i]:
                 extra = f" (range {lo[i]}..{hi[i]} over ranks)" if label == "element count" else ""
@@ -395,7 +447,7 @@ class Communicator:
 
 def _signature(call: Call, algo: str, buf: Buffer) -> tuple[np.ndarray, list[tuple[str, Any]]]:
     """The int64 vector ranks compare, and the matching (label, this rank's value) pairs."""
-    return _signature_of(call.kind, algo, buf.dtype.name, int(buf.flat().size),
+    return _signature_of(0, call.kind, algo, buf.dtype.name, int(buf.flat().size),
                          tuple(buf.shape), call.root, call.op, call.shift, buf.memory)
 
 
@@ -410,7 +462,7 @@ def _signature_of(*values: Any) -> tuple[np.ndarray, list[tuple[str, Any]]]:
     return sig, fields
 
 
-_SIGNATURE_LABELS = ("collective", "algorithm", "dtype", "element count", "shape", "root",
+_SIGNATURE_LABELS = ("rejected by rank + 1", "collective", "algorithm", "dtype", "element count", "shape", "root",
                      "reduction op", "shift", "memory (host or GPU)")
 
 

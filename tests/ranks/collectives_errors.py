@@ -1,4 +1,5 @@
-"""Bad input raises before communicating; disagreeing ranks all get MismatchError; no hang."""
+"""Bad input raises before communicating; disagreeing ranks all get MismatchError; no hang;
+a rank that rejects its arguments alone makes the others raise MismatchError naming it."""
 import _common  # noqa: F401
 from _common import expect_raises as expect
 from _common import rank_main
@@ -112,6 +113,50 @@ def shm_mismatches(c):
     c.barrier()
 
 
+def one_rank_rejects(c):
+    """Bad arguments on some ranks only: those raise their own error, every other rank a
+    MismatchError naming the rejecting rank (no timeout), and all stay usable."""
+    if c.size == 1:
+        return
+    bad = c.size - 1
+    small, big = np.ones(8, np.float32), np.ones(1 << 16, np.float32)  # big: the registered gate
+
+    def both(mine, theirs_ok, exc, *words):
+        if c.rank == bad:
+            expect(exc, mine, *words)
+        else:
+            expect(MismatchError, theirs_ok, f"rank {bad} rejected its arguments")
+
+    for x in (small, big):
+        both(lambda: c.all_gather(x, out=np.empty(3, np.float32)), lambda: c.all_gather(x),
+             ValueError, "out has shape")
+        both(lambda: c.reduce_scatter(x, out=np.empty(1, np.float64)),
+             lambda: c.reduce_scatter(x), TypeError, "dtype")
+        both(lambda: c.all_reduce(x.copy(), op="mean"), lambda: c.all_reduce(x.copy()),
+             ValueError, "mean")
+        both(lambda: c.all_reduce(x.copy(), algo="tree"), lambda: c.all_reduce(x.copy()),
+             ValueError, "tree")
+        both(lambda: c.all_reduce(x.copy(), algo="shm", timeout=-1),
+             lambda: c.all_reduce(x.copy(), algo="shm"), ValueError, "timeout")
+    ro = np.ones(4)
+    ro.flags.writeable = False
+    both(lambda: c.broadcast(ro, root=0), lambda: c.broadcast(np.ones(4), root=0),
+         ValueError, "read-only")
+    # Behind an async call still in flight: the rejection waits its turn, in order.
+    first = c.all_reduce(big.copy(), async_op=True)
+    both(lambda: c.all_gather(small, out=np.empty(3, np.float32), async_op=True),
+         lambda: c.all_gather(small, async_op=True).wait(), ValueError, "out has shape")
+    assert np.all(first.wait() == c.size)
+    if c.size > 2:  # two ranks reject: each raises its own error, the rest name one of them
+        if c.rank in (1, 2):
+            expect(ValueError, lambda: c.all_reduce(small.copy(), op="mean"), "mean")
+        else:
+            expect(MismatchError, lambda: c.all_reduce(small.copy()), "rejected its arguments")
+    y = np.ones(5)
+    c.all_reduce(y)
+    assert np.all(y == c.size)
+
+
 def check_setting_differs():
     """check= (TOPOCOLL_CHECK) set differently on some rank: ValueError at init, every rank."""
     if MPI.COMM_WORLD.Get_size() > 1:
@@ -124,6 +169,7 @@ def body():
     c = collectives.init(timeout=30)
     local_errors(c)
     mismatches(c)
+    one_rank_rejects(c)
     c.close()
     check_setting_differs()
 
