@@ -99,13 +99,14 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
         return _NATIVE[call.kind](b, ctx, call)
     arena = _arena(b)
     small = fallback is not None and call.send.nbytes < REGISTERED_FROM
+    where = None if small else arena.locate(call.send)   # where my buffer is registered
     source = None                           # where an out-of-place input is registered
-    if not small and call.source is not None and arena.locate(call.send) is not None:
+    if where is not None and call.source is not None:
         source = arena.locate(call.source)
         if source is None:
             take_source(call)               # peers may read my buffer right after the gate
     only = call.root if call.kind == "broadcast" else None   # whose buffer the copy path reads
-    gate = _Gate(arena, ctx, call.send, only=only, early=fallback is not None,
+    gate = _Gate(arena, ctx, where, only=only, early=fallback is not None,
                  agreement=call.agreement, registered=not small, source=source)
     call.agreement = None
     if gate.peers is not None:
@@ -270,9 +271,10 @@ def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
 class _Gate:
     """The first barrier of a call, which also decides its path identically on every rank.
 
-    Each rank publishes where its buffer is registered (``SharedArena.locate``). A rank whose
-    buffer must be registered and isn't knows the call falls back to the slots (it is *early*):
-    it copies its first step in and syncs; the others sync first and read everyone's words.
+    Each rank publishes ``where`` its buffer is registered (``SharedArena.locate``; None: it
+    isn't). A rank whose buffer must be registered and isn't knows the call falls back to the
+    slots (it is *early*): it copies its first step in and syncs; the others sync first and read
+    everyone's words.
     No early rank: ``peers`` lists every rank's (window, offset) and the zero-copy path runs;
     ``sources`` lists where every rank's out-of-place input is registered, if every rank's is
     (peers then read inputs in place), else ``late_sources`` says whether some rank still holds
@@ -280,7 +282,7 @@ class _Gate:
     wait for the others' copy in.
     """
 
-    def __init__(self, arena: SharedArena, ctx: OpContext, buf: np.ndarray,
+    def __init__(self, arena: SharedArena, ctx: OpContext, where: tuple[int, int] | None,
                  only: int | None = None, early: bool = True, agreement: Any = None,
                  registered: bool = True, source: tuple[int, int] | None = None) -> None:
         self.arena, self.ctx = arena, ctx
@@ -296,7 +298,6 @@ class _Gate:
             self.early = True
             arena.publish(sig=sig)
             return
-        where = arena.locate(buf)
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
         self.early = early and needed and where is None
         reg = [int(self.early), *(where or (0, 0)), *(source or (0, 0))]
