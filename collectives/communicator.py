@@ -8,6 +8,7 @@ arguments still joins that agreement, saying so, so its peers fail with it inste
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 import threading
@@ -37,6 +38,8 @@ def _rejected_together(method: Any) -> Any:
     """A collective whose argument errors reach every rank: when this rank rejects the call
     before communicating, it joins the call's agreement with a signature that says so
     (``Communicator._reject``), so its peers raise MismatchError naming it; then it raises."""
+    signature = inspect.signature(method)
+
     @functools.wraps(method)
     def checked(self: "Communicator", *args: Any, **kwargs: Any) -> Any:
         self._local.submitted = False
@@ -44,7 +47,12 @@ def _rejected_together(method: Any) -> Any:
             return method(self, *args, **kwargs)
         except (TypeError, ValueError) as err:
             if not self._local.submitted:
-                self._reject(method.__name__, kwargs.get("timeout"), err)
+                try:
+                    given = signature.bind(self, *args, **kwargs).arguments
+                except TypeError:
+                    given = {}                   # the call itself was malformed
+                self._reject(method.__name__, given.get("timeout"),
+                             bool(given.get("async_op", False)), err)
             raise
     return checked
 
@@ -363,11 +371,14 @@ class Communicator:
             return self._executor.submit(name, guarded)
         return self._executor.run(name, guarded)
 
-    def _reject(self, kind: str, timeout: Any, err: Exception) -> None:
+    def _reject(self, kind: str, timeout: Any, async_op: bool, err: Exception) -> None:
         """Join the agreement of a call this rank rejected (``_rejected_together``), with a
         signature whose first word is this rank + 1: every path agrees through
-        ``backend.agree`` or a first barrier built like it, so peers meet it there. If none
-        arrives within the timeout, ``err`` gets a note saying so (the communicator is broken)."""
+        ``backend.agree`` or a first barrier built like it, so peers meet it there.
+
+        In order behind queued calls: an async call (or one made from a handle's callback, on
+        the progress thread) queues it and raises at once; a blocking one waits for it, and if
+        no peer arrives within the timeout ``err`` gets a note saying so."""
         if not self.check or self.size == 1 or self._broken:
             return
         try:
@@ -376,12 +387,20 @@ class Communicator:
             limit = self.timeout
         sig = np.zeros(len(_SIGNATURE_LABELS), np.int64)
         sig[0] = self.rank + 1
+
+        def tell() -> None:
+            if not self._broken:  # an earlier queued call may have failed meanwhile
+                self.backend.agree(sig, OpContext(kind, limit))
+
         try:
-            self._submit(kind, lambda: self.backend.agree(sig, OpContext(kind, limit)), False)
-        except CollectiveError as late:
+            if async_op or self._executor.on_worker():
+                self._submit(kind, tell, True)  # its error, if any, reaches nobody: err does
+            else:
+                self._submit(kind, tell, False)
+        except Exception as late:  # noqa: BLE001 - the caller's own error is the one to raise
             if hasattr(err, "add_note"):
-                err.add_note(f"No peer joined {kind} within {limit:g} s to learn of this error "
-                             f"({late}).")
+                err.add_note(f"The other ranks could not be told of this error in {kind}: "
+                             f"{type(late).__name__}: {late}")
 
     def _check_agreement(self, ctx: OpContext, lo: np.ndarray, hi: np.ndarray,
                          fields: list[tuple[str, Any]]) -> None:
@@ -462,8 +481,8 @@ def _signature_of(*values: Any) -> tuple[np.ndarray, list[tuple[str, Any]]]:
     return sig, fields
 
 
-_SIGNATURE_LABELS = ("rejected by rank + 1", "collective", "algorithm", "dtype", "element count", "shape", "root",
-                     "reduction op", "shift", "memory (host or GPU)")
+_SIGNATURE_LABELS = ("rejected by rank + 1", "collective", "algorithm", "dtype", "element count",
+                     "shape", "root", "reduction op", "shift", "memory (host or GPU)")
 
 
 def _torch_numpy(dtype: Any) -> np.dtype:

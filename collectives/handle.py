@@ -124,6 +124,10 @@ class Executor:
                 self._release()
         return self.submit(name, fn).wait()
 
+    def on_worker(self) -> bool:
+        """Whether the caller is the progress thread (a handle's done-callback runs there)."""
+        return threading.current_thread() is self._thread
+
     def drain(self) -> None:
         """Block until every queued operation has finished."""
         with self._idle:

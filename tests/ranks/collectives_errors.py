@@ -1,5 +1,7 @@
 """Bad input raises before communicating; disagreeing ranks all get MismatchError; no hang;
 a rank that rejects its arguments alone makes the others raise MismatchError naming it."""
+import time
+
 import _common  # noqa: F401
 from _common import expect_raises as expect
 from _common import rank_main
@@ -147,6 +149,34 @@ def one_rank_rejects(c):
     both(lambda: c.all_gather(small, out=np.empty(3, np.float32), async_op=True),
          lambda: c.all_gather(small, async_op=True).wait(), ValueError, "out has shape")
     assert np.all(first.wait() == c.size)
+    # From a handle's done-callback, on the progress thread: queued, raised at once, no deadlock.
+    got = []
+
+    def callback(_handle):
+        try:
+            out = np.empty(3, np.float32) if c.rank == bad else None
+            got.append(c.all_gather(small, out=out, async_op=True))
+        except ValueError as err:
+            got.append(err)
+
+    c.all_reduce(big.copy(), async_op=True).add_done_callback(callback)
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert got, "the done-callback never ran"
+    if c.rank == bad:
+        assert isinstance(got[0], ValueError) and "out has shape" in str(got[0]), got
+    else:
+        expect(MismatchError, got[0].wait, f"rank {bad} rejected its arguments")
+    # Registered buffers on the others (their gate skips the slots), and shm_or_native.
+    reg = c.alloc(big.size, np.float32)
+    for algo in ("shm", "shm_or_native", "auto"):
+        reg[:] = 1
+        both(lambda: c.all_reduce(np.ones(big.size, np.float32), op="mean", algo=algo),
+             lambda: c.all_reduce(reg, algo=algo), ValueError, "mean")
+        both(lambda: c.broadcast(ro, root=0, algo=algo),  # a registered root, a read-only peer
+             lambda: c.broadcast(reg, root=0, algo=algo), ValueError, "read-only")
+    c.free(reg)
     if c.size > 2:  # two ranks reject: each raises its own error, the rest name one of them
         if c.rank in (1, 2):
             expect(ValueError, lambda: c.all_reduce(small.copy(), op="mean"), "mean")
