@@ -110,7 +110,17 @@ class Executor:
         return handle
 
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` now, after everything already queued; return its result or raise."""
+        """Run ``fn`` now, after everything already queued; return its result or raise.
+
+        From a done-callback (on the progress thread itself, which can't wait for its own
+        queue) it runs inline if nothing is queued, else raises RuntimeError: never a deadlock."""
+        if self.on_worker():
+            if not self._queue.empty():
+                raise RuntimeError(f"{name}: a blocking call from a done-callback would wait for "
+                                   f"the calls queued behind it, which this thread runs; pass "
+                                   f"async_op=True there")
+            with self._exec:
+                return fn()
         with self._lock:
             inline = self._pending == 0
             if inline:

@@ -1,4 +1,6 @@
 """Async handles: issue order is completion order, compute overlaps, wait/test/done behave."""
+import time
+
 import _common  # noqa: F401
 from _common import rank_main
 
@@ -60,10 +62,38 @@ def overlap(c):
     assert np.all(x == c.size)
 
 
+def from_callbacks(c):
+    """Collectives from a done-callback (the progress thread): blocking runs inline when nothing
+    is queued, raises RuntimeError (no deadlock) when something is; async queues."""
+    got = []
+
+    def callback(_handle):
+        try:
+            got.append(c.all_reduce(np.full(3, 2.0)))        # blocking, empty queue: inline
+            queued = c.all_reduce(np.full(3, 3.0), async_op=True)
+            try:
+                c.all_reduce(np.ones(3))                    # blocking behind a queued call
+            except RuntimeError as err:
+                got.append(err)
+            got.append(queued)
+        except BaseException as err:  # noqa: BLE001 - reported by the asserts below
+            got.append(err)
+
+    c.all_reduce(np.ones(1 << 12), async_op=True).add_done_callback(callback)
+    deadline = time.monotonic() + 60
+    while len(got) < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(got) == 3, f"the callback did not finish: {got}"
+    assert np.all(got[0] == 2.0 * c.size), got
+    assert isinstance(got[1], RuntimeError) and "async_op=True" in str(got[1]), got
+    assert np.all(got[2].wait(timeout=60) == 3.0 * c.size)
+
+
 def body():
     c = collectives.init(timeout=60)
     ordering(c)
     overlap(c)
+    from_callbacks(c)
     err = None
     h = c.all_reduce(np.ones(4, np.float32), async_op=True, op="sum")
     h.wait()
