@@ -34,25 +34,32 @@ DEFAULT_TIMEOUT = 300.0
 """Seconds an operation may wait for a peer before raising (``TOPOCOLL_TIMEOUT`` overrides)."""
 
 
-def _rejected_together(method: Any) -> Any:
+def rejected_together(method: Any) -> Any:
     """A collective whose argument errors reach every rank: when this rank rejects the call
-    before communicating, it joins the call's agreement with a signature that says so
-    (``Communicator._reject``), so its peers raise MismatchError naming it; then it raises."""
+    before it reaches ``Communicator._submit``, it joins the call's agreement with a signature
+    that says so (``Communicator._reject``), so its peers raise MismatchError naming it; then it
+    raises. Wraps Communicator methods, and methods of objects with a ``comm`` (the torch
+    ProcessGroup) whose first communicator call is the one their peers would make."""
     signature = inspect.signature(method)
+    takes_opts = "opts" in signature.parameters
 
     @functools.wraps(method)
-    def checked(self: "Communicator", *args: Any, **kwargs: Any) -> Any:
-        self._local.submitted = False
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        comm = self if isinstance(self, Communicator) else self.comm
+        comm._local.submitted = False
         try:
             return method(self, *args, **kwargs)
         except (TypeError, ValueError) as err:
-            if not self._local.submitted:
+            if not comm._local.submitted:
+                comm._local.submitted = True     # told once, however many wrappers it crosses
                 try:
                     given = signature.bind(self, *args, **kwargs).arguments
                 except TypeError:
                     given = {}                   # the call itself was malformed
-                self._reject(method.__name__, given.get("timeout"),
-                             bool(given.get("async_op", False)), err)
+                async_op = given.get("async_op", False)
+                if takes_opts:                   # torch says it in opts.asyncOp (default: async)
+                    async_op = getattr(given.get("opts"), "asyncOp", True)
+                comm._reject(method.__name__, given.get("timeout"), bool(async_op), err)
             raise
     return checked
 
@@ -105,7 +112,7 @@ class Communicator:
                             name=f"{self.name}.{int(color)}", topology=topo)
 
     # -- collectives --
-    @_rejected_together
+    @rejected_together
     def all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
                    out: Any = None, timeout: float | None = None) -> Any:
         """Reduce ``x`` over all ranks with ``op``; the result replaces ``x`` (or fills ``out``).
@@ -125,7 +132,7 @@ class Communicator:
         copy_in = None if target is buf else (target.flat(), buf.flat())
         return self._launch(call, buf, algo, async_op, target.user, timeout, copy_in=copy_in)
 
-    @_rejected_together
+    @rejected_together
     def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
@@ -137,7 +144,7 @@ class Communicator:
                     bounds=[(r * n, (r + 1) * n) for r in range(self.size)])
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
-    @_rejected_together
+    @rejected_together
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
                        async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
@@ -150,7 +157,7 @@ class Communicator:
         call = Call("reduce_scatter", buf.dtype, buf.flat(), target.flat(), op=op, bounds=bounds)
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
-    @_rejected_together
+    @rejected_together
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
@@ -161,7 +168,7 @@ class Communicator:
         call = Call("broadcast", buf.dtype, buf.flat(), root=root)
         return self._launch(call, buf, algo, async_op, buf.user, timeout)
 
-    @_rejected_together
+    @rejected_together
     def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
@@ -174,7 +181,7 @@ class Communicator:
         call = Call("reduce", buf.dtype, buf.flat(), op=op, root=root)
         return self._launch(call, buf, algo, async_op, buf.user, timeout)
 
-    @_rejected_together
+    @rejected_together
     def all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
@@ -185,7 +192,7 @@ class Communicator:
         call = Call("all_to_all", buf.dtype, buf.flat(), target.flat(), bounds=bounds)
         return self._launch(call, buf, algo, async_op, target.user, timeout)
 
-    @_rejected_together
+    @rejected_together
     def rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
                timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
@@ -201,7 +208,7 @@ class Communicator:
         copy_out = (recv, staged) if staged is not recv else None
         return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out)
 
-    @_rejected_together
+    @rejected_together
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
         """Wait until every rank has called barrier."""
         empty = as_buffer(np.empty(0, np.uint8), "barrier")
@@ -372,7 +379,7 @@ class Communicator:
         return self._executor.run(name, guarded)
 
     def _reject(self, kind: str, timeout: Any, async_op: bool, err: Exception) -> None:
-        """Join the agreement of a call this rank rejected (``_rejected_together``), with a
+        """Join the agreement of a call this rank rejected (``rejected_together``), with a
         signature whose first word is this rank + 1: every path agrees through
         ``backend.agree`` or a first barrier built like it, so peers meet it there.
 

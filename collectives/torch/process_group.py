@@ -3,6 +3,8 @@
 Collectives queue on the communicator's progress thread (issue order = completion order, like a
 stream) and come back as Work; point-to-point, gather and scatter post MPI requests at once on
 their own duplicated communicators, so sends never block and never wait behind a collective.
+Collectives that map onto one communicator call reject bad arguments on every rank
+(``rejected_together``); the coalesced ones, gather, scatter and point-to-point on the caller's.
 Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_gather_single``, ...).
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch.distributed import ReduceOp
 import collectives
 from ..arrays import as_buffer
 from ..backends.mpi import MPIBackend
+from ..communicator import rejected_together
 from ..handle import Handle
 from . import rendezvous
 from .work import HandleWork, RequestWork, Work
@@ -96,6 +99,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return self._group_desc
 
     # -- reductions --
+    @rejected_together
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce one tensor in place with ``opts.reduceOp``."""
         t = _one(tensors, "allreduce")
@@ -111,12 +115,14 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         handles = [self.comm.all_reduce(t, op=op, async_op=True) for t in tensors]
         return self._work("allreduce_coalesced", tensors, handles)
 
+    @rejected_together
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Reduce one tensor into ``opts.rootRank``'s copy."""
         t = _one(tensors, "reduce")
         op, root = _op(opts), _root(opts, self.size())
         return self._work("reduce", [t], self._go(opts, self.comm.reduce, t, root=root, op=op))
 
+    @rejected_together
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Copy ``opts.rootRank``'s tensor into everyone's."""
         t = _one(tensors, "broadcast")
@@ -124,6 +130,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return self._work("broadcast", [t], self._go(opts, self.comm.broadcast, t, root=root))
 
     # -- gathers --
+    @rejected_together
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors:
                   list[torch.Tensor], opts: Any = None) -> Work:
         """Gather every rank's tensor into the list ``output_tensors[0]`` (one per rank)."""
@@ -133,6 +140,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         hs = self._go(opts, self.comm.all_gather, t.view(-1), out=stage)
         return self._work("allgather", outs, hs, post=lambda: _unpack(stage, outs))
 
+    @rejected_together
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> Work:
         """Gather every rank's tensor into one tensor of ``size`` times as many elements."""
@@ -168,6 +176,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return RequestWork("gather", outs, self._mpi, reqs, self.timeout)
 
     # -- scatters --
+    @rejected_together
     def reduce_scatter(self, output_tensors: list[torch.Tensor],
                        input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """Reduce the lists ``input_tensors[0]`` over ranks; rank r gets element r."""
@@ -178,6 +187,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         hs = self._go(opts, self.comm.reduce_scatter, stage, out=out.view(-1), op=op)
         return self._work("reduce_scatter", [out], hs)
 
+    @rejected_together
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> Work:
         """Reduce ``input`` (``size`` equal parts) over ranks; rank r gets part r in ``output``."""
@@ -215,6 +225,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return RequestWork("scatter", [out], self._mpi, reqs, self.timeout)
 
     # -- all to all --
+    @rejected_together
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           output_split_sizes: Sequence[int] | None = None,
                           input_split_sizes: Sequence[int] | None = None,
@@ -237,6 +248,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single  # torch < 2.13
 
+    @rejected_together
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> Work:
         """Send ``input_tensors[r]`` to rank r; receive rank r's into ``output_tensors[r]``."""
@@ -260,6 +272,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return self._work("alltoall", output_tensors, [h], post=post)
 
     # -- synchronisation and point to point --
+    @rejected_together
     def barrier(self, opts: Any = None) -> Work:
         """Wait until every rank reaches the barrier."""
         return self._work("barrier", [], self._go(opts, self.comm.barrier))

@@ -1,5 +1,5 @@
 """Bad input on "topocoll" raises a clear TypeError/ValueError on every rank, and nothing hangs:
-the group still works afterwards."""
+the group still works afterwards. Bad input on one rank only: a MismatchError on the others."""
 import _common  # noqa: F401
 from _common import rank_main
 
@@ -57,6 +57,27 @@ def body():
         # shapes that differ between ranks: the agreement step fails on every rank
         raises(collectives.MismatchError, ["disagree"],
                lambda: dist.all_reduce(torch.ones(4 + r)))
+        # bad arguments on the last rank only: it raises its own error, the others a
+        # MismatchError naming it, at once (blocking and async)
+        bad = p - 1
+
+        def one_rank(kind, words, mine, theirs):
+            if r == bad:
+                raises(kind, words, mine)
+            else:
+                raises(collectives.MismatchError, [f"rank {bad} rejected its arguments"], theirs)
+
+        one_rank(ValueError, ["BAND"], lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.BAND),
+                 lambda: dist.all_reduce(x.clone()))
+        one_rank(ValueError, ["elements"],
+                 lambda: dist.all_gather_into_tensor(torch.empty(p * 4 + 1), x),
+                 lambda: dist.all_gather_into_tensor(torch.empty(p * 4), x))
+        one_rank(ValueError, ["split"],
+                 lambda: dist.all_to_all_single(torch.empty(p + 1), torch.ones(p + 1)),
+                 lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p)))
+        one_rank(ValueError, ["BAND"],
+                 lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.BAND, async_op=True),
+                 lambda: dist.all_reduce(x.clone(), async_op=True).wait())
     raises(ValueError, ["dst", "not a rank"], lambda: dist.isend(x, dst=p + 3))
     raises(ValueError, ["src="], lambda: dist.recv(torch.empty(2)))  # any-source receive
     raises(ValueError, ["tag"], lambda: dist.isend(x, dst=0, tag=1 << 20))
