@@ -383,9 +383,9 @@ class Communicator:
         signature whose first word is this rank + 1: every path agrees through
         ``backend.agree`` or a first barrier built like it, so peers meet it there.
 
-        In order behind queued calls: an async call (or one made from a handle's callback, on
-        the progress thread) queues it and raises at once; a blocking one waits for it, and if
-        no peer arrives within the timeout ``err`` gets a note saying so."""
+        In order behind queued calls: an async call queues it and raises at once; a blocking
+        one waits for it, and if no peer arrives within the timeout (or, from a done-callback,
+        it can't run at all, like any blocking call there) ``err`` gets a note saying so."""
         if not self.check or self.size == 1 or self._broken:
             return
         try:
@@ -400,10 +400,7 @@ class Communicator:
                 self.backend.agree(sig, OpContext(kind, limit))
 
         try:
-            if async_op or self._executor.on_worker():
-                self._submit(kind, tell, True)  # its error, if any, reaches nobody: err does
-            else:
-                self._submit(kind, tell, False)
+            self._submit(kind, tell, async_op)  # async: its error reaches nobody, err does
         except Exception as late:  # noqa: BLE001 - the caller's own error is the one to raise
             if hasattr(err, "add_note"):
                 err.add_note(f"The other ranks could not be told of this error in {kind}: "

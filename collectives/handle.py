@@ -20,8 +20,9 @@ class Handle:
     calling thread.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, executor: "Executor | None" = None) -> None:
         self.name = name
+        self._executor = executor  # whose progress thread finishes it (it must not wait on it)
         self._event = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
@@ -44,12 +45,20 @@ class Handle:
         own timeout.
         """
         if not self._event.is_set():
+            self.ensure_waitable()
             spin(self._event.is_set, HANDOFF_SPIN_SECONDS)
         if not self._event.wait(timeout):
             raise CollectiveTimeoutError(f"{self.name}: not finished after waiting {timeout:g} s")
         if self._error is not None:
             raise self._error
         return self._result
+
+    def ensure_waitable(self) -> None:
+        """Raise RuntimeError if waiting here could never end: the caller is the progress thread
+        that must finish this operation (a done-callback waiting on a later call)."""
+        if not self._event.is_set() and self._executor is not None and \
+                self._executor.on_worker():
+            raise RuntimeError(_ON_WORKER.format(what=f"waiting for {self.name}"))
 
     def result(self) -> Any:
         """Same as ``wait()``."""
@@ -99,7 +108,7 @@ class Executor:
 
     def submit(self, name: str, fn: Callable[[], Any]) -> Handle:
         """Queue ``fn`` and return its handle."""
-        handle = Handle(name)
+        handle = Handle(name, self)
         with self._lock:
             self._pending += 1
             if self._thread is None:
@@ -112,15 +121,10 @@ class Executor:
     def run(self, name: str, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` now, after everything already queued; return its result or raise.
 
-        From a done-callback (on the progress thread itself, which can't wait for its own
-        queue) it runs inline if nothing is queued, else raises RuntimeError: never a deadlock."""
+        From a done-callback (on the progress thread itself, which would wait for its own
+        queue) it raises RuntimeError at once, on every rank alike: never a deadlock."""
         if self.on_worker():
-            if not self._queue.empty():
-                raise RuntimeError(f"{name}: a blocking call from a done-callback would wait for "
-                                   f"the calls queued behind it, which this thread runs; pass "
-                                   f"async_op=True there")
-            with self._exec:
-                return fn()
+            raise RuntimeError(_ON_WORKER.format(what=f"a blocking {name}"))
         with self._lock:
             inline = self._pending == 0
             if inline:
@@ -140,6 +144,9 @@ class Executor:
 
     def drain(self) -> None:
         """Block until every queued operation has finished."""
+        if self.on_worker():
+            raise RuntimeError(_ON_WORKER.format(what="waiting for the queue (split, alloc, "
+                                                      "free, close)"))
         with self._idle:
             while self._pending:
                 self._idle.wait()
@@ -175,3 +182,7 @@ class Executor:
             handle._finish(result, error)
             self._release()
 
+
+_ON_WORKER = ("{what} from a done-callback would deadlock: callbacks run on the communicator's "
+              "progress thread, which is the one that must finish it; issue collectives there "
+              "with async_op=True and wait for them elsewhere")

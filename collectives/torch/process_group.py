@@ -4,7 +4,8 @@ Collectives queue on the communicator's progress thread (issue order = completio
 stream) and come back as Work; point-to-point, gather and scatter post MPI requests at once on
 their own duplicated communicators, so sends never block and never wait behind a collective.
 Collectives that map onto one communicator call reject bad arguments on every rank
-(``rejected_together``); the coalesced ones, gather, scatter and point-to-point on the caller's.
+(``rejected_together``); gather, scatter and point-to-point on the caller's (the coalesced ones
+per tensor, through the calls they make).
 Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_gather_single``, ...).
 """
 from __future__ import annotations

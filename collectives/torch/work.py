@@ -123,6 +123,13 @@ class HandleWork(Work):
             return
         self._handles[-1].add_done_callback(lambda _h: self._finish(self._first_error(), post))
 
+    def _block(self, secs: float | None) -> bool:
+        """Nothing to drive (the progress thread does); a wait on that very thread, from a
+        ``.then()`` callback, raises RuntimeError instead of waiting forever."""
+        if not self._event.is_set():
+            self._handles[-1].ensure_waitable()
+        return False
+
     def _first_error(self) -> BaseException | None:
         return next((h.exception() for h in self._handles if h.exception() is not None), None)
 

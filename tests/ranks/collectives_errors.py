@@ -149,25 +149,29 @@ def one_rank_rejects(c):
     both(lambda: c.all_gather(small, out=np.empty(3, np.float32), async_op=True),
          lambda: c.all_gather(small, async_op=True).wait(), ValueError, "out has shape")
     assert np.all(first.wait() == c.size)
-    # From a handle's done-callback, on the progress thread: queued, raised at once, no deadlock.
+    # From a handle's done-callback, on the progress thread: an async rejection queues and
+    # raises at once; a blocking call can't run there on any rank (RuntimeError), bad or not.
     got = []
 
     def callback(_handle):
-        try:
-            out = np.empty(3, np.float32) if c.rank == bad else None
-            got.append(c.all_gather(small, out=out, async_op=True))
-        except ValueError as err:
-            got.append(err)
+        out = np.empty(3, np.float32) if c.rank == bad else None
+        for async_op in (True, False):
+            try:
+                got.append(c.all_gather(small, out=out, async_op=async_op))
+            except (ValueError, RuntimeError) as err:
+                got.append(err)
 
     c.all_reduce(big.copy(), async_op=True).add_done_callback(callback)
     deadline = time.monotonic() + 30
-    while not got and time.monotonic() < deadline:
+    while len(got) < 2 and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert got, "the done-callback never ran"
+    assert len(got) == 2, f"the done-callback did not finish: {got}"
     if c.rank == bad:
         assert isinstance(got[0], ValueError) and "out has shape" in str(got[0]), got
+        assert isinstance(got[1], ValueError) and "out has shape" in str(got[1]), got
     else:
         expect(MismatchError, got[0].wait, f"rank {bad} rejected its arguments")
+        assert isinstance(got[1], RuntimeError) and "async_op=True" in str(got[1]), got
     # Registered buffers on the others (their gate skips the slots), and shm_or_native.
     reg = c.alloc(big.size, np.float32)
     for algo in ("shm", "shm_or_native", "auto"):

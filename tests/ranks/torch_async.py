@@ -2,6 +2,7 @@
 import _common  # noqa: F401
 from _common import rank_main
 
+import threading
 import warnings
 
 import torch
@@ -102,10 +103,36 @@ def wait_timeout(r, p):
     assert torch.all(x == p)
 
 
+def blocking_in_then(r, p):
+    """A .then() callback runs on the progress thread: a synchronous collective there (inline or
+    one that waits on its Work) raises RuntimeError instead of waiting forever for itself."""
+    seen = []
+
+    def callback(_fut):
+        if not threading.current_thread().name.startswith("topocoll-"):
+            seen.extend(["ran on the caller's thread"] * 2)  # already done when .then came
+            return _fut.value()
+        for call in (lambda: dist.all_reduce(torch.ones(3)),
+                     lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p,
+                                                    [1] * p)):
+            try:
+                call()
+                seen.append("did not raise")
+            except RuntimeError as err:
+                seen.append(str(err))
+        return _fut.value()
+
+    fut = dist.all_reduce(torch.ones(1 << 12), async_op=True).get_future().then(callback)
+    fut.wait()
+    if seen[0] != "ran on the caller's thread":
+        assert len(seen) == 2 and all("async_op=True" in m for m in seen), seen
+
+
 def body():
     dist.init_process_group("topocoll")
     r, p = dist.get_rank(), dist.get_world_size()
-    for check in (not_before_peers, issue_order, p2p_futures, wait_timeout):
+    for check in (not_before_peers, issue_order, p2p_futures, wait_timeout,
+                  blocking_in_then):
         check(r, p)
         dist.barrier()
     dist.destroy_process_group()
