@@ -78,6 +78,13 @@ def body():
         one_rank(ValueError, ["BAND"],
                  lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.BAND, async_op=True),
                  lambda: dist.all_reduce(x.clone(), async_op=True).wait())
+        one_rank(ValueError, ["elements"],
+                 lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(p * 4)),
+                 lambda: dist.reduce_scatter_tensor(torch.empty(4), torch.ones(p * 4)))
+        # uneven all-to-all: the peers' first call is the split-table all-gather
+        one_rank(ValueError, ["input_split_sizes"],
+                 lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [2] * p),
+                 lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [1] * p))
     raises(ValueError, ["dst", "not a rank"], lambda: dist.isend(x, dst=p + 3))
     raises(ValueError, ["src="], lambda: dist.recv(torch.empty(2)))  # any-source receive
     raises(ValueError, ["tag"], lambda: dist.isend(x, dst=0, tag=1 << 20))
