@@ -3,9 +3,8 @@
 Collectives queue on the communicator's progress thread (issue order = completion order, like a
 stream) and come back as Work; point-to-point, gather and scatter post MPI requests at once on
 their own duplicated communicators, so sends never block and never wait behind a collective.
-Collectives that map onto one communicator call reject bad arguments on every rank
-(``rejected_together``); gather, scatter and point-to-point on the caller's (the coalesced ones
-per tensor, through the calls they make).
+Collectives reject bad arguments on every rank (``rejected_together``; the coalesced ones once
+per call they stand for, ``_each``); gather, scatter and point-to-point on the caller's.
 Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_gather_single``, ...).
 """
 from __future__ import annotations
@@ -109,11 +108,13 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce several tensors in place, one Work for all."""
-        op = _op(opts)
-        for i, t in enumerate(tensors):
+        def issue(i: int) -> Handle:
+            t = tensors[i]
             _check(t, f"allreduce_coalesced tensors[{i}]")
             self._on_gpu(t, "allreduce_coalesced")
-        handles = [self.comm.all_reduce(t, op=op, async_op=True) for t in tensors]
+            return self.comm.all_reduce(t, op=_op(opts), async_op=True)
+
+        handles = self._each("allreduce_coalesced", len(tensors), issue)
         return self._work("allreduce_coalesced", tensors, handles)
 
     @rejected_together
@@ -156,7 +157,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
                                     inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """Several ``all_gather_single`` as one Work."""
-        works = [self.all_gather_single(o, i) for o, i in zip(outputs, inputs, strict=True)]
+        works = self._each("all_gather_single_coalesced", len(inputs),
+                           lambda k: self.all_gather_single(*_pair(outputs, inputs, k)))
         return self._work("all_gather_single_coalesced", outputs, _handles(works))
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
@@ -204,8 +206,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """Several ``reduce_scatter_single`` as one Work."""
-        works = [self.reduce_scatter_single(o, i, opts)
-                 for o, i in zip(outputs, inputs, strict=True)]
+        works = self._each("reduce_scatter_single_coalesced", len(inputs),
+                           lambda k: self.reduce_scatter_single(*_pair(outputs, inputs, k), opts))
         return self._work("reduce_scatter_single_coalesced", outputs, _handles(works))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch < 2.13
@@ -328,6 +330,22 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         method(*args, **kw)
         return []
 
+    def _each(self, name: str, count: int, issue: Any) -> list[Any]:
+        """``issue(0..count-1)``: the calls of a coalesced collective. If call ``i`` raises
+        TypeError/ValueError, the peers (who issue all ``count``) still get one rejection for it
+        and for each call after it (``Communicator._reject``, queued), so every rank stays in
+        step instead of pairing their leftover calls with this rank's next ones."""
+        comm, issued = self.comm, []
+        for i in range(count):
+            comm._local.submitted = False     # a wrapper inside issue() sets it once told
+            try:
+                issued.append(issue(i))
+            except (TypeError, ValueError) as err:
+                for _ in range(i if not comm._local.submitted else i + 1, count):
+                    comm._reject(name, None, True, err)
+                raise
+        return issued
+
     def _work(self, name: str, outputs: Sequence[torch.Tensor], handles: Sequence[Handle],
               post: Any = None) -> Work:
         return HandleWork(name, outputs, handles, post)
@@ -402,6 +420,14 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
         raise TypeError(f"{what} has dtype {t.dtype} but the input has {like.dtype}")
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{what} has {t.numel()} elements, expected {numel}")
+
+
+def _pair(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+          k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output and input ``k`` of a coalesced call (ValueError if the lists differ in length)."""
+    if len(outputs) != len(inputs):
+        raise ValueError(f"{len(outputs)} output tensors for {len(inputs)} inputs")
+    return outputs[k], inputs[k]
 
 
 def _host_only(t: torch.Tensor, what: str) -> None:

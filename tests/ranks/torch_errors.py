@@ -81,6 +81,19 @@ def body():
         one_rank(ValueError, ["elements"],
                  lambda: dist.reduce_scatter_tensor(torch.empty(3), torch.ones(p * 4)),
                  lambda: dist.reduce_scatter_tensor(torch.empty(4), torch.ones(p * 4)))
+        # coalesced: a bad second tensor on one rank; every peer call of the batch is rejected,
+        # so the ranks stay in step (checked by the all_reduce at the end)
+        good = [torch.ones(4), torch.ones(4), torch.ones(4)]
+        one_rank(ValueError, ["contiguous"],
+                 lambda: dist.all_reduce_coalesced([torch.ones(4), torch.ones(4, 4).t(),
+                                                    torch.ones(4)]),
+                 lambda: dist.all_reduce_coalesced(good))
+        pg = dist.distributed_c10d._get_default_group()  # our ProcessGroupTopocoll itself
+        outs = [torch.empty(p * 4) for _ in range(3)]
+        one_rank(ValueError, ["elements"],
+                 lambda: pg.allgather_into_tensor_coalesced(
+                     [outs[0], torch.empty(3), outs[2]], [x, x, x]).wait(),
+                 lambda: pg.allgather_into_tensor_coalesced(outs, [x, x, x]).wait())
         # uneven all-to-all: the peers' first call is the split-table all-gather
         one_rank(ValueError, ["input_split_sizes"],
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [2] * p),
