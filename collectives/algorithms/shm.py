@@ -352,8 +352,6 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
     if gate.sources is not None:              # out of place: every rank's registered input
         ins = [call.source if q == r else arena.peer(gate.sources[q], q, call.source)
                for q in range(p)]
-    combine = reducer(call.dtype, call.op or "sum")
-    avg = call.op == "avg"
     lo, hi = bounds[r]
     step = max(1, CHUNK_BYTES // src.itemsize)
     spare = np.empty(min(step, hi - lo), src.dtype) if mode == "reduce" and r != call.root else None
@@ -365,13 +363,7 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
             acc = spare[:e - a]
         else:
             acc = src[a:e]                        # my own buffer is the result's home
-        into = ins[r][a:e]                        # my own input, reduced first
-        for q in range(p):
-            if q != r:
-                combine(into, ins[q][a:e], out=acc)
-                into = acc
-        if avg:
-            finish_avg(call.dtype, acc, p)
+        _reduce_region(call, ins[r][a:e], [ins[q][a:e] for q in range(p) if q != r], acc)
         if mode == "all_reduce":
             for q in range(p):
                 if q != r:
@@ -386,7 +378,6 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
     result goes."""
     arena = _arena(b)
     src, r, p = call.send, b.rank, b.size
-    combine = reducer(call.dtype, call.op or "sum")
     w = arena.slot_bytes // (p * src.itemsize)
     if w < 1:
         raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
@@ -412,13 +403,9 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
         step = max(1, CHUNK_BYTES // src.itemsize)
         for a in range(0, n, step):             # in cache-sized chunks: the publish reads cache
             e = min(n, a + step)
-            part, into = acc[a:e], first[a:e]
-            for q in range(p):
-                if q != r:
-                    combine(into, slots[q][r * w + a:r * w + e], out=part)
-                    into = part
-            if call.op == "avg":
-                finish_avg(call.dtype, part, p)
+            part = acc[a:e]
+            _reduce_region(call, first[a:e],
+                           [slots[q][r * w + a:r * w + e] for q in range(p) if q != r], part)
             if in_buffer:
                 slots[r][r * w + a:r * w + e] = part  # publish it
         if mode == "reduce_scatter":
@@ -440,6 +427,20 @@ _PEERS = {"all_reduce": _reduce_peers, "reduce_scatter": _reduce_peers, "reduce"
 _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scatter,
            "reduce": native.reduce, "all_gather": native.all_gather,
            "broadcast": native.broadcast, "all_to_all": native.all_to_all}
+
+
+def _reduce_region(call: Call, own: np.ndarray, peers: list[np.ndarray],
+                   out: np.ndarray) -> None:
+    """``out = own (op) peers[0] (op) peers[1] ...`` (then the mean, for 'avg'): this rank's data
+    first, then its peers' in rank order, the one order every region is reduced in, which keeps
+    ranks bitwise identical. ``out`` may be ``own``."""
+    combine = reducer(call.dtype, call.op or "sum")
+    into = own
+    for other in peers:
+        combine(into, other, out=out)
+        into = out
+    if call.op == "avg":
+        finish_avg(call.dtype, out, len(peers) + 1)
 
 
 def _arena(b: Backend) -> SharedArena:
