@@ -1,4 +1,4 @@
-"""``python -m bench <collective> [flags]`` runs the microbenchmark; ``python -m bench <tool>``
+"""``topocoll bench <collective> [flags]`` runs the microbenchmark; ``topocoll bench <tool>``
 runs ``bench.<tool>.main(argv)`` (overlap, and the model benchmarks others add)."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return micro.main(argv)
     if word not in tools():
-        _say(f"python -m bench: error: unknown collective or tool {word!r}; collectives: "
+        _say(f"topocoll bench: error: unknown collective or tool {word!r}; collectives: "
              f"{', '.join(SPECS)}; tools: {', '.join(tools()) or 'none'}", err=True)
         return 2
     module = importlib.import_module(f"{__package__}.{word}")
@@ -50,13 +50,13 @@ def tools() -> dict[str, str]:
 
 def usage() -> str:
     """The help text: both kinds of first word."""
-    lines = ["usage: [mpiexec -n N] python -m bench <collective> [flags]   (microbenchmark)",
-             "       [mpiexec -n N] python -m bench <tool> [args]",
+    lines = ["usage: [mpiexec -n N] topocoll bench <collective> [flags]   (microbenchmark)",
+             "       [mpiexec -n N] topocoll bench <tool> [args]",
              "",
              f"collectives: {', '.join(SPECS)}",
              "  flags (nccl-tests names): -b/-e/-f/-i sizes, -n iters, -w warmup, -c check,",
              "  -o op, -d datatype, -r root, -z blocking, -a average, --algo a,b,",
-             "  --json PATH, --plot PATH.png, --quiet;  python -m bench all_reduce --help",
+             "  --json PATH, --plot PATH.png, --quiet;  topocoll bench all_reduce --help",
              "", "tools:"]
     lines += [f"  {name:12s} {doc}" for name, doc in tools().items()]
     return "\n".join(lines)

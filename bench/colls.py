@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-import collectives
+from topocoll import collectives
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ SPECS: dict[str, Spec] = {s.name: s for s in (
     Spec("rotate", False, False, False, ("oop", "ip"), lambda n: 1.0),
     Spec("sendrecv", False, False, False, ("oop",), lambda n: 1.0),
 )}
-"""Every collective ``python -m bench`` measures, in nccl-tests order."""
+"""Every collective ``topocoll bench`` measures, in nccl-tests order."""
 
 DTYPES: dict[str, np.dtype] = {
     "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8), "int32": np.dtype(np.int32),

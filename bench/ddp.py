@@ -1,6 +1,6 @@
 """DDP and all_reduce on the "topocoll" torch backend vs gloo, side by side in one run.
 
-    mpiexec -n 2 python -m bench.ddp [--sizes 1M,4M,16M] [--iters 10] [--rounds 5] [--steps 5]
+    mpiexec -n 2 topocoll bench ddp [--sizes 1M,4M,16M] [--iters 10] [--rounds 5] [--steps 5]
 
 Both backends run over the same ranks; measurements alternate between them round by round, so a
 noisy shared machine slows both alike, and every line prints the ratio (>1: topocoll is faster).
@@ -23,7 +23,7 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print on rank 0; return the exit status."""
     args = _parse(argv)
-    import collectives.torch  # noqa: F401 - registers "topocoll"
+    import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
 
     torch.set_num_threads(1)
     dist.init_process_group("topocoll")
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench.ddp", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="topocoll bench ddp", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1M,4M,16M", help="all_reduce sizes in bytes (K/M suffix)")
     ap.add_argument("--iters", type=int, default=10, help="all_reduces per timed round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per backend (best is kept)")
@@ -66,7 +66,7 @@ def _bytes(s: str) -> int:
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1].upper(), 1)
     n = int(s[:-1] if mult > 1 else s) * mult
     if n < 4 or n % 4:
-        raise SystemExit(f"bench.ddp: size {s!r} must be a positive multiple of 4 bytes")
+        raise SystemExit(f"topocoll bench ddp: size {s!r} must be a positive multiple of 4 bytes")
     return n
 
 

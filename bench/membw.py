@@ -1,6 +1,6 @@
 """Memory bandwidth with every rank copying at once: the limit shared-memory collectives meet.
 
-    mpiexec -n 2 python -m bench membw [--sizes 2M,16M] [--min-time 200]
+    mpiexec -n 2 topocoll bench membw [--sizes 2M,16M] [--min-time 200]
 
 On one node the ranks' copies share the memory bus (and the last-level cache), so a collective
 that copies ``c`` bytes per rank for every byte of its message can't beat ``copy / c`` however
@@ -62,7 +62,7 @@ def _rate(comm, nbytes: int, op: Callable[[], object], seconds: float) -> list[f
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="bench.membw", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="topocoll bench membw", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="2M,16M", help="bytes per buffer, comma list (K/M suffix)")
     ap.add_argument("--min-time", type=float, default=200.0, metavar="MS",
                     help="milliseconds each figure lasts at least (default 200)")

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-import collectives
+from topocoll import collectives
 
 from . import report
 from .colls import DTYPES, SPECS, Case, Memory, busbw_factor, counts
@@ -28,14 +28,14 @@ _COMBINE = {1: "avg", 2: "min", 3: "max"}
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m bench <collective> [flags]``: 0 if every result was right, 1 if not, 2 on
+    """``topocoll bench <collective> [flags]``: 0 if every result was right, 1 if not, 2 on
     a bad command line."""
     argv = list(argv)
     try:
         opts = parse(argv[0] if argv else "", argv[1:])
     except UsageError as err:
         if launcher_rank() == 0:
-            print(f"python -m bench: error: {err}", file=sys.stderr)
+            print(f"topocoll bench: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as done:  # --help
         return int(done.code or 0)
@@ -46,7 +46,7 @@ def main(argv: Sequence[str]) -> int:
         rows = run(comm, opts, argv)
     except UsageError as err:  # depends on the world size, so the same on every rank
         if comm.rank == 0:
-            print(f"python -m bench: error: {err}", file=sys.stderr)
+            print(f"topocoll bench: error: {err}", file=sys.stderr)
         return 2
     bad = sum((res.wrong or 0) for r in rows for m, _ in report.MODES
               if (res := r.result(m)) is not None) + sum(r.out_of_bounds for r in rows)

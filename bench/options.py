@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
-import collectives
+from topocoll import collectives
 
 from .colls import DTYPE_ALIASES, DTYPES, SPECS, valid_algos, valid_op
 from .sizes import parse_size, sweep
@@ -107,7 +107,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     """The argparse parser for one collective's flags (errors raise instead of exiting)."""
-    p = ArgParser(prog=f"python -m bench {collective}", exit_on_error=False,
+    p = ArgParser(prog=f"topocoll bench {collective}", exit_on_error=False,
                 description="nccl-tests-style sweep of one collective over message sizes.")
     add = p.add_argument
     add("-b", "--minbytes", default="32M", help="smallest size, e.g. 8, 64K, 1M (default 32M)")

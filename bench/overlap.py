@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-import collectives
+from topocoll import collectives
 
 from .options import ArgParser, UsageError, launcher_rank
 from .sizes import format_size, parse_size
@@ -23,12 +23,12 @@ PHASES = ("all_reduce", "matmul", "sequence", "overlapped")
 
 
 def main(argv: Sequence[str]) -> int:
-    """``python -m bench overlap [--size 32M] [--repeats 5] [--algo auto]``; 2 on bad flags."""
+    """``topocoll bench overlap [--size 32M] [--repeats 5] [--algo auto]``; 2 on bad flags."""
     try:
         opts = _parse(argv)
     except UsageError as err:
         if launcher_rank() == 0:
-            print(f"python -m bench overlap: error: {err}", file=sys.stderr)
+            print(f"topocoll bench overlap: error: {err}", file=sys.stderr)
         return 2
     except SystemExit as done:  # --help
         return int(done.code or 0)
@@ -113,7 +113,7 @@ def _clock(fn: Callable[[], object]) -> float:
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = ArgParser(prog="python -m bench overlap", exit_on_error=False,
+    p = ArgParser(prog="topocoll bench overlap", exit_on_error=False,
                 description="Does all_reduce(async_op=True) overlap a matmul on the caller?")
     p.add_argument("--size", default="32M", help="all_reduce bytes (default 32M)")
     p.add_argument("--repeats", type=int, default=5, help="repeats; medians reported (default 5)")

@@ -1,7 +1,7 @@
 """Step time and per-rank memory of every PaRO strategy, side by side in one run.
 
     TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 TOPOCOLL_LINKS="inter=50us:200MB/s" \\
-        mpiexec -n 4 python -m bench.paro --accum 1,4 --plot docs/figures/paro.png
+        mpiexec -n 4 topocoll bench paro --accum 1,4 --plot docs/figures/paro.png
 
 All strategies train copies of one MLP on the same data; each round times ``--steps`` optimizer
 steps of every strategy in turn (the order rotates per round), so a noisy machine slows them all
@@ -25,8 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from mpi4py import MPI
 
-    import collectives
-    import paro
+    from topocoll import collectives
+    from topocoll import paro
 
     torch.set_num_threads(1)
     comm = collectives.init()
@@ -114,7 +114,7 @@ class _Local:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.paro", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="topocoll bench paro", description=__doc__.splitlines()[0])
     p.add_argument("--strategies", default="NNG,NGG,GGG,NII,NIG,IIG,IGG,ING",
                    type=lambda s: [x.strip().upper() for x in s.split(",") if x.strip()])
     p.add_argument("--accum", default="1,4", type=lambda s: [int(x) for x in s.split(",")],

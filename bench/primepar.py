@@ -1,6 +1,6 @@
 """PrimePar: measured searched plan vs 1-D TP and RTP here, predicted comparison at 32+ devices.
 
-``mpiexec -n 4 python -m bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]``
+``mpiexec -n 4 topocoll bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]``
 Measured: forward + backward of every layer's four matmuls (QKV, out, fc1, fc2) under each plan,
 each fed an input shard in its own layout (the attention core and re-layouts are not executed
 here); memory per rank: weight + gradient shards, tensors saved for backward, peak shift buffers.
@@ -18,10 +18,10 @@ import torch
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the tables."""
     args = _parser().parse_args(argv)
-    import collectives
-    from primepar import PrimeLinear
-    from primepar.cost import Costs, Hardware
-    from primepar.search import Model, baselines, search
+    from topocoll import collectives
+    from topocoll.primepar import PrimeLinear
+    from topocoll.primepar.cost import Costs, Hardware
+    from topocoll.primepar.search import Model, baselines, search
 
     comm = collectives.init()
     P = comm.size
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     flops = _calibrate(comm)
     costs = Costs(comm.topology, Hardware(flops_per_s=flops, dtype_bytes=4,
                                           state_bytes_per_param=8))
-    from primepar.__main__ import parse_bytes
+    from topocoll.primepar.__main__ import parse_bytes
 
     budget = parse_bytes(args.memory)
     plans = {"searched": search(model, costs, budget, context_parallel=False)}
@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(comm, model, layers, iters: int) -> tuple[list[float], float]:
     """Seconds per fwd+bwd step, and the rank's bytes: weights+grads, saved, shift buffers."""
-    from primepar import shard
+    from topocoll.primepar import shard
 
     gen = torch.Generator().manual_seed(comm.rank)
     inputs = []
@@ -107,9 +107,9 @@ def _calibrate(comm) -> float:
 
 
 def _predicted_at_scale(args) -> None:
-    from primepar.__main__ import compare, format_plan
-    from primepar.cost import Costs, default_topology
-    from primepar.search import Model, baselines, search
+    from topocoll.primepar.__main__ import compare, format_plan
+    from topocoll.primepar.cost import Costs, default_topology
+    from topocoll.primepar.search import Model, baselines, search
 
     big = Model(24, 4096, 32, 2048, 8)
     for devices in args.scale:
@@ -124,7 +124,7 @@ def _predicted_at_scale(args) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench primepar", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="topocoll bench primepar", description=__doc__.splitlines()[0])
     for name, default in (("layers", 2), ("hidden", 512), ("heads", 8), ("seq", 128),
                           ("batch", 8), ("iters", 5)):
         p.add_argument(f"--{name}", type=int, default=default)

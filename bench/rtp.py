@@ -1,6 +1,6 @@
 """RTP vs DDP vs FSDP on a small GPT: per-rank memory by kind and step throughput, side by side.
 
-    mpiexec -n 2 python -m bench.rtp [--layers 4 --d-model 256 ...] [--plot docs/figures/rtp_bench.png]
+    mpiexec -n 2 topocoll bench rtp [--layers 4 --d-model 256 ...] [--plot docs/figures/rtp_bench.png]
 
 Memory is counted exactly, per rank, from tensors: parameters, gradients and optimizer state
 (Adam) that the rank holds, and activations = the peak bytes autograd saves for backward during a
@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import collectives
-import rtp
-from rtp.models import GPT
+from topocoll import collectives
+from topocoll import rtp
+from topocoll.rtp.models import GPT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,7 +202,7 @@ def _init_gloo(comm: Any) -> None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m bench.rtp", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="topocoll bench rtp", description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--heads", type=int, default=8)

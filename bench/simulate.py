@@ -1,8 +1,8 @@
 """Predict collective times at any scale from the algorithms' schedules (and check the model here).
 
-    python -m bench simulate --topology docs/clusters/h100-fat-tree.json --op all_reduce \\
+    topocoll simulate --topology h100-fat-tree --op all_reduce \\
         --algo ring,hier,ho_ring -b 1M -e 4G -f 4 [--ranks 16,128,1024,16384] [--plot p.png]
-    mpiexec -n 4 python -m bench simulate --validate --algo ring,hier,ho_ring -b 1M -e 16M
+    mpiexec -n 4 topocoll simulate --validate --algo ring,hier,ho_ring -b 1M -e 16M
         (with TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 ...: predicted vs measured, here)
 
 The table follows nccl-tests (size, count, type, predicted time, algbw, busbw); ``--ranks``
@@ -26,11 +26,11 @@ def main(argv: Sequence[str]) -> int:
     try:
         args = _parse(argv)
     except _Usage as err:
-        print(f"python -m bench simulate: error: {err}", file=sys.stderr)
+        print(f"topocoll simulate: error: {err}", file=sys.stderr)
         return 2
     if args.validate:
         return _validate(args)
-    from topology.cost import CostModel
+    from topocoll.topology.cost import CostModel
 
     base = _topology(args.topology, args.links, args.nics)
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
@@ -53,7 +53,7 @@ def main(argv: Sequence[str]) -> int:
 
 # -- prediction tables --------------------------------------------------------------------------
 def _table(args: argparse.Namespace, topo: Any, model: Any, sizes: list[int]) -> list[dict]:
-    from collectives.schedules import predict
+    from topocoll.collectives.schedules import predict
 
     p = topo.world_size
     factor = busbw_factor(args.op, p)
@@ -81,7 +81,7 @@ def _scaled(base: Any, ranks: list[int] | None) -> list[Any]:
     """The base topology, or copies with as many nodes as ``ranks`` asks (node size kept)."""
     if not ranks:
         return [base]
-    from topology import parse_spec
+    from topocoll.topology import parse_spec
 
     L = base.local_size(0)
     per_switch = max(1, base.num_nodes // max(base.num_switches, 1))
@@ -100,8 +100,8 @@ def _scaled(base: Any, ranks: list[int] | None) -> list[Any]:
 def _validate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    import collectives
-    from collectives.schedules import ensure_calibrated, median_time, model_for, predict
+    from topocoll import collectives
+    from topocoll.collectives.schedules import ensure_calibrated, median_time, model_for, predict
 
     comm = collectives.init(check=False)  # time the algorithms, not our argument check
     model = model_for(comm.topology)
@@ -150,7 +150,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m bench simulate", description=__doc__,
+    p = _Parser(prog="topocoll simulate", description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", default=None, help="spec (e.g. 64x32x8) or topology file")
     p.add_argument("--links", default=None, help="TOPOCOLL_LINKS grammar, overrides the file's")
@@ -177,7 +177,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     if args.minbytes > args.maxbytes:
         raise _Usage(f"-b {args.minbytes} is larger than -e {args.maxbytes}")
     args.algo = [a.strip() for a in args.algo.split(",") if a.strip()]
-    from collectives.schedules import MODELLED, STEP_OVERHEAD_S
+    from topocoll.collectives.schedules import MODELLED, STEP_OVERHEAD_S
 
     bad = [a for a in args.algo if a not in MODELLED[args.op]]
     if bad:
@@ -187,7 +187,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     if args.step_overhead is None:
         args.step_overhead = STEP_OVERHEAD_S
     if args.reduce_rate is None:
-        from topology.cost import REDUCE_BYTES_PER_S
+        from topocoll.topology.cost import REDUCE_BYTES_PER_S
 
         args.reduce_rate = REDUCE_BYTES_PER_S
     if not args.validate and args.topology is None:
@@ -197,7 +197,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _rate(text: str) -> float:
-    from topology.virtual import parse_links
+    from topocoll.topology.virtual import parse_links
 
     try:
         return parse_links(f"intra=0s:{text}")["intra"].beta_bytes_per_s
@@ -206,8 +206,8 @@ def _rate(text: str) -> float:
 
 
 def _topology(source: str, links: str | None, nics: str | None) -> Any:
-    from topology import TopologyError, load, parse_spec
-    from topology.virtual import is_spec, parse_links
+    from topocoll.topology import TopologyError, load, parse_spec
+    from topocoll.topology.virtual import is_spec, parse_links
 
     try:
         topo = parse_spec(source) if is_spec(source) else load(source)

@@ -1,7 +1,7 @@
 """2.5-D (Tesseract) vs 1-D (Megatron) tensor-parallel MLP block: bytes sent per rank and time per
 forward+backward, measured side by side in one run.
 
-    mpiexec -n 4 python -m bench.tesseract [--rows 2048] [--hidden 256] [--q 2 --d 1] [--iters 10]
+    mpiexec -n 4 topocoll bench tesseract [--rows 2048] [--hidden 256] [--q 2 --d 1] [--iters 10]
 
 The two models alternate iteration by iteration (the machine is shared and noisy, so only ratios
 taken in one run mean anything). Bytes are counted by metering every call the layers make
@@ -24,9 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import torch
 
-    import collectives
-    import tesseract
-    from tesseract import volume
+    from topocoll import collectives
+    from topocoll import tesseract
+    from topocoll.tesseract import volume
 
     torch.set_num_threads(1)
     comm = collectives.init(check=args.check)
@@ -109,7 +109,7 @@ def _print(args: argparse.Namespace, p: int, q: int, d: int, ffn: int,
     ratio = statistics.median(times["1-D"]) / statistics.median(times["2.5-D"])
     print(f"time 1-D / 2.5-D = {ratio:.2f}; bytes 1-D / 2.5-D = "
           f"{sent['1-D'] / max(sent['2.5-D'], 1):.2f}")
-    from tesseract import volume
+    from topocoll.tesseract import volume
 
     print("# analytic bytes sent per rank (MiB) for the same MLP at larger grids")
     print(f"{'ranks':>6}{'grid [q,q,d]':>14}{'2.5-D':>10}{'1-D':>10}")
@@ -123,7 +123,7 @@ def _print(args: argparse.Namespace, p: int, q: int, d: int, ffn: int,
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.tesseract", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="topocoll bench tesseract", description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=2048, help="tokens (batch x sequence)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=None, help="default 4*hidden")

@@ -1,6 +1,6 @@
 """topocoll collectives: topology-aware collective communication over MPI (and more backends).
 
-    import collectives
+    from topocoll import collectives
     comm = collectives.init()                  # world communicator (or wrap an mpi4py comm)
     # backend="auto" takes NCCL where CuPy sees a GPU per rank (GPU and host arrays), else MPI
     comm.all_reduce(x, op="sum")               # in place; async_op=True returns a Handle
@@ -58,7 +58,8 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         from mpi4py import MPI
     except ImportError as err:  # pragma: no cover - depends on the install
         raise ImportError("the MPI backend needs mpi4py and an MPI: "
-                          "pip install 'topocoll[mpi]' (brings mpi4py and mpich)") from err
+                          "pip install 'topocoll[mpich]' (mpi4py and the mpich wheel), or "
+                          "'topocoll[mpi]' (mpi4py alone, for your own MPI)") from err
     from .backends.mpi import MPIBackend
 
     if comm is None:
@@ -67,7 +68,7 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         comm = comm.mpi_comm
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
-    import topology as topo_mod
+    from topocoll import topology as topo_mod
 
     if _choose_backend(backend, comm, device) == "nccl":
         from .backends.nccl import NCCLBackend

@@ -451,7 +451,7 @@ class Communicator:
 
     def _flat_ring(self) -> list[int]:
         if self._flat_ring_cache is None:
-            from topology import flat_ring
+            from topocoll.topology import flat_ring
 
             self._flat_ring_cache = list(flat_ring(self.topology))
         return self._flat_ring_cache

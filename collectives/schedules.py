@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from topology import Topology, flat_ring, node_ring
-from topology.cost import CostModel, Phase, pipeline_time
+from topocoll.topology import Topology, flat_ring, node_ring
+from topocoll.topology.cost import CostModel, Phase, pipeline_time
 
 MODELLED = {
     "all_reduce": ("ring", "hier", "ho_ring"),

@@ -1,6 +1,6 @@
 """topocoll paro: PaRO partial-redundancy sharding for data-parallel training (arXiv 2310.06003).
 
-    import collectives, paro
+    from topocoll import collectives, paro
     comm = collectives.init()
     model = paro.ParoDataParallel(net, "NIG", comm, optimizer=lambda ps: torch.optim.AdamW(ps))
     loss_fn(model(x), y).backward(); model.step()
@@ -9,6 +9,10 @@
 Builds only on ``collectives``' public API and ``topology``. See docs/paro.md.
 """
 from __future__ import annotations
+
+from .._extras import require
+
+require("torch", "torch", "topocoll.paro")
 
 from .advisor import Advice, Estimate, advise, step_time
 from .data_parallel import ParoDataParallel

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from topology import LinkParams
+from topocoll.topology import LinkParams
 
 from .strategy import STRATEGIES, expected_memory, padded_numel, parse_strategy
 

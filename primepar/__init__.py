@@ -1,6 +1,6 @@
 """topocoll primepar: spatial-temporal tensor partitioning (PrimePar) and its partition search.
 
-    import collectives, primepar
+    from topocoll import collectives, primepar
     comm = collectives.init()
     lin = primepar.PrimeLinear(comm, 512, 2048, "row-shift")   # partial sums shift, no all-reduce
     y = lin(x_local)                                           # x, y: at-rest shards
@@ -9,6 +9,11 @@
 
 See docs/primepar.md.
 """
+
+from .._extras import require
+
+require("torch", "torch", "topocoll.primepar")
+
 from .attention import PrimeAttention, dense_attention
 from .engine import Product, Trace, ring_reduce, run
 from .grid import Grid, gather, shard

@@ -1,4 +1,4 @@
-"""``python -m primepar plan --layers 24 --hidden 4096 --heads 32 --seq 2048 --batch 8
+"""``topocoll primepar plan --layers 24 --hidden 4096 --heads 32 --seq 2048 --batch 8
 --devices 32 --memory 40GB [--topology spec|file]``: the searched plan vs 1-D TP, RTP and DP."""
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         plan = search(model, costs, memory)
     except PlanError as err:
-        print(f"python -m primepar plan: {err}", file=sys.stderr)
+        print(f"topocoll primepar plan: {err}", file=sys.stderr)
         return 1
     took = time.perf_counter() - start
     print(f"model: {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq "
@@ -85,8 +85,8 @@ def parse_bytes(text: str) -> float:
 
 
 def _topology(spec: str | None, devices: int, links: str | None):
-    from topology import TopologyError, load, parse_links, parse_spec
-    from topology.virtual import is_spec
+    from topocoll.topology import TopologyError, load, parse_links, parse_spec
+    from topocoll.topology.virtual import is_spec
 
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
@@ -105,7 +105,7 @@ def _topology(spec: str | None, devices: int, links: str | None):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m primepar", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="topocoll primepar", description=__doc__.splitlines()[0])
     p.add_argument("command", choices=["plan"])
     for name, default in (("layers", 24), ("hidden", 4096), ("heads", 32), ("seq", 2048),
                           ("batch", 8), ("devices", 32), ("ffn", 4)):

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from topology import Topology
-from topology.cost import CostModel as LinkModel
-from topology.cost import Phase
+from topocoll.topology import Topology
+from topocoll.topology.cost import CostModel as LinkModel
+from topocoll.topology.cost import Phase
 
 from .spec import TENSORS, Spec
 
@@ -145,7 +145,7 @@ class Costs:
 
 def default_topology(devices: int, per_node: int = 8, **kw: Any) -> Topology:
     """Nodes of ``per_node`` devices (fewer if ``devices`` is smaller) under one switch."""
-    from topology import parse_spec
+    from topocoll.topology import parse_spec
 
     if devices <= per_node or devices % per_node:
         return parse_spec(str(devices), **kw)

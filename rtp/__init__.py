@@ -1,7 +1,7 @@
 """topocoll rtp: Rotated Tensor Parallelism (each rank stores 1/p of every weight, trains on its
 own micro-batch, and the weight blocks rotate round the ring while it computes).
 
-    import collectives, rtp
+    from topocoll import collectives, rtp
     comm = collectives.init()
     with torch.device("meta"):
         model = rtp.models.GPT()                  # nothing materialised yet
@@ -12,6 +12,10 @@ own micro-batch, and the weight blocks rotate round the ring while it computes).
 See docs/rtp.md.
 """
 from __future__ import annotations
+
+from .._extras import require
+
+require("torch", "torch", "topocoll.rtp")
 
 from . import init, models
 from .blocks import MLP, TransformerBlock

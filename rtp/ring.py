@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-import collectives
+from topocoll import collectives
 
 _RINGS: "weakref.WeakKeyDictionary[collectives.Communicator, Ring]" = weakref.WeakKeyDictionary()
 _WORLD: list[collectives.Communicator] = []

@@ -1,6 +1,6 @@
 """Tesseract: 2.5-D tensor parallelism on a [q, q, d] process grid (Wang et al., ICPP 2022).
 
-    import collectives, tesseract
+    from topocoll import collectives, tesseract
     comm = collectives.init()
     grid = tesseract.Grid(comm, q=2, d=2)              # 8 ranks
     mlp = tesseract.MLP(grid, hidden=64)               # weights in q x q blocks
@@ -8,6 +8,11 @@
 
 Built only on ``collectives``' public API; see docs/tesseract.md.
 """
+
+from .._extras import require
+
+require("torch", "torch", "topocoll.tesseract")
+
 from .grid import Grid, check_grid, group_spans, layout
 from .layers import MLP, LayerNorm, Linear, SelfAttention, TransformerBlock
 from .megatron import MegatronMLP

@@ -116,7 +116,7 @@ def _split(comm: Any, color: int, key: int, name: str) -> Any:
 def _rank_order(topo: Any, size: int) -> list[int]:
     if topo is None:
         return list(range(size))
-    from topology import flat_ring
+    from topocoll.topology import flat_ring
 
     order = list(flat_ring(topo))
     if sorted(order) != list(range(size)):

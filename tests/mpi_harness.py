@@ -38,7 +38,7 @@ def mpiexec_path() -> str:
         return str(here)
     found = shutil.which("mpiexec")
     if not found:
-        raise RuntimeError("no mpiexec found: pip install 'topocoll[mpi]' (mpi4py + mpich)")
+        raise RuntimeError("no mpiexec found: pip install 'topocoll[mpich]' (mpi4py + mpich)")
     return found
 
 

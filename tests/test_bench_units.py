@@ -5,11 +5,11 @@ import sys
 import numpy as np
 import pytest
 
-from bench import report
-from bench.__main__ import tools, usage
-from bench.colls import SPECS, busbw_factor, counts, pattern, reduce_ranks, valid_algos
-from bench.options import UsageError, parse
-from bench.sizes import format_size, parse_size, sweep
+from topocoll.bench import report
+from topocoll.bench.__main__ import tools, usage
+from topocoll.bench.colls import SPECS, busbw_factor, counts, pattern, reduce_ranks, valid_algos
+from topocoll.bench.options import UsageError, parse
+from topocoll.bench.sizes import format_size, parse_size, sweep
 from tests.mpi_harness import ROOT, YIELD_ENV
 
 
@@ -132,7 +132,7 @@ def test_bad_flags_raise_clear_errors(coll, argv, msg):
 
 
 def test_algos_come_from_collectives():
-    import collectives
+    from topocoll import collectives
 
     assert valid_algos("all_reduce") == collectives.algorithms_for("all_reduce")
     assert valid_algos("sendrecv") == ("auto",)
@@ -173,7 +173,7 @@ def test_help_lists_collectives_and_tools():
 
 def _bench(*args, timeout=120):
     env = {**__import__("os").environ, **YIELD_ENV}
-    return subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "topocoll", "bench", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

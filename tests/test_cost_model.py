@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from collectives.schedules import best_chunks, fastest, predict, two_level_time
+from topocoll.collectives.schedules import best_chunks, fastest, predict, two_level_time
 from tests.mpi_harness import ROOT, run_ranks
-from topology import LinkParams, parse_spec
-from topology.cost import CostModel, Phase, pipeline_time
+from topocoll.topology import LinkParams, parse_spec
+from topocoll.topology.cost import CostModel, Phase, pipeline_time
 
 SLOW = {"intra": LinkParams(1e-6, 10e9), "inter": LinkParams(50e-6, 100e6),
         "switch": LinkParams(100e-6, 50e6)}
@@ -71,7 +71,7 @@ def test_native_is_not_modelled():
 def test_simulate_cli_prints_table_and_plot(tmp_path):
     png, js = tmp_path / "sim.png", tmp_path / "sim.json"
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "simulate", "--topology", "2x2x2", "--links",
+        [sys.executable, "-m", "topocoll", "simulate", "--topology", "2x2x2", "--links",
          "inter=50us:100MB/s", "-b", "1M", "-e", "16M", "--ranks", "8,64", "--plot", str(png),
          "--json", str(js)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -79,7 +79,7 @@ def test_simulate_cli_prints_table_and_plot(tmp_path):
     rows = json.loads(js.read_text())["rows"]
     assert {r["algo"] for r in rows} == {"ring", "hier", "ho_ring"}
     assert png.read_bytes()[:4] == b"\x89PNG"
-    bad = subprocess.run([sys.executable, "-m", "bench", "simulate", "--topology", "2x2",
+    bad = subprocess.run([sys.executable, "-m", "topocoll", "simulate", "--topology", "2x2",
                           "--algo", "tree"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no schedule for tree" in bad.stderr
 

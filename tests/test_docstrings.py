@@ -5,7 +5,8 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["collectives", "topology", "bench", "rtp", "tesseract", "paro", "primepar"]
+PACKAGES = ["topocoll"] + [f"topocoll.{p}" for p in (
+    "collectives", "topology", "bench", "rtp", "tesseract", "paro", "primepar")]
 
 
 def _modules():

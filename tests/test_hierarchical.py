@@ -2,7 +2,7 @@
 import pytest
 
 from tests.mpi_harness import run_ranks
-from topology import parse_spec
+from topocoll.topology import parse_spec
 
 pytestmark = pytest.mark.mpi
 

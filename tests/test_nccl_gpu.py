@@ -1,7 +1,7 @@
 """NCCL backend on real GPUs under mpiexec; skipped, with the reason, where no GPU is usable."""
 import pytest
 
-from collectives.backends.nccl import unavailable_reason
+from topocoll.collectives.backends.nccl import unavailable_reason
 from tests.mpi_harness import run_ranks
 
 REASON = unavailable_reason()

@@ -5,10 +5,10 @@ import importlib.util
 import numpy as np
 import pytest
 
-from collectives.arrays import Buffer, as_buffer, check_memory
-from collectives.backends import nccl
-from collectives.dtypes import BFLOAT16, dtype_of_numpy
-from collectives.gpu import (array_module, copyto, describe_cuda_array, empty, empty_like,
+from topocoll.collectives.arrays import Buffer, as_buffer, check_memory
+from topocoll.collectives.backends import nccl
+from topocoll.collectives.dtypes import BFLOAT16, dtype_of_numpy
+from topocoll.collectives.gpu import (array_module, copyto, describe_cuda_array, empty, empty_like,
                              is_gpu_array, shares_memory)
 from tests.mpi_harness import run_ranks
 

@@ -2,9 +2,9 @@
 mpiexec on a virtual 2x2 topology against plain data parallel (tests/ranks/paro_*.py)."""
 import pytest
 
-import paro
+from topocoll import paro
 from tests.mpi_harness import run_ranks
-from topology import LinkParams, Topology, parse_spec
+from topocoll.topology import LinkParams, Topology, parse_spec
 
 
 def test_strategy_names():

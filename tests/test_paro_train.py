@@ -3,7 +3,7 @@ the same weights as plain data parallel, with SGD and AdamW, with gradient accum
 exactly the bytes of its memory formula (tests/ranks/paro_train.py)."""
 import pytest
 
-import paro
+from topocoll import paro
 from tests.mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi

@@ -10,7 +10,7 @@ import pytest
 from tests.mpi_harness import LAUNCHER_ENV, ROOT
 
 pytest.importorskip("torch")
-from collectives.torch.pmi import SERVER, process_mapping  # noqa: E402 - needs torch
+from topocoll.collectives.torch.pmi import SERVER, process_mapping  # noqa: E402 - needs torch
 
 
 def test_process_mapping_describes_contiguous_nodes():
@@ -78,7 +78,7 @@ def test_a_server_that_cannot_start_fails_every_rank_without_waiting():
     store), instead of waiting for an address that never comes."""
     code = """
 import torch.distributed as dist
-from collectives.torch import pmi
+from topocoll.collectives.torch import pmi
 pmi.SERVER = pmi.SERVER.with_name("no_such_server.py")
 store = dist.HashStore()
 store.set(pmi.PREFIX + "host/1", "here")

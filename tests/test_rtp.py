@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rtp import init
+from topocoll.rtp import init
 from tests.mpi_harness import run_ranks
 
 

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import tesseract
-from topology import Topology
+from topocoll import tesseract
+from topocoll.topology import Topology
 
 
 def test_check_grid_names_the_numbers():

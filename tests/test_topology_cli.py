@@ -1,4 +1,4 @@
-"""`python -m topology`: printing, --json, --draw, errors, and --probe under mpiexec."""
+"""`topocoll topology`: printing, --json, --draw, errors, and --probe under mpiexec."""
 from __future__ import annotations
 
 import json
@@ -9,15 +9,15 @@ import sys
 import pytest
 
 from tests.mpi_harness import ROOT, YIELD_ENV, mpiexec_path, run_ranks
-from topology import Topology, parse_spec
-from topology.probe import fit, probe_pairs
+from topocoll.topology import Topology, parse_spec
+from topocoll.topology.probe import fit, probe_pairs
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     full = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "topology", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "topocoll", "topology", *args], capture_output=True,
                           text=True, cwd=ROOT, env=full, timeout=60)
 
 
@@ -52,7 +52,7 @@ def test_cli_error_exit_code():
 def test_cli_under_mpiexec_rank0_prints(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(tmp_path), TOPOCOLL_TOPOLOGY="2x1",
                **YIELD_ENV)
-    p = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "topology", "--json"],
+    p = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "topocoll", "topology", "--json"],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=90)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count('"world_size": 2') == 1 and '"virtual:2x1"' in p.stdout

@@ -8,8 +8,8 @@ import types
 import pytest
 
 from tests.mpi_harness import run_ranks
-from topology import LinkParams, TopologyError
-from topology.detect import _decide, as_mpi_comm, gpu_info, resolve_links
+from topocoll.topology import LinkParams, TopologyError
+from topocoll.topology.detect import _decide, as_mpi_comm, gpu_info, resolve_links
 
 pytestmark = pytest.mark.timeout(120)
 

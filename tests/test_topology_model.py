@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from topology import (LinkParams, Topology, TopologyError, crossings, flat_ring, leader_ring,
+from topocoll.topology import (LinkParams, Topology, TopologyError, crossings, flat_ring, leader_ring,
                       load, min_crossings, neighbours, node_ring, parse_links, parse_spec,
                       rail_rings)
-from topology.virtual import is_spec, parse_nics, parse_rate, parse_time
+from topocoll.topology.virtual import is_spec, parse_nics, parse_rate, parse_time
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -212,7 +212,7 @@ def test_public_api_documented_and_independent_of_collectives():
     import subprocess
     import sys
 
-    import topology
+    from topocoll import topology
     for name in topology.__all__:
         obj = getattr(topology, name)
         if callable(obj):

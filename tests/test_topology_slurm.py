@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from topology import TopologyError
-from topology.slurm import (expand_hostlist, load_topology_conf, parse_topology_conf,
+from topocoll.topology import TopologyError
+from topocoll.topology.slurm import (expand_hostlist, load_topology_conf, parse_topology_conf,
                             switch_levels)
 
 pytestmark = pytest.mark.timeout(30)

@@ -58,7 +58,7 @@ def test_plain_process_is_a_world_of_one_and_a_storeless_join_fails_clearly():
         port = s.getsockname()[1]
     code = f"""
 import torch.distributed as dist, collectives.torch
-from collectives.torch import rendezvous
+from topocoll.collectives.torch import rendezvous
 try:
     rendezvous.world_comm(0, 2)
 except RuntimeError as e:
@@ -78,6 +78,6 @@ print("SINGLE OK", t.tolist())
 
 
 def rendezvous_vars():
-    from collectives.torch.rendezvous import LAUNCHER_VARS
+    from topocoll.collectives.torch.rendezvous import LAUNCHER_VARS
 
     return LAUNCHER_VARS

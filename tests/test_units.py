@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from collectives.arrays import as_buffer
-from collectives.call import split_bounds
-from collectives.dtypes import check_reducible, dtype_of_numpy, parse_op, reducer
-from collectives.handle import Executor
-from collectives.select import algorithms_for, resolve
+from topocoll.collectives.arrays import as_buffer
+from topocoll.collectives.call import split_bounds
+from topocoll.collectives.dtypes import check_reducible, dtype_of_numpy, parse_op, reducer
+from topocoll.collectives.handle import Executor
+from topocoll.collectives.select import algorithms_for, resolve
 
 
 @pytest.mark.parametrize("n,parts", [(0, 3), (1, 4), (7, 3), (12, 4), (5, 1)])

@@ -1,9 +1,9 @@
-"""``python -m topology``: print, dump (--json), draw (--draw) or probe (--probe) the topology.
+"""``topocoll topology``: print, dump (--json), draw (--draw) or probe (--probe) the topology.
 
-    python -m topology --spec 2x2x2 [--json | --draw tree.png]       no MPI launch needed
-    python -m topology --file topo.json
-    mpiexec -n 4 python -m topology                                  detect; rank 0 prints
-    mpiexec -n 2 python -m topology --probe [--out links.json]      measure link alpha/beta
+    topocoll topology --spec 2x2x2 [--json | --draw tree.png]       no MPI launch needed
+    topocoll topology --file topo.json
+    mpiexec -n 4 topocoll topology                                  detect; rank 0 prints
+    mpiexec -n 2 topocoll topology --probe [--out links.json]      measure link alpha/beta
 """
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def draw(topo: Topology, path: str | Path) -> None:
 # ---- helpers ------------------------------------------------------------------------------------
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m topology", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="topocoll topology", description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--spec", help="virtual spec, e.g. 2x4, 2x2x2, 3,1 (no MPI launch needed)")
     src.add_argument("--file", help="topology JSON/YAML file (no MPI launch needed)")

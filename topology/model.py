@@ -303,8 +303,13 @@ class Topology:
 
 
 def load(path: str | Path) -> Topology:
-    """Read a topology file: JSON, or YAML (``.yaml``/``.yml``, needs pyyaml); errors name the line."""
+    """Read a topology file: JSON, or YAML (``.yaml``/``.yml``, needs pyyaml); errors name the line.
+
+    A bare name that is no file, such as ``"h100-fat-tree"``, loads the cluster of that name that
+    ships with the package (:func:`bundled_clusters` lists them)."""
     p = Path(path)
+    if not p.exists() and p.name == str(path) and p.stem in bundled_clusters():
+        p = CLUSTERS_DIR / f"{p.stem}.json"
     try:
         text = p.read_text()
     except OSError as e:
@@ -315,6 +320,15 @@ def load(path: str | Path) -> Topology:
         return Topology.from_json(text)
     except TopologyError as e:
         raise TopologyError(f"{p}: {e}") from None
+
+
+def bundled_clusters() -> list[str]:
+    """Names of the example clusters that ship with the package (``load(name)`` reads one)."""
+    return sorted(f.stem for f in CLUSTERS_DIR.glob("*.json"))
+
+
+CLUSTERS_DIR = Path(__file__).resolve().parent / "clusters"
+"""Where the bundled cluster descriptions live, inside the installed package."""
 
 
 # ---- helpers ------------------------------------------------------------------------------------

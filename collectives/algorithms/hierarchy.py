@@ -54,7 +54,7 @@ def plan_for(b: Backend, topology: Any, switch_aware: bool, name: str) -> Plan |
     cache = b.__dict__.setdefault("_topocoll_plans", {})
     key = (switch_aware, id(topology))
     if key not in cache:
-        from topology import node_ring
+        from topocoll.topology import node_ring
 
         order = node_ring(topology) if switch_aware else list(range(topology.num_nodes))
         node_id = topology.node_of(b.rank)

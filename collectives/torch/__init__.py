@@ -1,6 +1,6 @@
 """torch.distributed backend ``"topocoll"``: CPU tensors over topocoll's MPI collectives.
 
-    import collectives.torch                      # registers the backend
+    import topocoll.collectives.torch                      # registers the backend
     dist.init_process_group("topocoll")           # under mpiexec: rank/size from MPI
     sub = dist.new_group([0, 1], backend="topocoll")
 

@@ -40,7 +40,7 @@ def join_world(store: Any, rank: int, size: int, timeout: float) -> None:
     """
     if not can_join():
         raise RuntimeError("topocoll: MPI is already initialised in this process (mpi4py.MPI was "
-                           "imported before init_process_group); import collectives.torch and "
+                           "imported before init_process_group); import topocoll.collectives.torch and "
                            "call init_process_group before anything imports mpi4py.MPI")
     host = socket.gethostname()
     store.set(f"{PREFIX}host/{rank}", host)

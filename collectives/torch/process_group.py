@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
 
-import collectives
+from topocoll import collectives
 from ..arrays import as_buffer
 from ..backends.mpi import MPIBackend
 from ..communicator import rejected_together

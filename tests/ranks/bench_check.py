@@ -4,8 +4,8 @@ from _common import rank_main
 
 import numpy as np
 
-import collectives
-from bench.colls import SPECS, Case
+from topocoll import collectives
+from topocoll.bench.colls import SPECS, Case
 
 
 def body():

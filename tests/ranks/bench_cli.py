@@ -1,4 +1,4 @@
-"""Run ``python -m bench`` in-process on every rank; argv: EXPECTED_RC then the bench arguments.
+"""Run ``topocoll bench`` in-process on every rank; argv: EXPECTED_RC then the bench arguments.
 
 Each rank checks its own exit code, so a bad flag must fail on every rank (and none may hang).
 """
@@ -9,7 +9,7 @@ import sys
 
 from mpi4py import MPI
 
-from bench.__main__ import main
+from topocoll.bench.__main__ import main
 
 
 def body():

@@ -6,7 +6,7 @@ import sys
 
 from mpi4py import MPI
 
-from bench.membw import main
+from topocoll.bench.membw import main
 
 
 def body():

@@ -7,7 +7,7 @@ from _common import rank_main
 import numpy as np
 from mpi4py import MPI
 
-import collectives
+from topocoll import collectives
 
 
 def ordering(c):

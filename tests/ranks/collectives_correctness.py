@@ -5,7 +5,7 @@ from _common import NUMPY_DTYPES, rank_data, rank_main, reference, valid_ops
 import numpy as np
 from mpi4py import MPI
 
-import collectives
+from topocoll import collectives
 
 SIZES = [0, 1, 2, 5, 13, 1031]
 

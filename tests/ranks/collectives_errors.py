@@ -9,8 +9,8 @@ from _common import rank_main
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import MismatchError
+from topocoll import collectives
+from topocoll.collectives import MismatchError
 
 
 def local_errors(c):

@@ -9,8 +9,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import CollectiveTimeoutError, CommunicatorBrokenError
+from topocoll import collectives
+from topocoll.collectives import CollectiveTimeoutError, CommunicatorBrokenError
 
 
 def body():

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-import collectives
+from topocoll import collectives
 
 
 def body():

@@ -5,7 +5,7 @@ from _common import rank_data, rank_main, reference, valid_ops
 import numpy as np
 from mpi4py import MPI
 
-import collectives
+from topocoll import collectives
 
 ALGOS = ("hier", "ho_ring", "ring")
 

@@ -11,8 +11,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import MismatchError
+from topocoll import collectives
+from topocoll.collectives import MismatchError
 
 KIND = sys.argv[1] if len(sys.argv) > 1 else "cupy"
 SIZES = [0, 1, 2, 5, 13, 1031]

@@ -2,8 +2,8 @@
 import _common  # noqa: F401  (sets sys.path)
 from _common import rank_main
 
-import collectives
-from collectives.backends.nccl import unavailable_reason
+from topocoll import collectives
+from topocoll.collectives.backends.nccl import unavailable_reason
 
 
 def body():

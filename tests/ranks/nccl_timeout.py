@@ -8,8 +8,8 @@ import cupy
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import CollectiveTimeoutError, CommunicatorBrokenError
+from topocoll import collectives
+from topocoll.collectives import CollectiveTimeoutError, CommunicatorBrokenError
 
 ALGO = sys.argv[1] if len(sys.argv) > 1 else "native"
 

@@ -9,8 +9,8 @@ from _common import rank_main
 
 import torch
 
-import collectives
-import paro
+from topocoll import collectives
+from topocoll import paro
 
 
 def expect(exc, fragment, fn):

@@ -12,8 +12,8 @@ from _common import rank_main
 import torch
 from mpi4py import MPI
 
-import collectives
-import paro
+from topocoll import collectives
+from topocoll import paro
 
 IN, HIDDEN, OUT = 6, 9, 2          # 101 parameters: not a multiple of 2 or 4
 BATCH = 5

@@ -4,8 +4,8 @@ from _common import rank_main
 
 import torch
 
-import collectives
-from primepar import PrimeAttention, PrimeLinear
+from topocoll import collectives
+from topocoll.primepar import PrimeAttention, PrimeLinear
 
 
 def expect(fn, needle):

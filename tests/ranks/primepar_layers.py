@@ -4,9 +4,9 @@ from _common import rank_main
 
 import torch
 
-import collectives
-import primepar
-from primepar import Grid, PrimeAttention, PrimeLinear, Spec, dense_attention, gather, shard
+from topocoll import collectives
+from topocoll import primepar
+from topocoll.primepar import Grid, PrimeAttention, PrimeLinear, Spec, dense_attention, gather, shard
 
 STEPS, LR = 3, 0.1
 

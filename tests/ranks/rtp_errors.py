@@ -5,8 +5,8 @@ from _common import expect_raises as raises
 
 import torch
 
-import collectives
-import rtp
+from topocoll import collectives
+from topocoll import rtp
 
 
 def body():

@@ -8,9 +8,9 @@ from _common import rank_main
 import torch
 import torch.nn.functional as F
 
-import collectives
-import rtp
-from rtp.models import GPT, DenseBlock
+from topocoll import collectives
+from topocoll import rtp
+from topocoll.rtp.models import GPT, DenseBlock
 
 # uneven everywhere: vocab 50, 3 heads, hidden 36, seq 7 over 2 or 4 ranks
 CFG = dict(vocab=50, d_model=24, n_heads=3, n_layers=2, seq=7, d_hidden=36)

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import select
+from topocoll import collectives
+from topocoll.collectives import select
 
 DTYPES = ["int8", "int32", "uint16", "int64", "float16", "float32", "float64", "complex64"]
 SLOT = 4096  # replaced by the arena's step once the communicator exists

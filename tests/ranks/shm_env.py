@@ -9,8 +9,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import select
+from topocoll import collectives
+from topocoll.collectives import select
 
 
 def disabled(c):

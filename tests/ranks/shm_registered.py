@@ -13,8 +13,8 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives.algorithms.shm import REGISTERED_FROM
+from topocoll import collectives
+from topocoll.collectives.algorithms.shm import REGISTERED_FROM
 
 DTYPES = ["int8", "int32", "float16", "float32", "float64", "complex64"]
 BLOCK = 4 << 20

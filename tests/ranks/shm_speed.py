@@ -15,7 +15,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import collectives
+from topocoll import collectives
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 SIZES = [8, 1 << 10, 1 << 15, 1 << 16, 1 << 17, 1 << 20, 1 << 22, 1 << 24]  # bytes of x
@@ -117,7 +117,7 @@ def body():
             best = {k: float(np.min(v)) for k, v in times.items()}
             total = nbytes * (p if kind == "all_gather" else 1)
             bw = {k: bus_factor(kind, p) * total / v / 1e9 for k, v in best.items()}
-            from collectives import select
+            from topocoll.collectives import select
             chosen = select.resolve(kind, "auto", nbytes, p, c.topology,
                                     has_shm=c.backend.arena_unavailable() is None)
             if c.rank == 0:

@@ -12,8 +12,8 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-import collectives
-from collectives import CollectiveTimeoutError
+from topocoll import collectives
+from topocoll.collectives import CollectiveTimeoutError
 
 
 def body():

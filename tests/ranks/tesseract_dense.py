@@ -11,10 +11,10 @@ from _common import rank_main
 
 import torch
 
-import collectives
-import tesseract
-from tesseract import megatron, volume
-from tesseract.reference import DenseLinear, DenseMLP, DenseTransformerBlock
+from topocoll import collectives
+from topocoll import tesseract
+from topocoll.tesseract import megatron, volume
+from topocoll.tesseract.reference import DenseLinear, DenseMLP, DenseTransformerBlock
 
 TOL = {"float64": dict(rtol=1e-9, atol=1e-11), "float32": dict(rtol=2e-4, atol=2e-5)}
 

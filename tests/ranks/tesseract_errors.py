@@ -6,9 +6,9 @@ from _common import expect_raises
 
 import torch
 
-import collectives
-import tesseract
-from tesseract.summa import BroadcastStream
+from topocoll import collectives
+from topocoll import tesseract
+from topocoll.tesseract.summa import BroadcastStream
 
 
 def raises(exc, words, fn):

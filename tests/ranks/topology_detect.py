@@ -15,7 +15,7 @@ from tests.mpi_harness import rank_main  # noqa: E402
 def body() -> None:
     from mpi4py import MPI
 
-    from topology import detect, flat_ring
+    from topocoll.topology import detect, flat_ring
 
     class Wrapper:                              # like collectives' Communicator
         mpi_comm = MPI.COMM_WORLD

@@ -10,7 +10,7 @@ from tests.mpi_harness import rank_main  # noqa: E402
 def body() -> None:
     from mpi4py import MPI
 
-    from topology import TopologyError, detect
+    from topocoll.topology import TopologyError, detect
 
     comm = MPI.COMM_WORLD
     try:

@@ -1,4 +1,4 @@
-"""Rank script: run the probe CLI (``python -m topology --probe --out FILE``), then detect() reads FILE.
+"""Rank script: run the probe CLI (``topocoll topology --probe --out FILE``), then detect() reads FILE.
 
 Usage: topology_probe.py OUT_FILE EXPECTED_LEVEL
 """
@@ -14,8 +14,8 @@ from tests.mpi_harness import rank_main  # noqa: E402
 def body() -> None:
     from mpi4py import MPI
 
-    from topology import LinkParams, detect
-    from topology.__main__ import main
+    from topocoll.topology import LinkParams, detect
+    from topocoll.topology.__main__ import main
 
     out, level = sys.argv[1], sys.argv[2]
     comm = MPI.COMM_WORLD

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-import collectives.torch  # noqa: F401
+import topocoll.collectives.torch  # noqa: F401
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

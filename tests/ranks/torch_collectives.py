@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
-import collectives.torch  # noqa: F401 - registers "topocoll"
+import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch 2.13 renames, not ours
 

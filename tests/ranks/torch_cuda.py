@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import collectives.torch  # noqa: F401
+import topocoll.collectives.torch  # noqa: F401
 
 
 def collectives_match(r, p):

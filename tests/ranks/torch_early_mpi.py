@@ -8,7 +8,7 @@ from datetime import timedelta
 import torch.distributed as dist
 from mpi4py import MPI  # noqa: F401 - the mistake under test: MPI initialised too early
 
-import collectives.torch  # noqa: F401
+import topocoll.collectives.torch  # noqa: F401
 
 
 def body():

@@ -11,7 +11,7 @@ import torch.distributed as dist
 if os.environ.get("RANK") == "1":
     from mpi4py import MPI  # noqa: F401 - the mistake under test, on one rank only
 
-import collectives.torch  # noqa: F401
+import topocoll.collectives.torch  # noqa: F401
 
 
 def body():

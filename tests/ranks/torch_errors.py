@@ -8,8 +8,8 @@ import warnings
 import torch
 import torch.distributed as dist
 
-import collectives
-import collectives.torch  # noqa: F401
+from topocoll import collectives
+import topocoll.collectives.torch  # noqa: F401
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 

@@ -5,7 +5,7 @@ from _common import expect_raises, rank_main
 
 import torch.distributed as dist
 
-import collectives.torch  # noqa: F401
+import topocoll.collectives.torch  # noqa: F401
 
 
 def body():

@@ -13,7 +13,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import collectives.torch  # noqa: F401
+import topocoll.collectives.torch  # noqa: F401
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 STEPS = 5
