@@ -15,14 +15,14 @@ from . import select
 from .communicator import DEFAULT_TIMEOUT, Communicator
 from .dtypes import OPS
 from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
-                     MismatchError)
+                     MismatchError, TransportError)
 from .handle import Handle
 from .select import ALGORITHMS, algorithms_for
 
 __all__ = [
     "init", "Communicator", "Handle", "OPS", "ALGORITHMS", "algorithms_for", "DEFAULT_TIMEOUT",
     "CollectiveError", "CollectiveTimeoutError", "CommunicatorBrokenError", "MismatchError",
-    "BackendUnavailableError",
+    "TransportError", "BackendUnavailableError",
 ]
 
 BACKENDS = ("auto", "mpi", "nccl")
@@ -61,7 +61,9 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
                           "pip install 'topocoll[mpich]' (mpi4py and the mpich wheel), or "
                           "'topocoll[mpi]' (mpi4py alone, for your own MPI)") from err
     from .backends.mpi import MPIBackend
+    from .faults import install as handle_faults
 
+    handle_faults()
     if comm is None:
         comm = MPI.COMM_WORLD
     elif isinstance(comm, Communicator):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import numbers
 import os
 import threading
 import zlib
@@ -23,7 +24,9 @@ from .backends.base import Backend
 from .call import Call, split_bounds
 from .context import OpContext
 from .dtypes import check_reducible, parse_op
-from .errors import CollectiveError, CommunicatorBrokenError, MismatchError
+from .errors import CollectiveError, CommunicatorBrokenError, MismatchError, TransportError
+from .faults import note_broken, peer_exited
+from .flight import FlightEntry, FlightRecorder
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import Executor
 
@@ -77,6 +80,9 @@ class Communicator:
         self.check = _default_check() if check is None else bool(check)
         self._executor = Executor(name)
         self._broken: str | None = None
+        self._closed = False
+        self._owner: int | None = None  # the thread that issues operations (bind_thread)
+        self._flight = FlightRecorder()
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
         self._local = threading.local()  # .submitted: this thread's call reached _submit
@@ -99,9 +105,22 @@ class Communicator:
 
     def split(self, color: int, key: int | None = None) -> "Communicator | None":
         """Sub-communicator of the ranks with the same ``color``, ordered by ``key`` (default rank);
-        a negative color returns None, like MPI_UNDEFINED."""
-        if not isinstance(color, (int, np.integer)):
-            raise TypeError(f"color must be an int, got {type(color).__name__}")
+        a negative color returns None, like MPI_UNDEFINED.
+
+        Collective: a rank whose ``color`` or ``key`` is bad raises TypeError and its peers raise
+        MismatchError naming it (nobody is left waiting in the split)."""
+        problem = None
+        for what, value in (("color", color), ("key", key)):
+            if not (value is None and what == "key") and not isinstance(value, (int, np.integer)):
+                problem = TypeError(f"split: {what} must be an int, got {type(value).__name__}")
+        rejected = self._submit("split", lambda: self._agree_on_rejection(
+            "split", problem is not None), async_op=False)
+        if problem is not None:
+            raise problem
+        if rejected is not None:
+            raise MismatchError(f"split: rank {rejected} rejected its arguments (the error raised "
+                                f"there says why), so no rank splits; this rank (rank "
+                                f"{self.rank}) passed valid ones.")
         key = self.rank if key is None else key
         self._executor.drain()
         sub = self.backend.split(int(color), int(key))
@@ -261,6 +280,7 @@ class Communicator:
         ncclCommRegister). A torch dtype gives a CPU tensor. Without shared memory (several
         nodes, ``TOPOCOLL_SHM=0``, one rank) the array is ordinary memory. Valid until ``free``
         or ``close``."""
+        self._usable("alloc")
         self._executor.drain()  # the window is allocated on this thread, over the same ranks
         arena = self.backend.arena()
         try:
@@ -270,11 +290,14 @@ class Communicator:
                 tuple(int(s) for s in shape)
             if any(d < 0 for d in dims):
                 raise ValueError(f"alloc: shape {list(dims)} has a negative dimension")
+            nbytes = math.prod(dims) * storage.itemsize
+            if nbytes > _physical_memory():
+                raise ValueError(f"alloc: {nbytes} bytes ({storage.name}{list(dims)}) exceed this "
+                                 f"machine's memory ({_physical_memory()} bytes)")
         except (TypeError, ValueError):
             if arena is not None:
                 arena.alloc(-1, OpContext("alloc", self.timeout))  # the others learn it too
             raise
-        nbytes = int(np.prod(dims, dtype=np.int64)) * storage.itemsize
         raw = arena.alloc(nbytes, OpContext("alloc", self.timeout)) if arena is not None \
             else np.zeros(nbytes, np.uint8)
         arr = raw.view(storage).reshape(dims)
@@ -287,6 +310,7 @@ class Communicator:
     def free(self, x: Any) -> None:
         """Collectively release a registered array from ``alloc`` (the same call on every rank);
         the array must not be used afterwards. Ordinary arrays are left to the garbage collector."""
+        self._usable("free")
         self._executor.drain()
         arena = self.backend.arena()
         if arena is not None:
@@ -313,9 +337,31 @@ class Communicator:
         self._chosen[key] = chosen
         return chosen
 
+    def flight_record(self) -> list[dict[str, Any]]:
+        """The last operations this rank issued here (``TOPOCOLL_FLIGHT_RECORD`` of them, oldest
+        first) with their sequence numbers and states: after a timeout, the rank whose newest
+        sequence number is lowest is the one behind. Errors carry the same record as a note."""
+        return self._flight.entries()
+
+    def bind_thread(self) -> None:
+        """Make the calling thread the one that issues this communicator's operations.
+
+        A communicator belongs to the first thread that issues an operation on it; a call from
+        any other thread (but the communicator's own progress thread, where done-callbacks run)
+        raises RuntimeError, because ranks could pair one thread's call with another's. Call
+        this from the new thread once the old one no longer uses the communicator."""
+        self._owner = threading.get_ident()
+
     def close(self) -> None:
-        """Finish queued operations and free the communicator's resources."""
+        """Finish queued operations and free the communicator's resources. Afterwards every
+        operation raises CommunicatorBrokenError saying the communicator is closed. After a
+        failure, nothing that would wait for a missing peer is freed collectively."""
+        if self._closed:
+            return
+        self._closed = True
         self._executor.close()
+        if self._broken:
+            self.backend.abandon()
         self.backend.close()
 
     def __repr__(self) -> str:
@@ -357,26 +403,90 @@ class Communicator:
                 copyto(*copy_out)
             return result
 
-        return self._submit(kind, run, async_op)
+        return self._submit(kind, run, async_op, (call.dtype.name, call.send.size, chosen))
 
-    def _submit(self, name: str, run: Any, async_op: bool) -> Any:
+    def _submit(self, name: str, run: Any, async_op: bool, what: Any = None) -> Any:
+        """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
+        record; a failure other than a mismatch breaks the communicator, and every operation
+        queued behind it or issued later fails at once with CommunicatorBrokenError."""
         self._local.submitted = True  # from here on every rank's errors are shared or agreed
-        if self._broken:
-            raise CommunicatorBrokenError(f"{name}: communicator {self.name} is unusable after an "
-                                          f"earlier failure: {self._broken}")
+        self._usable(name)
+        entry = self._flight.issue(name, what)
 
         def guarded() -> Any:
+            if self._broken:
+                entry.end("not run: communicator broken")
+                raise self._broken_error(name)
+            entry.start()
             try:
-                return run()
+                result = run()
             except MismatchError:
+                entry.end("failed: MismatchError")
                 raise
-            except CollectiveError as err:
-                self._broken = f"{type(err).__name__}: {err}"
-                raise
+            except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
+                failure = self._fail(name, err, entry)
+                if failure is err:
+                    raise
+                raise failure from err
+            entry.end("done")
+            return result
 
         if async_op:
             return self._executor.submit(name, guarded)
         return self._executor.run(name, guarded)
+
+    def _usable(self, name: str) -> None:
+        """Raise unless this thread may issue ``name`` here now: not closed, not broken, and
+        the calling thread is the one the communicator belongs to (``bind_thread``)."""
+        if self._closed:
+            raise CommunicatorBrokenError(f"{name}: communicator {self.name} is closed")
+        if self._broken:
+            raise self._broken_error(name)
+        me = threading.get_ident()
+        if me != self._owner:
+            if self._owner is None:
+                self._owner = me
+            elif not self._executor.on_worker():
+                raise RuntimeError(
+                    f"{name}: communicator {self.name} is used from thread "
+                    f"{threading.current_thread().name!r}, but it belongs to another thread (the "
+                    f"first to issue an operation on it). Two threads issuing operations on one "
+                    f"communicator can pair one thread's call with another's on the other ranks "
+                    f"and return wrong data. Give each thread its own communicator (split), or "
+                    f"call comm.bind_thread() in the new thread once the old one is done with it.")
+
+    def _broken_error(self, name: str) -> CommunicatorBrokenError:
+        return CommunicatorBrokenError(f"{name}: communicator {self.name} is unusable after an "
+                                       f"earlier failure: {self._broken}")
+
+    def _fail(self, name: str, err: BaseException, entry: FlightEntry) -> BaseException:
+        """Mark the communicator broken by ``err`` (a transport's own error becomes a
+        TransportError naming the operation) and attach the flight record; what to raise."""
+        failure = err
+        if not isinstance(err, CollectiveError) and self.backend.is_transport_error(err):
+            failure = TransportError(f"{name} failed in the {self.backend.name} transport on rank "
+                                     f"{self.rank}: {self.backend.describe_error(err)}; a peer "
+                                     f"process may have died or a link failed")
+        entry.end(f"failed: {type(failure).__name__}")
+        first_line = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
+        self._broken = f"{type(failure).__name__}: {first_line}"
+        self.backend.abandon()
+        note_broken()
+        if hasattr(failure, "add_note"):
+            if peer_exited():
+                failure.add_note("mpiexec reported that a process of this job exited (SIGUSR1): "
+                                 "the peer this rank waited for has probably died.")
+            failure.add_note(self._flight.summary(self.rank, self.name))
+        return failure
+
+    def _agree_on_rejection(self, name: str, rejecting: bool) -> int | None:
+        """Meet the peers in a (min, max) agreement saying whether this rank rejected ``name``;
+        the first rejecting peer's rank, or None when none did."""
+        if self.size == 1:
+            return None
+        sig = np.array([self.rank + 1 if rejecting else 0], np.int64)
+        _lo, hi = self.backend.agree(sig, OpContext(name, self.timeout))
+        return int(hi[0]) - 1 if hi[0] and not rejecting else None
 
     def _reject(self, kind: str, timeout: Any, async_op: bool, err: Exception) -> None:
         """Join the agreement of a call this rank rejected (``rejected_together``), with a
@@ -513,6 +623,15 @@ def _default_check() -> bool:
 
 
 def _positive(t: float) -> float:
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0:
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Real) or not t > 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {t!r}")
     return float(t)
+
+
+@functools.lru_cache(maxsize=1)
+def _physical_memory() -> int:
+    """This machine's memory in bytes (an upper bound for one allocation)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 1 << 62

@@ -16,3 +16,9 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 
 class CommunicatorBrokenError(CollectiveError):
     """A previous operation timed out or failed mid-transfer, so the communicator can't be trusted."""
+
+
+class TransportError(CollectiveError):
+    """The transport (MPI, NCCL) failed mid-operation: a peer process died or a link broke. The
+    message names the operation and, where known, the peers it was waiting for; the
+    communicator is broken afterwards."""

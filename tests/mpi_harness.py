@@ -13,7 +13,7 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 RANKS_DIR = Path(__file__).resolve().parent / "ranks"
@@ -48,6 +48,16 @@ def run_ranks(script: str | Path, n: int, args: Sequence[str] = (), timeout: flo
     path = _script(script)
     cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-u", str(path), *args]
     return _launch(cmd, path, n, timeout, env)
+
+
+def run_ranks_status(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
+                     env: dict[str, str] | None = None,
+                     launcher: Sequence[str] = ()) -> tuple[int, str]:
+    """Like ``run_ranks`` with extra mpiexec flags (``launcher``), for runs meant to end badly
+    (a killed rank): the exit code and the output; still fails if the run outlives ``timeout``."""
+    path = _script(script)
+    cmd = [mpiexec_path(), *launcher, "-n", str(n), sys.executable, "-u", str(path), *args]
+    return _launch(cmd, path, n, timeout, env, check=False)
 
 
 def run_torchrun(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
@@ -97,7 +107,7 @@ def _rank(torchrun: bool) -> int:
 
 
 def _launch(cmd: list[str], path: Path, n: int, timeout: float, env: dict[str, str] | None,
-            drop: Sequence[str] = ()) -> str:
+            drop: Sequence[str] = (), check: bool = True) -> Any:
     full_env = {k: v for k, v in os.environ.items() if k not in drop}
     full_env.update(YIELD_ENV)
     full_env["PYTHONPATH"] = os.pathsep.join(
@@ -114,6 +124,8 @@ def _launch(cmd: list[str], path: Path, n: int, timeout: float, env: dict[str, s
         raise AssertionError(
             f"{path.name} on {n} ranks did not finish within {timeout:.0f}s "
             f"(ranks that finished: {sorted(_finished(out))}); output:\n{out[-6000:]}")
+    if not check:
+        return proc.returncode, out
     if proc.returncode != 0:
         failed = sorted({int(r) for r in re.findall(r"RANK (\d+) FAILED", out)})
         who = f"rank(s) {failed} failed" if failed else f"exit code {proc.returncode}"

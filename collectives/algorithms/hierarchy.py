@@ -44,8 +44,11 @@ class Plan:
         return self.rail.size
 
 
-def plan_for(b: Backend, topology: Any, switch_aware: bool, name: str) -> Plan | None:
-    """The plan for ``b`` (cached on it), or None where only a flat ring makes sense."""
+def plan_for(b: Backend, ctx: OpContext, topology: Any, switch_aware: bool,
+             name: str) -> Plan | None:
+    """The plan for ``b`` (cached on it), or None where only a flat ring makes sense. Made by
+    the first call that needs it, on every rank at once: the ranks meet in a barrier bounded by
+    ``ctx`` first, because the splits themselves wait for an absent peer forever."""
     if topology is None or not topology.has_rails():
         if topology is not None and topology.num_nodes > 1 and not topology.is_uniform():
             _warn_once(f"{name}: node sizes {topology.node_sizes()} are uneven, so ranks can't "
@@ -59,6 +62,7 @@ def plan_for(b: Backend, topology: Any, switch_aware: bool, name: str) -> Plan |
         order = node_ring(topology) if switch_aware else list(range(topology.num_nodes))
         node_id = topology.node_of(b.rank)
         local = topology.local_rank(b.rank)
+        b.agree(np.zeros(1, np.int64), ctx)  # everyone is here: the splits can't hang
         node = b.split(node_id, local)
         rail = b.split(local, order.index(node_id))
         grid = [topology.ranks_in_node(n) for n in order]
@@ -72,7 +76,7 @@ def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
 
     ``chunks(kind, total_bytes, topology)`` gives the pipeline chunk count.
     """
-    plan = plan_for(b, call.topology, switch_aware, name)
+    plan = plan_for(b, ctx, call.topology, switch_aware, name)
     if plan is None:  # call.ring is already the topology's flat ring (Communicator._launch)
         _FLAT[call.kind](b, ctx, call)
         return

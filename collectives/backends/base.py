@@ -29,6 +29,8 @@ class Backend(ABC):
     name: str = "base"
     parent_ranks: list[int]
     """For a backend made by ``split``: each of its ranks' rank in the backend it was split from."""
+    world_ranks: list[int] | None = None
+    """Each of its ranks' rank in the world (MPI.COMM_WORLD), for error messages; None: the same."""
 
     # -- point to point (the collective channel; user send/recv use ``channel="p2p"``) --
     @abstractmethod
@@ -47,7 +49,15 @@ class Backend(ABC):
                  ctx: OpContext) -> None:
         """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (one ring step)."""
         reqs = [self.irecv(recv, src), self.isend(send, dst)]
-        self.wait(reqs, ctx, (f"rank {src} (receive)", f"rank {dst} (send)"))
+        self.wait(reqs, ctx, (f"{self.peer_name(src)} (receive)", f"{self.peer_name(dst)} (send)"))
+
+    def peer_name(self, rank: int) -> str:
+        """How errors name ``rank`` of this backend: by its world rank, which is what a user
+        sees in mpiexec's output (``rank 3``, or ``world rank 3 (rank 1 here)`` in a sub-group)."""
+        world = self.world_ranks
+        if world is None or world[rank] == rank:
+            return f"rank {rank}"
+        return f"world rank {world[rank]} (rank {rank} here)"
 
     # -- native collectives: each returns a request for ``wait`` --
     @abstractmethod
@@ -69,6 +79,19 @@ class Backend(ABC):
     def native_supports(self, dtype: DType, op: str | None) -> bool:
         """Whether the native collective can reduce ``dtype`` with ``op`` without a user op."""
         return True
+
+    # -- faults --
+    def abandon(self) -> None:
+        """After a failure: skip any clean-up that would wait for a missing peer (collective
+        frees), and keep memory that pending transfers may still write alive."""
+
+    def is_transport_error(self, err: BaseException) -> bool:
+        """Whether ``err`` is this transport's own error type (e.g. ``mpi4py.MPI.Exception``)."""
+        return False
+
+    def describe_error(self, err: BaseException) -> str:
+        """A transport error in words, for the TransportError that replaces it."""
+        return str(err) or type(err).__name__
 
     # -- shared memory inside a node --
     def arena(self) -> "SharedArena | None":

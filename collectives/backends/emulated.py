@@ -126,6 +126,15 @@ class EmulatedBackend(Backend):
     def close(self) -> None:
         self.inner.close()
 
+    def abandon(self) -> None:
+        self.inner.abandon()
+
+    def is_transport_error(self, err: BaseException) -> bool:
+        return self.inner.is_transport_error(err)
+
+    def describe_error(self, err: BaseException) -> str:
+        return self.inner.describe_error(err)
+
     def _nic(self, world_rank: int) -> int:
         """The clock slot of the NIC that ``world_rank`` sends through."""
         topo = self.topology

@@ -1,5 +1,10 @@
 """MPI backend (mpi4py): point-to-point and native collectives as non-blocking requests, polled
-with a deadline so a missing peer becomes a timeout instead of a hang."""
+with a deadline so a missing peer becomes a timeout instead of a hang.
+
+A request abandoned by a timeout (or any error) can still complete later, when the late peer's
+data arrives: it is kept, with the buffers it references, until it completes (``_ORPHANED``),
+so a late write lands in memory that is still the request's and never in memory the allocator
+has handed to someone else. mpi4py's requests hold a reference to their buffers."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -8,6 +13,7 @@ import numpy as np
 
 from ..context import OpContext
 from ..dtypes import DType, reducer
+from ..errors import TransportError
 from .base import Backend, Request
 from .shm import SharedArena, shm_disabled
 
@@ -29,6 +35,7 @@ class MPIBackend(Backend):
         self.size = self.coll.Get_size()
         self._typed_cache: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.parent_ranks: list[int] = list(range(self.size))  # set by split()
+        self.world_ranks = _world_ranks(self.coll)
         self._arena: SharedArena | None = None
         self._no_arena = self._check_shared_memory()
         if self._no_arena is None:
@@ -36,6 +43,7 @@ class MPIBackend(Backend):
             # allocation can't time out, so a dead peer must not be able to hang it mid-operation.
             # Untouched pages cost nothing; the arena lives until close().
             self._arena = SharedArena.allocate(self.coll)
+            self._arena.peer_name = self.peer_name
 
     # -- point to point --
     def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
@@ -49,10 +57,22 @@ class MPIBackend(Backend):
         test = self._MPI.Request.Testall
 
         def pending() -> str:
-            names = [p for r, p in zip(reqs, peers) if r and not r.Test()] if peers else []
+            try:
+                names = [p for r, p in zip(reqs, peers) if r and not r.Test()] if peers else []
+            except self._MPI.Exception:
+                names = list(peers)
             return ", ".join(names) or "the other ranks"
 
-        ctx.poll(lambda: test(reqs), pending)
+        try:
+            ctx.poll(lambda: test(reqs), pending)
+        except self._MPI.Exception as err:
+            _keep(reqs)
+            raise TransportError(f"{ctx.name} failed in MPI while waiting for {pending()}: "
+                                 f"{self.describe_error(err)}; a peer process may have died "
+                                 f"or a link failed") from err
+        except BaseException:
+            _keep(reqs)  # a timeout, ^C, ...: the transfers may still complete; keep their buffers
+            raise
 
     def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
         """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
@@ -98,6 +118,9 @@ class MPIBackend(Backend):
         if dtype.name in ("float16", "bfloat16"):
             return False
         kind = dtype.storage.kind
+        if kind == "f" and op in ("min", "max"):
+            return False  # MPI's MAX/MIN keep or drop a NaN depending on the order (a > b ? a : b)
+            #               so ranks could differ; numpy's maximum/minimum propagate it everywhere
         return kind in "iuf" or (kind == "c" and op in ("sum", "prod", "avg"))
 
     def arena(self) -> SharedArena | None:
@@ -124,6 +147,19 @@ class MPIBackend(Backend):
         child.parent_ranks = list(MPI.Group.Translate_ranks(
             sub.Get_group(), list(range(child.size)), self.coll.Get_group()))
         return child
+
+    def abandon(self) -> None:
+        if self._arena is not None:
+            self._arena.abandon()
+
+    def is_transport_error(self, err: BaseException) -> bool:
+        return isinstance(err, self._MPI.Exception)
+
+    def describe_error(self, err: BaseException) -> str:
+        try:
+            return f"{err.Get_error_string().strip()} (MPI error class {err.Get_error_class()})"  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - not an MPI exception after all
+            return super().describe_error(err)
 
     def close(self) -> None:
         if self._arena is not None:
@@ -177,6 +213,40 @@ class MPIBackend(Backend):
         carrier = {1: MPI.UINT8_T, 2: MPI.UINT16_T, 4: MPI.UINT32_T, 8: MPI.UINT64_T}.get(
             dtype.itemsize) or MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
         return carrier, MPI.Op.Create(_user_op(dtype, base), commute=True)
+
+
+_ORPHANED: list[Any] = []
+"""Requests abandoned by a failed wait that had not completed, kept (with their buffers) until
+they do: MPI may still write into their receive buffers when a late peer's data arrives."""
+
+
+def _keep(reqs: Sequence[Request]) -> None:
+    """Keep the incomplete ones of ``reqs`` alive; drop kept ones that have completed since."""
+    from mpi4py import MPI
+
+    def pending(r: Any) -> bool:
+        try:
+            return r != MPI.REQUEST_NULL and not r.Test()
+        except MPI.Exception:
+            return False  # it completed in error: MPI is done with its buffer
+
+    _ORPHANED[:] = [r for r in [*_ORPHANED, *reqs] if pending(r)]
+
+
+def _world_ranks(comm: Any) -> list[int] | None:
+    """Each rank of ``comm`` as a rank of MPI.COMM_WORLD (None when they are the same)."""
+    from mpi4py import MPI
+
+    mine, everyone = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        world = [int(w) for w in MPI.Group.Translate_ranks(mine, list(range(mine.Get_size())),
+                                                          everyone)]
+    finally:
+        mine.Free()
+        everyone.Free()
+    if world == list(range(len(world))) or MPI.UNDEFINED in world:
+        return None  # the world itself, or ranks outside COMM_WORLD (merged under torchrun)
+    return world
 
 
 def _bytes(buf: np.ndarray) -> np.ndarray:

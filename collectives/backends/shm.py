@@ -20,7 +20,7 @@ the memory goes away with the processes even when a rank crashes: nothing can le
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -66,6 +66,7 @@ class SharedArena:
         self._halves: list[tuple[np.ndarray, np.ndarray]] = []
         self._views: dict[tuple[int, Any], list[np.ndarray]] = {}  # slots()' typed views
         self._comm: Any = None
+        self.peer_name: Callable[[int], str] = lambda q: f"rank {q}"  # how errors name a rank
         self._windows: dict[int, tuple[Any, list[np.ndarray]]] = {}  # id -> (window, segments)
         self._next_window = 1
         for q in range(size):
@@ -240,6 +241,10 @@ class SharedArena:
         seg = self._windows[wid][1][owner]
         return seg[off:off + like.nbytes].view(like.dtype)
 
+    def abandon(self) -> None:
+        """A peer may be gone: ``close`` must not free the windows collectively."""
+        self._broken = True
+
     def close(self) -> None:
         """Free the windows (collective); skipped after a timeout, when a peer may be gone."""
         if self._win is None:
@@ -263,7 +268,7 @@ class SharedArena:
 
     def _missing(self, epoch: int) -> str:
         late = [q for q, f in enumerate(self._flags) if f[0] < epoch]
-        names = ", ".join(f"rank {q}" for q in late) or "the other ranks"
+        names = ", ".join(self.peer_name(q) for q in late) or "the other ranks"
         return f"{names} at the shared-memory barrier"
 
 

@@ -1,0 +1,62 @@
+"""What a process does around a fault: survive mpiexec's notice that a peer died, and exit
+without hanging in MPI_Finalize once a communicator broke.
+
+Under MPICH's hydra with ``-disable-auto-cleanup``, the surviving ranks of a job whose process
+died receive SIGUSR1; Python's default action for it ends the process at once. ``install``
+records the notice instead (the collective that waits for the dead peer then times out naming
+it, and says mpiexec reported an exit). Once a communicator broke on a timeout or transport
+error, ``MPI_Finalize`` could wait forever for the missing peer, so at interpreter exit the
+process ends with status 1 without finalizing MPI (``TOPOCOLL_FINALIZE_AFTER_FAULT=1`` keeps
+the normal finalization).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+_state = {"broken": False, "peer_exited": False, "exit_hook": False}
+
+
+def install() -> None:
+    """Handle mpiexec's SIGUSR1 failure notice, where nobody else handles it (main thread only,
+    under an MPICH/hydra launch, and only while its action is still the default)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if not any(k in os.environ for k in ("PMI_RANK", "PMI_FD", "PMI_PORT", "HYDI_CONTROL_FD")):
+        return
+    try:
+        if signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL:
+            signal.signal(signal.SIGUSR1, _on_peer_exit)
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - no such signal here
+        pass
+
+
+def note_broken() -> None:
+    """A communicator of this process broke: at exit, don't let MPI_Finalize wait for peers."""
+    _state["broken"] = True
+    if not _state["exit_hook"] and os.environ.get("TOPOCOLL_FINALIZE_AFTER_FAULT", "0") != "1":
+        _state["exit_hook"] = True
+        atexit.register(_exit_without_finalize)
+
+
+def peer_exited() -> bool:
+    """Whether mpiexec has told this process that another process of the job exited."""
+    return _state["peer_exited"]
+
+
+def _on_peer_exit(_signum: int, _frame: Any) -> None:
+    _state["peer_exited"] = True
+
+
+def _exit_without_finalize() -> None:
+    """Registered with atexit, so it runs before mpi4py's MPI_Finalize."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
+            pass
+    os._exit(1)

@@ -1,0 +1,93 @@
+"""The flight record: the last operations a rank issued on a communicator and where each stands.
+
+When an operation times out, comparing the records of the ranks tells which rank is behind (the
+one whose newest operation has a lower sequence number), as torch's flight recorder and NCCL's
+RAS do. Every rank numbers its operations the same way, since all issue them in the same order.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any
+
+FLIGHT_RECORD_SIZE = max(1, int(os.environ.get("TOPOCOLL_FLIGHT_RECORD", "16") or 16))
+"""How many operations each communicator remembers (``TOPOCOLL_FLIGHT_RECORD``, default 16)."""
+
+SHOWN_IN_ERRORS = 8
+"""How many of the newest operations an error's note lists."""
+
+
+class FlightEntry:
+    """One issued operation: its sequence number, what it was and its state."""
+
+    __slots__ = ("seq", "name", "what", "state", "issued", "started", "ended")
+
+    def __init__(self, seq: int, name: str, what: Any) -> None:
+        self.seq = seq
+        self.name = name
+        self.what = what      # (dtype name, element count, algorithm) or None; formatted lazily
+        self.state = "queued"
+        self.issued = time.monotonic()
+        self.started: float | None = None
+        self.ended: float | None = None
+
+    def start(self) -> None:
+        """The operation began running (its transfers may now be in flight)."""
+        self.state = "running"
+        self.started = time.monotonic()
+
+    def end(self, state: str) -> None:
+        """The operation finished: ``done``, or a short description of its failure."""
+        self.state = state
+        self.ended = time.monotonic()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The entry as plain data (``Communicator.flight_record()``)."""
+        dtype, count, algo = self.what if self.what is not None else (None, None, None)
+        return {"seq": self.seq, "op": self.name, "dtype": dtype, "count": count,
+                "algorithm": algo, "state": self.state, "issued": self.issued,
+                "started": self.started, "ended": self.ended}
+
+    def describe(self, now: float) -> str:
+        """One line: ``#12 all_reduce float32[4096] ring: running for 1.5 s``."""
+        what = ""
+        if self.what is not None:
+            dtype, count, algo = self.what
+            what = f" {dtype}[{count}] {algo}"
+        if self.ended is not None:
+            took = self.ended - (self.started or self.issued)
+            when = f"{self.state} after {took * 1e3:.3g} ms"
+        elif self.started is not None:
+            when = f"running for {now - self.started:.3g} s"
+        else:
+            when = f"queued for {now - self.issued:.3g} s"
+        return f"#{self.seq} {self.name}{what}: {when}"
+
+
+class FlightRecorder:
+    """A bounded record of one communicator's operations on this rank, newest last."""
+
+    def __init__(self, size: int = FLIGHT_RECORD_SIZE) -> None:
+        self._entries: deque[FlightEntry] = deque(maxlen=size)
+        self._seq = 0
+
+    def issue(self, name: str, what: Any = None) -> FlightEntry:
+        """Record a newly issued operation and return its entry."""
+        self._seq += 1
+        entry = FlightEntry(self._seq, name, what)
+        self._entries.append(entry)
+        return entry
+
+    def entries(self) -> list[dict[str, Any]]:
+        """Every remembered operation as plain data, oldest first."""
+        return [e.as_dict() for e in list(self._entries)]
+
+    def summary(self, rank: int, comm: str, last: int = SHOWN_IN_ERRORS) -> str:
+        """A few lines for an error: the newest ``last`` operations and where each stands."""
+        now = time.monotonic()
+        entries = list(self._entries)[-last:]
+        lines = [f"Flight record of rank {rank} on communicator {comm} (newest last; compare "
+                 f"the ranks' sequence numbers to see which rank is behind):"]
+        lines += [f"  {e.describe(now)}" for e in entries]
+        return "\n".join(lines)

@@ -1,0 +1,279 @@
+"""Faults: late, stopped and killed peers; after a failure nothing is corrupted, wrong or hung.
+
+argv[1] picks the scenario (see SCENARIOS); argv[2:] its options. Rank ``size - 1`` is the
+faulty one unless said otherwise. Rank 0 tells the late rank to go on over MPI.COMM_WORLD, which
+topocoll never uses (its communicators are duplicates).
+"""
+import _common  # noqa: F401
+from _common import expect_raises, rank_main
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from topocoll import collectives
+from topocoll.collectives import (CollectiveTimeoutError, CommunicatorBrokenError, MismatchError)
+
+WORLD = MPI.COMM_WORLD
+
+
+def late_peer_writes_no_freed_memory(algo):
+    """A timed-out transfer's late data must land in memory nobody else owns (issue: a fresh
+    zeroed array held the late peer's values). check=False: no agreement round first, so the
+    timeout falls mid-transfer."""
+    c = collectives.init(timeout=30, check=False)
+    late, n = c.size - 1, 4096
+    if c.rank != late:
+        x = np.ones(n, np.float32)
+        try:
+            if algo == "all_gather":
+                c.all_gather(x, algo="native", timeout=1.0)
+            else:
+                c.all_reduce(x, algo="ring", timeout=1.0)
+        except CollectiveTimeoutError:
+            pass
+        else:
+            raise AssertionError("the call with a late peer did not time out")
+        fresh = [np.zeros(size, np.float32) for _ in range(200) for size in (n // 2, n, 2 * n)]
+        WORLD.send("go", dest=late)
+    else:
+        WORLD.recv(source=0)
+        x = np.full(n, 7.0, np.float32)
+        try:  # its peers gave up: this may time out, or complete against their abandoned requests
+            if algo == "all_gather":
+                c.all_gather(x, algo="native", timeout=2.0)
+            else:
+                c.all_reduce(x, algo="ring", timeout=2.0)
+        except CollectiveTimeoutError:
+            pass
+    WORLD.Barrier()  # drives MPI's progress on the early ranks: the late data arrives now
+    for _ in range(50):
+        WORLD.Iprobe(MPI.ANY_SOURCE, 99)
+        time.sleep(0.01)
+    if c.rank != late:
+        dirty = sum(int(a.any()) for a in fresh)
+        assert dirty == 0, f"{dirty} freshly allocated zeroed arrays hold a late peer's data"
+
+
+def queued_calls_fail_at_once(algo):
+    """Async calls queued behind one that times out fail at once with CommunicatorBrokenError
+    naming the first failure; later calls too; the late rank never returns wrong data."""
+    c = collectives.init(timeout=30)
+    late, calls = c.size - 1, 5
+    expected = [np.full(3, sum((k + 1) * (10 ** r) for r in range(c.size)), np.float64)
+                for k in range(calls)]
+    mine = [np.full(3, (k + 1) * 10.0 ** c.rank) for k in range(calls)]
+    if c.rank != late:
+        t0 = time.monotonic()
+        handles = [c.all_reduce(mine[k], algo=algo, async_op=True, timeout=1.0)
+                   for k in range(calls)]
+        err = expect_raises(CollectiveTimeoutError, handles[0].wait, "all_reduce", "timed out")
+        notes = "\n".join(getattr(err, "__notes__", []))
+        assert "Flight record of rank" in notes and "#1 all_reduce" in notes, notes
+        for h in handles[1:]:
+            expect_raises(CommunicatorBrokenError, h.wait, "earlier failure",
+                          "CollectiveTimeoutError")
+        expect_raises(CommunicatorBrokenError, lambda: c.all_reduce(np.ones(2)), "earlier failure")
+        took = time.monotonic() - t0
+        assert took < 1.0 + 4.0, f"the queued calls took {took:.1f} s to fail"
+        record = c.flight_record()
+        assert [e["state"] for e in record][:2] == ["failed: CollectiveTimeoutError",
+                                                   "not run: communicator broken"], record
+        WORLD.send("go", dest=late)
+    else:
+        WORLD.recv(source=0)
+        handles = [c.all_reduce(mine[k], algo=algo, async_op=True, timeout=2.0)
+                   for k in range(calls)]
+        for k, h in enumerate(handles):
+            try:
+                got = h.wait()
+            except (CollectiveTimeoutError, CommunicatorBrokenError, MismatchError):
+                continue
+            assert np.array_equal(got, expected[k]), f"call {k} returned {got}, not {expected[k]}"
+
+
+def stopped_peer(algo):
+    """A peer stopped (SIGSTOP) in the middle of a queue of calls, resumed after the others
+    gave up: nobody returns wrong data, and the survivors' queued calls fail at once."""
+    c = collectives.init(timeout=30)
+    stopped, calls, n = c.size - 1, 4, 1 << 16
+    pids = WORLD.allgather(os.getpid())
+    mine = [np.full(n, (k + 1) * 10.0 ** c.rank, np.float32) for k in range(calls)]
+    expected = [sum((k + 1) * 10.0 ** r for r in range(c.size)) for k in range(calls)]
+    c.barrier()
+    if c.rank == stopped:
+        handles = [c.all_reduce(mine[k], algo=algo, async_op=True, timeout=3.0)
+                   for k in range(calls)]
+        os.kill(os.getpid(), signal.SIGSTOP)  # the progress thread stops with it
+    else:
+        time.sleep(0.2)
+        handles = [c.all_reduce(mine[k], algo=algo, async_op=True, timeout=1.0)
+                   for k in range(calls)]
+    outcomes = []
+    for k, h in enumerate(handles):
+        try:
+            got = h.wait()
+        except (CollectiveTimeoutError, CommunicatorBrokenError):
+            outcomes.append("error")
+            continue
+        assert np.all(got == np.float32(expected[k])), f"call {k} returned {got[:4]}..."
+        outcomes.append("ok")
+    if c.rank == 0:
+        os.kill(pids[stopped], signal.SIGCONT)
+    print(f"rank {c.rank} outcomes {outcomes}")
+    WORLD.Barrier()
+
+
+def nan_max_min_same_everywhere():
+    """max/min with a NaN on one rank: NaN on every rank, bitwise the same, on every path."""
+    c = collectives.init()
+    algos = ["native", "ring", "auto"] + (["hier"] if c.topology.num_nodes > 1 else [])
+    for algo in algos:
+        for op in ("max", "min"):
+            x = np.ones(5, np.float64)
+            if c.rank == c.size - 1:
+                x[2] = np.nan
+            c.all_reduce(x, op=op, algo=algo)
+            every = WORLD.allgather(x.tobytes())
+            assert all(b == every[0] for b in every), f"{algo} {op}: ranks differ"
+            assert np.isnan(x[2]) and np.all(x[[0, 1, 3, 4]] == 1.0), f"{algo} {op}: {x}"
+
+
+def split_rejects_on_every_rank():
+    """A bad color on one rank: TypeError there, MismatchError naming it on the others, no hang;
+    the communicator still splits afterwards."""
+    c = collectives.init(timeout=20)
+    bad = c.size - 1
+    for what in ("color", "key"):
+        if c.rank == bad:
+            args = ("a", None) if what == "color" else (0, "k")
+            expect_raises(TypeError, lambda: c.split(*args), what, "must be an int")
+        else:
+            expect_raises(MismatchError, lambda: c.split(0), f"rank {bad} rejected")
+    sub = c.split(c.rank % 2)
+    x = np.ones(3)
+    sub.all_reduce(x)
+    assert np.all(x == sub.size)
+
+
+def two_threads():
+    """A second thread issuing calls on a communicator gets RuntimeError; bind_thread hands the
+    communicator over; callbacks on the progress thread may still issue async calls."""
+    c = collectives.init(timeout=20)
+    x = np.ones(4)
+    c.all_reduce(x)
+    caught = []
+
+    def intruder():
+        try:
+            c.all_reduce(np.ones(4))
+        except RuntimeError as err:
+            caught.append(str(err))
+
+    t = threading.Thread(target=intruder)
+    t.start()
+    t.join()
+    assert caught and "belongs to another thread" in caught[0], caught
+    done = []
+
+    def heir():
+        c.bind_thread()
+        y = np.ones(4)
+        c.all_reduce(y)
+        done.append(y)
+
+    t = threading.Thread(target=heir)
+    t.start()
+    t.join()
+    assert done and np.all(done[0] == c.size), done
+    expect_raises(RuntimeError, lambda: c.all_reduce(np.ones(4)), "belongs to another thread")
+    c.bind_thread()
+    c.all_reduce(x)
+
+
+def minor():
+    """numpy-number timeouts; calls after close(); an impossible alloc; flight record API."""
+    c = collectives.init(timeout=np.float32(20))
+    x = np.ones(4)
+    c.all_reduce(x, timeout=np.float32(5))
+    c.all_reduce(x, timeout=np.int64(5))
+    expect_raises(ValueError, lambda: c.all_reduce(x, timeout=np.float64("nan")), "timeout")
+    expect_raises(ValueError, lambda: c.alloc(1 << 60, np.float32), "alloc", "exceed")
+    c.all_reduce(x)  # still usable after the rejected alloc
+    assert c.flight_record()[-1]["op"] == "all_reduce"
+    assert c.flight_record()[-1]["state"] == "done"
+    c.close()
+    for call in (lambda: c.all_reduce(x), lambda: c.split(0), lambda: c.alloc(4),
+                 lambda: c.barrier(async_op=True)):
+        expect_raises(CommunicatorBrokenError, call, "closed")
+    c.close()  # twice is fine
+
+
+def hier_names_world_ranks():
+    """A hierarchical all_reduce whose last rank never comes: messages name world ranks.
+    check=False: no world-wide agreement first, so the wait falls inside hier's sub-groups."""
+    c = collectives.init(timeout=30, check=False)
+    absent = c.size - 1
+    c.all_reduce(np.ones(1 << 12), algo="hier")  # builds hier's sub-groups, everyone present
+    if c.rank != absent:
+        err = expect_raises(CollectiveTimeoutError,
+                            lambda: c.all_reduce(np.ones(1 << 12), algo="hier", timeout=1.5),
+                            "all_reduce", "timed out")
+        print(f"rank {c.rank}: {str(err).splitlines()[0]}")
+        if c.topology.node_of(c.rank) == c.topology.node_of(absent):
+            assert f"world rank {absent}" in str(err), str(err)
+    WORLD.send("done", dest=absent) if c.rank == 0 else None
+    if c.rank == absent:
+        WORLD.recv(source=0)
+
+
+def killed_peer(algo):
+    """Under ``mpiexec -disable-auto-cleanup``: the last rank dies (SIGKILL); the others raise
+    CollectiveTimeoutError naming the operation within timeout + 5 s, then their process ends
+    with a non-zero status instead of hanging in MPI_Finalize."""
+    c = collectives.init(timeout=30)
+    dead = c.size - 1
+    c.barrier()
+    if c.rank == dead:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    try:
+        c.all_reduce(np.ones(1 << 14, np.float32), algo=algo, timeout=2.0)
+    except CollectiveTimeoutError as err:
+        took = time.monotonic() - t0
+        assert "all_reduce" in str(err) and took < 2.0 + 5.0, (took, str(err))
+        if algo != "native":
+            assert f"rank {dead}" in str(err), str(err)
+        print(f"SURVIVOR {c.rank} OK: {str(err).splitlines()[0]}")
+    except collectives.CollectiveError as err:
+        print(f"SURVIVOR {c.rank} OK: {type(err).__name__}: {str(err).splitlines()[0]}")
+    expect_raises(CommunicatorBrokenError, lambda: c.all_reduce(np.ones(2)), "earlier failure")
+    sys.stdout.flush()
+    # falls off the end: topocoll's exit hook must end the process without MPI_Finalize
+
+
+SCENARIOS = {
+    "late": late_peer_writes_no_freed_memory, "queued": queued_calls_fail_at_once,
+    "stopped": stopped_peer, "nan": nan_max_min_same_everywhere,
+    "split": split_rejects_on_every_rank, "threads": two_threads, "minor": minor,
+    "hier": hier_names_world_ranks, "killed": killed_peer,
+}
+
+
+def main():
+    name, *opts = sys.argv[1:]
+    if name == "killed":
+        SCENARIOS[name](*opts)  # no rank_main: a failure here must show as a missing SURVIVOR
+        return
+    rank_main(lambda: SCENARIOS[name](*opts))
+    sys.stdout.flush()
+    os._exit(0)  # abandoned operations' requests must not make MPI_Finalize wait
+
+
+main()

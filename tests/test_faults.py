@@ -1,0 +1,67 @@
+"""After a fault, nothing is wrong, nothing is corrupted, nothing hangs (tests/ranks/collectives_faults.py)."""
+import re
+
+import pytest
+
+from tests.mpi_harness import run_ranks, run_ranks_status
+
+pytestmark = pytest.mark.mpi
+
+SCRIPT = "collectives_faults.py"
+
+
+@pytest.mark.parametrize("algo", ["ring", "all_gather"])
+def test_late_data_lands_in_no_freed_memory(algo):
+    run_ranks(SCRIPT, 2, args=["late", algo], timeout=90)
+
+
+@pytest.mark.parametrize("algo", ["ring", "native", "auto"])
+def test_calls_queued_behind_a_timeout_fail_at_once_and_none_is_wrong(algo):
+    run_ranks(SCRIPT, 2, args=["queued", algo], timeout=90)
+
+
+@pytest.mark.parametrize("algo", ["ring", "native", "auto"])
+def test_stopped_peer_returns_no_wrong_data(algo):
+    out = run_ranks(SCRIPT, 2, args=["stopped", algo], timeout=90)
+    assert "rank 0 outcomes ['error', 'error', 'error', 'error']" in out, out
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_nan_max_min_identical_on_every_rank(n):
+    run_ranks(SCRIPT, n, args=["nan"], timeout=90)
+
+
+def test_nan_max_min_identical_on_every_rank_hierarchical():
+    run_ranks(SCRIPT, 4, args=["nan"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_split_with_a_bad_color_raises_on_every_rank(n):
+    run_ranks(SCRIPT, n, args=["split"], timeout=90)
+
+
+def test_split_rejection_without_shared_memory():
+    run_ranks(SCRIPT, 2, args=["split"], timeout=90, env={"TOPOCOLL_SHM": "0"})
+
+
+def test_a_second_thread_is_refused_clearly():
+    run_ranks(SCRIPT, 2, args=["threads"], timeout=90)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_numpy_timeouts_closed_communicator_impossible_alloc(n):
+    run_ranks(SCRIPT, n, args=["minor"], timeout=90)
+
+
+def test_hierarchical_timeouts_name_world_ranks():
+    out = run_ranks(SCRIPT, 4, args=["hier"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    assert "world rank 3" in out, out
+
+
+@pytest.mark.parametrize("algo", ["ring", "auto", "native"])
+def test_killed_peer_survivors_raise_and_exit_non_zero(algo):
+    code, out = run_ranks_status(SCRIPT, 3, args=["killed", algo], timeout=90,
+                                 launcher=["-disable-auto-cleanup"])
+    survivors = sorted(int(r) for r in re.findall(r"SURVIVOR (\d+) OK", out))
+    assert survivors == [0, 1], out
+    assert code != 0, out
