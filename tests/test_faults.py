@@ -10,9 +10,9 @@ pytestmark = pytest.mark.mpi
 SCRIPT = "collectives_faults.py"
 
 
-@pytest.mark.parametrize("algo", ["ring", "all_gather"])
-def test_late_data_lands_in_no_freed_memory(algo):
-    run_ranks(SCRIPT, 2, args=["late", algo], timeout=90)
+@pytest.mark.parametrize("algo,n", [("ring", 4096), ("ring", 65536), ("all_gather", 4096)])
+def test_late_data_lands_in_no_freed_memory(algo, n):
+    run_ranks(SCRIPT, 2, args=["late", algo, str(n)], timeout=90)
 
 
 @pytest.mark.parametrize("algo", ["ring", "native", "auto"])

@@ -7,6 +7,7 @@ topocoll never uses (its communicators are duplicates).
 import _common  # noqa: F401
 from _common import expect_raises, rank_main
 
+import gc
 import os
 import signal
 import sys
@@ -22,12 +23,12 @@ from topocoll.collectives import (CollectiveTimeoutError, CommunicatorBrokenErro
 WORLD = MPI.COMM_WORLD
 
 
-def late_peer_writes_no_freed_memory(algo):
+def late_peer_writes_no_freed_memory(algo, n):
     """A timed-out transfer's late data must land in memory nobody else owns (issue: a fresh
     zeroed array held the late peer's values). check=False: no agreement round first, so the
     timeout falls mid-transfer."""
     c = collectives.init(timeout=30, check=False)
-    late, n = c.size - 1, 4096
+    late, n = c.size - 1, int(n)
     if c.rank != late:
         x = np.ones(n, np.float32)
         try:
@@ -39,6 +40,7 @@ def late_peer_writes_no_freed_memory(algo):
             pass
         else:
             raise AssertionError("the call with a late peer did not time out")
+        gc.collect()  # the error's traceback cycle no longer holds the call's scratch buffers
         fresh = [np.zeros(size, np.float32) for _ in range(200) for size in (n // 2, n, 2 * n)]
         WORLD.send("go", dest=late)
     else:
