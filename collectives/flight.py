@@ -57,11 +57,11 @@ class FlightEntry:
             what = f" {dtype}[{count}] {algo}"
         if self.ended is not None:
             took = self.ended - (self.started or self.issued)
-            when = f"{self.state} after {took * 1e3:.3g} ms"
+            when = f"{self.state} after {_duration(took)}"
         elif self.started is not None:
-            when = f"running for {now - self.started:.3g} s"
+            when = f"running for {_duration(now - self.started)}"
         else:
-            when = f"queued for {now - self.issued:.3g} s"
+            when = f"queued for {_duration(now - self.issued)}"
         return f"#{self.seq} {self.name}{what}: {when}"
 
 
@@ -91,3 +91,7 @@ class FlightRecorder:
                  f"the ranks' sequence numbers to see which rank is behind):"]
         lines += [f"  {e.describe(now)}" for e in entries]
         return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds >= 1 else f"{seconds * 1e3:.3g} ms"

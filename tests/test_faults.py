@@ -1,6 +1,4 @@
 """After a fault, nothing is wrong, nothing is corrupted, nothing hangs (tests/ranks/collectives_faults.py)."""
-import re
-
 import pytest
 
 from tests.mpi_harness import run_ranks, run_ranks_status
@@ -53,15 +51,22 @@ def test_numpy_timeouts_closed_communicator_impossible_alloc(n):
     run_ranks(SCRIPT, n, args=["minor"], timeout=90)
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_mpi_errors_become_transport_errors(n):
+    run_ranks(SCRIPT, n, args=["mpi_error"], timeout=90)
+
+
 def test_hierarchical_timeouts_name_world_ranks():
     out = run_ranks(SCRIPT, 4, args=["hier"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
     assert "world rank 3" in out, out
 
 
 @pytest.mark.parametrize("algo", ["ring", "auto", "native"])
-def test_killed_peer_survivors_raise_and_exit_non_zero(algo):
+def test_killed_peer_survivors_raise_and_exit_non_zero(algo, tmp_path):
     code, out = run_ranks_status(SCRIPT, 3, args=["killed", algo], timeout=90,
-                                 launcher=["-disable-auto-cleanup"])
-    survivors = sorted(int(r) for r in re.findall(r"SURVIVOR (\d+) OK", out))
-    assert survivors == [0, 1], out
+                                 launcher=["-disable-auto-cleanup"],
+                                 env={"FAULTS_OUT": str(tmp_path)})
+    reports = {f.name: f.read_text() for f in tmp_path.glob("survivor-*")}
+    assert sorted(reports) == ["survivor-0", "survivor-1"], (reports, out)
+    assert all(r.startswith("CollectiveTimeoutError: all_reduce") for r in reports.values()), reports
     assert code != 0, out
