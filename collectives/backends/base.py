@@ -49,6 +49,10 @@ class Backend(ABC):
         reqs = [self.irecv(recv, src), self.isend(send, dst)]
         self.wait(reqs, ctx, (f"rank {src} (receive)", f"rank {dst} (send)"))
 
+    @abstractmethod
+    def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
+        """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
+
     # -- native collectives: each returns a request for ``wait`` --
     @abstractmethod
     def native(self, name: str, ctx: OpContext, **kw: Any) -> None:
