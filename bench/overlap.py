@@ -46,7 +46,7 @@ def measure(comm: collectives.Communicator, nbytes: int, repeats: int,
     comm_time = statistics.median(_timed(comm, lambda: comm.all_reduce(x, algo=algo))
                                   for _ in range(3))
     a, b = _matmul_operands(comm, comm_time)
-    out = {p: [] for p in PHASES}
+    out: dict[str, list[float]] = {p: [] for p in PHASES}
 
     def overlapped() -> None:
         h = comm.all_reduce(x, algo=algo, async_op=True)

@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mpi4py import MPI
 
     from topocoll import collectives
-    from topocoll import paro
+    import topocoll.paro as paro
 
     torch.set_num_threads(1)
     comm = collectives.init()

@@ -16,15 +16,18 @@ import os
 import socket
 import sys
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from topocoll import collectives
-from topocoll import rtp
+import topocoll.rtp as rtp
 from topocoll.rtp.models import GPT
+
+if TYPE_CHECKING:
+    from topocoll.rtp.ring import RowShards
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,7 +133,9 @@ class _Run:
 
 def _rotation_buffer_bytes(model: torch.nn.Module) -> float:
     """Peak rotation scratch: 5 blocks of the largest layer (backward), 4 bytes per element."""
-    biggest = max((m.shards.numel for m in model.modules() if hasattr(m, "shards")), default=0)
+    # nn.Module's stub types any other attribute as Tensor | Module
+    biggest = max((cast("RowShards", m.shards).numel for m in model.modules()
+                   if hasattr(m, "shards")), default=0)
     return 5.0 * biggest * 4
 
 

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import select
 from .communicator import DEFAULT_TIMEOUT, Communicator
@@ -18,6 +18,9 @@ from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBroken
                      MismatchError, TransportError)
 from .handle import Handle
 from .select import ALGORITHMS, algorithms_for
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
 
 __all__ = [
     "init", "Communicator", "Handle", "OPS", "ALGORITHMS", "algorithms_for", "DEFAULT_TIMEOUT",
@@ -72,6 +75,7 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
     from topocoll import topology as topo_mod
 
+    backend_obj: Backend
     if _choose_backend(backend, comm, device) == "nccl":
         from .backends.nccl import NCCLBackend
 

@@ -394,6 +394,7 @@ class Communicator:
             if fused:
                 call.agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields))
             elif agree:
+                assert sig is not None  # _signature made it: agree is set
                 self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             if copy_in is not None:
                 copyto(*copy_in)

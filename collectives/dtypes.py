@@ -126,7 +126,9 @@ def finish_avg(dtype: DType, buf: np.ndarray, size: int) -> None:
 def _torch_reducer(op: str) -> Reducer:
     import torch
 
-    fn = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}[op]
+    fns: dict[str, Callable[..., object]] = {"sum": torch.add, "prod": torch.mul,
+                                             "min": torch.minimum, "max": torch.maximum}
+    fn = fns[op]
 
     def combine(acc: np.ndarray, inc: np.ndarray, out: np.ndarray) -> None:
         a, b, c = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for v in (acc, inc, out))

@@ -329,7 +329,8 @@ def _torch_view(x: Any, torch: Any, cupy: Any) -> tuple[Any, DType]:
     if t.dtype == torch.bfloat16:
         return _from_dlpack(cupy, t.view(torch.int16)).view(cupy.uint16), BFLOAT16
     if t.dtype == torch.bool:
-        return _from_dlpack(cupy, t.view(torch.uint8)).view(cupy.bool_), dtype_of_numpy(bool)
+        return (_from_dlpack(cupy, t.view(torch.uint8)).view(cupy.bool_),
+                dtype_of_numpy(np.dtype(bool)))
     view = _from_dlpack(cupy, t)
     return view, dtype_of_numpy(view.dtype)
 

@@ -167,7 +167,7 @@ captures, and measured on 2 cores a predicted 5-10% gain turned into a loss."""
 def _chunk_plan(kind: str, nbytes: float, model: CostModel) -> tuple[int, float]:
     """HO-Ring's chunk count under ``model`` and its predicted time."""
     times = {k: two_level_time(kind, nbytes, model, k) for k in chunk_choices(nbytes)}
-    best = min(times, key=times.get)
+    best = min(times, key=times.__getitem__)
     return (best, times[best]) if times[best] <= PIPELINE_GAIN * times[1] else (1, times[1])
 
 

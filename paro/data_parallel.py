@@ -57,6 +57,8 @@ class ParoDataParallel(torch.nn.Module):
             averaged over ranks and micro-batches.
     """
 
+    _opt_param: torch.nn.Parameter  # set with object.__setattr__ (not a registered parameter)
+
     def __init__(self, module: torch.nn.Module, strategy: str, comm: Any,
                  optimizer: OptimizerFactory, accumulation_steps: int = 1) -> None:
         super().__init__()
@@ -176,7 +178,9 @@ class ParoDataParallel(torch.nn.Module):
             self._bind_params(self._full_params)
         if s.grads != "N" and self._micro_grads is None:
             self._micro_grads = torch.zeros(self.layout.padded, dtype=self.dtype)
-        self._bind_grads(self._grad_acc if s.grads == "N" else self._micro_grads)
+        grads = self._grad_acc if s.grads == "N" else self._micro_grads
+        assert grads is not None  # made just above
+        self._bind_grads(grads)
 
     def _reduce_micro_batch(self) -> None:
         """Fold this micro-batch's gradients into the kept ones; drop gathered parameters."""

@@ -9,7 +9,7 @@ issued asynchronously so the shift overlaps the step's compute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -42,7 +42,7 @@ class Trace:
         self.peak_buffer_bytes = max(self.peak_buffer_bytes, int(nbytes))
 
 
-def run(ring: Any, spec: Spec, operands: dict[str, tuple[torch.Tensor, tuple[str, ...]]],
+def run(ring: Any, spec: Spec, operands: Mapping[str, tuple[torch.Tensor, tuple[str, ...]]],
         products: list[Product], trace: Trace | None = None) -> dict[str, torch.Tensor]:
     """Run ``products`` on this device's shards of ``operands``; return the outputs' shards.
 
@@ -113,7 +113,7 @@ def ring_reduce(ring: Any, x: torch.Tensor, trace: Trace | None = None) -> torch
     return chunks.reshape(-1)[:size].reshape(x.shape)
 
 
-def _block(name: str, operands: dict, current: dict, spec: Spec, dims: dict, j: int,
+def _block(name: str, operands: Mapping, current: dict, spec: Spec, dims: dict, j: int,
            n: int) -> torch.Tensor:
     """Operand ``name`` as this step needs it: the moving buffer, a time block, or all of it."""
     if name in current:

@@ -238,7 +238,7 @@ def _dp_over_layers(model: Model, costs: Costs, cands: list[LayerChoice], budget
     inf = np.inf
     # layer 0: no previous layout (the embedding writes whichever the first layer takes)
     table = {s: np.full(buckets + 1, inf) for s in states}
-    back: list[dict] = []
+    back: list[tuple[dict, dict]] = []
     prev: dict | None = None
     for layer in range(model.layers):
         entry, entry_from = {}, {}
@@ -271,6 +271,7 @@ def _dp_over_layers(model: Model, costs: Costs, cands: list[LayerChoice], budget
             s_best, b_best, t_best = s, b, float(table[s][b])
     if s_best is None:
         return None
+    assert b_best is not None  # set together with s_best
     chosen = []
     state, bucket = s_best, b_best
     for layer in range(model.layers - 1, -1, -1):

@@ -131,6 +131,7 @@ def parse(text: str | Spec) -> Spec:
 def check_shapes(spec: Spec, n: int, sizes: dict[str, int]) -> None:
     """ValueError unless every dim the spec splits over ``n`` ring devices (and M over dp) divides."""
     for dim in {spec.space, spec.time} - {None}:
+        assert dim is not None  # None was taken out
         parts = n * (spec.dp if dim == "M" else 1)
         if sizes[dim] % parts:
             raise ValueError(f"spec {spec.label()}: dim {dim}={sizes[dim]} does not split into "

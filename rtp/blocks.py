@@ -5,7 +5,7 @@ names, so their ``state_dict`` keys and values match the dense twins built from 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -13,6 +13,9 @@ import torch.nn as nn
 from .layers import Linear, MultiheadAttention
 from .ring import ring_for
 from .sync import sync_replicated
+
+if TYPE_CHECKING:
+    from .models import DenseBlock
 
 
 class MLP(nn.Module):
@@ -47,7 +50,7 @@ class TransformerBlock(nn.Module):
         return block_forward(self, x)
 
 
-def block_forward(block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def block_forward(block: TransformerBlock | DenseBlock, x: torch.Tensor) -> torch.Tensor:
     """The pre-LN block computation shared by the RTP and the dense block."""
     mask = causal_mask(x.shape[1]) if block.causal else None
     h = block.ln1(x)

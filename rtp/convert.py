@@ -9,7 +9,7 @@ their modules' own ``reset_parameters``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.nn as nn
@@ -52,11 +52,13 @@ class RotatedTensorParallel(nn.Module):
         """The wrapped model's forward on this rank's micro-batch."""
         return self.module(*args, **kwargs)
 
-    def state_dict(self, *args: Any, **kwargs: Any) -> dict:
+    # forwards any arguments; torch's stub overloads state_dict on ``destination``
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict:  # type: ignore[override]
         """The dense model's state dict (gathered; every rank must call it), unprefixed."""
         return self.module.state_dict(*args, **kwargs)
 
-    def load_state_dict(self, state_dict: dict, strict: bool = True, assign: bool = False) -> Any:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
+                        assign: bool = False) -> Any:
         """Load a dense state dict: each rank keeps its own rows."""
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 

@@ -139,8 +139,16 @@ class Rotated(torch.autograd.Function):
         src, bufs = _rotation_buffers(shards, r, w, b, p) if p > 1 else (None, [])
         for s in range(p):
             o = (r - s) % p
-            wo, bo = (w, b) if s == 0 else shards.views(src, o)
-            h = _start(ring.rotate(src, out=bufs[s % 2]), overlap) if s < p - 1 else None
+            if s == 0:
+                wo, bo = w, b
+            else:
+                assert src is not None  # p > 1: _rotation_buffers made it
+                wo, bo = shards.views(src, o)
+            h = None
+            if s < p - 1:
+                out = bufs[s % 2]
+                assert src is not None and out is not None  # bufs[1] is None only when p == 2
+                h = _start(ring.rotate(src, out=out), overlap)
             kernel.forward(x, wo, bo, o, y)
             if h is not None:
                 h.wait()
@@ -187,6 +195,7 @@ class Rotated(torch.autograd.Function):
             if last:
                 wo = w
             else:
+                assert hw is not None  # started with wbuf
                 hw.wait()
                 if s < p - 2:
                     hw = _start(ring.rotate(wbuf[s % 2], out=wbuf[(s + 1) % 2], shift=-1),

@@ -28,6 +28,8 @@ class Linear(nn.Module):
     generator, so it holds exactly the dense layer's rows.
     """
 
+    bias: nn.Parameter | None  # registered with register_parameter (None: no bias)
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, comm: Any = None,
                  dtype: torch.dtype | None = None, overlap: bool = True,
                  check_inputs: bool = True) -> None:
@@ -48,7 +50,7 @@ class Linear(nn.Module):
         b = init.uniform_rows((out_features,), [(lo, hi)], init.bias_bound(in_features),
                               dtype) if bias else None
         self.weight = _sharded(w)
-        self.register_parameter("bias", _sharded(b) if bias else None)
+        self.register_parameter("bias", _sharded(b) if b is not None else None)
         self.kernel = LinearKernel(self.shards)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,6 +152,8 @@ class MultiheadAttention(nn.Module):
     attn_mask, average_attn_weights, is_causal)`` with 2-D or 3-D masks.
     """
 
+    _unshuffle: torch.Tensor  # a registered (non-persistent) buffer
+
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  batch_first: bool = True, comm: Any = None, dtype: torch.dtype | None = None,
                  overlap: bool = True, check_inputs: bool = True) -> None:
@@ -183,6 +187,7 @@ class MultiheadAttention(nn.Module):
         if bias:
             self.in_proj_bias = _sharded(torch.zeros(w.shape[0], dtype=dtype))
             with torch.no_grad():
+                assert self.out_proj.bias is not None  # built with the same bias flag
                 self.out_proj.bias.zero_()
         else:
             self.register_parameter("in_proj_bias", None)
@@ -277,7 +282,7 @@ def gather_rows(ring: Ring, shards: RowShards, w: torch.Tensor,
     every = ring.comm.all_gather(mine).view(ring.size, shards.numel)
     parts = [shards.views(every[o], o) for o in range(ring.size)]
     dense_w = torch.cat([pw for pw, _ in parts])
-    dense_b = torch.cat([pb for _, pb in parts]) if b is not None else None
+    dense_b = torch.cat([pb for _, pb in parts if pb is not None]) if b is not None else None
     return dense_w, dense_b
 
 
@@ -319,7 +324,7 @@ def _from_dense(cls: type, dense: nn.Module, args: tuple, comm: Any, kw: dict) -
 
 def _sharded(t: torch.Tensor) -> nn.Parameter:
     p = nn.Parameter(t.contiguous())
-    p._rtp_sharded = True  # its gradient arrives summed; never average it again
+    p._rtp_sharded = True  # type: ignore[attr-defined]  # summed gradient: never average it again
     return p
 
 

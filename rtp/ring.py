@@ -132,5 +132,6 @@ class RowShards:
         wv, bv = self.views(out, owner)
         wv.copy_(w.detach())
         if bv is not None:
+            assert b is not None  # a layout with a bias gets the block's bias
             bv.copy_(b.detach())
         return out

@@ -27,7 +27,7 @@ class ReplicatedGrads:
             if getattr(p, "_rtp_sharded", False) or getattr(p, "_rtp_replicated", False) \
                     or not p.requires_grad:
                 continue
-            p._rtp_replicated = True
+            p._rtp_replicated = True  # type: ignore[attr-defined]  # our tag on torch's Parameter
             p.register_post_accumulate_grad_hook(self._on_grad)
             self.params.append(p)
             count += 1

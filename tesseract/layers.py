@@ -147,7 +147,7 @@ class _LayerNorm(torch.autograd.Function):
 
 def _param(t: torch.Tensor, layout: tuple[str, int]) -> torch.nn.Parameter:
     p = torch.nn.Parameter(t)
-    p.tesseract_layout = layout
+    p.tesseract_layout = layout  # type: ignore[attr-defined]  # our tag on torch's Parameter
     return p
 
 

@@ -78,5 +78,5 @@ class _Half(torch.nn.Module):
 
 
 def _mark(p: torch.nn.Parameter, layout: str) -> torch.nn.Parameter:
-    p.megatron_layout = layout
+    p.megatron_layout = layout  # type: ignore[attr-defined]  # our tag on torch's Parameter
     return p

@@ -43,7 +43,8 @@ class Meter:
         key = (group, kind)
         self.calls[key] += 1
         self.payload[key] += nbytes
-        self.sent[key] += SENT_FACTOR[kind] * nbytes * (size - 1) / size
+        sent = SENT_FACTOR[kind] * nbytes * (size - 1) / size
+        self.sent[key] += sent  # type: ignore[assignment]  # Counter's stub: int; these are floats
 
 
 class MeteredComm:

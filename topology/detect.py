@@ -157,8 +157,9 @@ def _real(size: int, facts: list[dict[str, Any]]) -> Topology:
         source = "mpi"
     gpus = [f["gpu"] for f in facts]
     has_gpus = any(g is not None for g in gpus)
-    return Topology(size, parents, levels=levels, names=names, source=source,
-                    gpus=gpus if has_gpus else None, nics_per_node=None if has_gpus else 1)
+    return Topology(size, tuple(map(tuple, parents)), levels=tuple(levels),
+                    names={k: tuple(v) for k, v in names.items()}, source=source,
+                    gpus=tuple(gpus) if has_gpus else None, nics_per_node=None if has_gpus else 1)
 
 
 def _local_facts(mpi_comm: Any) -> dict[str, Any]:

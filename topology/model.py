@@ -439,7 +439,8 @@ def _from_dict(cls: type[Topology], d: Any, text: str | None) -> Topology:
             if not isinstance(parent, list) or not all(isinstance(p, list) for p in parent):
                 raise fail("parent must be a list of integer lists", "parent")
             world = d.get("world_size", len(parent[0]) if parent else 0)
-            topo = cls(world, parent, levels=d.get("levels", ("rank", "node", "switch")), **kw)
+            topo = cls(world, tuple(parent), levels=d.get("levels", ("rank", "node", "switch")),
+                       **kw)
         if "world_size" in d and topo.world_size != d["world_size"]:
             raise fail(f"world_size is {d['world_size']} but the ranks placed number "
                        f"{topo.world_size}", "world_size")
@@ -448,8 +449,8 @@ def _from_dict(cls: type[Topology], d: Any, text: str | None) -> Topology:
         msg = str(e)
         if msg.startswith("line "):
             raise
-        key = next((k for k in d if k in msg or k.replace("_", " ") in msg), None)
-        raise fail(msg, key) from None
+        culprit = next((k for k in d if k in msg or k.replace("_", " ") in msg), None)
+        raise fail(msg, culprit) from None
     except (TypeError, ValueError) as e:
         raise fail(f"malformed topology: {e}") from None
 

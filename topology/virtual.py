@@ -51,7 +51,8 @@ def parse_spec(spec: str, world_size: int | None = None, **kw: Any) -> Topology:
     kw.setdefault("nics_per_node", None)
     names = {"node": [f"vnode{n}" for n in range(len(nodes))],
              "switch": [f"vsw{s}" for s in range(max(switch_of) + 1)]}
-    return Topology(total, [node_of, switch_of, *upper], levels=levels, names=names, **kw)
+    return Topology(total, (tuple(node_of), tuple(switch_of), *map(tuple, upper)),
+                    levels=tuple(levels), names={k: tuple(v) for k, v in names.items()}, **kw)
 
 
 def is_spec(text: str) -> bool:

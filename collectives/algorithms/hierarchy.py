@@ -65,6 +65,7 @@ def plan_for(b: Backend, ctx: OpContext, topology: Any, switch_aware: bool,
         b.agree(np.zeros(1, np.int64), ctx)  # everyone is here: the splits can't hang
         node = b.split(node_id, local)
         rail = b.split(local, order.index(node_id))
+        assert node is not None and rail is not None  # both colors are >= 0
         grid = [topology.ranks_in_node(n) for n in order]
         cache[key] = Plan(node, rail, order, grid)
     return cache[key]
@@ -80,7 +81,11 @@ def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
     if plan is None:  # call.ring is already the topology's flat ring (Communicator._launch)
         _FLAT[call.kind](b, ctx, call)
         return
-    total = call.recv.nbytes if call.kind == "all_gather" else call.send.nbytes
+    if call.kind == "all_gather":
+        assert call.recv is not None  # all_gather always has an output
+        total = call.recv.nbytes
+    else:
+        total = call.send.nbytes
     _TWO_LEVEL[call.kind](b, ctx, call, plan, chunks(call.kind, total, call.topology))
 
 
@@ -117,6 +122,8 @@ def all_reduce(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) 
 
 def reduce_scatter(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) -> None:
     """Permute into staging, intra-node reduce-scatter, rail reduce-scatter into ``call.recv``."""
+    recv = call.recv
+    assert recv is not None  # reduce_scatter always has an output
     layout = _Layout(call.bounds, plan, chunks)
     staging = empty(layout.total, call.send.dtype, call.send)
     layout.scatter(call.send, staging)  # x -> staging order (x itself is never written)
@@ -132,17 +139,19 @@ def reduce_scatter(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: i
         lo, _ = layout.chunk(k)
         a, z = layout.blocks(k)[i_me]
         block = staging[lo + a:lo + z]
-        out = call.recv[mine[k][0]:mine[k][1]]
+        out = recv[mine[k][0]:mine[k][1]]
         sub = Call("reduce_scatter", call.dtype, block, op=base, bounds=layout.rail(k, i_me))
         ring.reduce_scatter_into(plan.rail, ctx, sub, block, out, inplace=False)
 
     run_pipeline(ctx, chunks, [("intra", intra_rs), ("inter", inter_rs)])
     if call.op == "avg":
-        finish_avg(call.dtype, call.recv, b.size)
+        finish_avg(call.dtype, recv, b.size)
 
 
 def all_gather(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) -> None:
     """Rail all-gather, then intra-node all-gather, chunk-pipelined; unpermute into ``call.recv``."""
+    recv = call.recv
+    assert recv is not None  # all_gather always has an output
     layout = _Layout(call.bounds, plan, chunks)
     staging = empty(layout.total, call.send.dtype, call.send)
     i_me, q_me = plan.node.rank, plan.rail.rank
@@ -160,7 +169,7 @@ def all_gather(b: Backend, ctx: OpContext, call: Call, plan: Plan, chunks: int) 
     def intra_ag(k: int) -> None:
         lo, hi = layout.chunk(k)
         intra_all_gather(plan.node, ctx, staging[lo:hi], layout.blocks(k))
-        layout.gather_chunk(k, staging, call.recv)
+        layout.gather_chunk(k, staging, recv)
 
     run_pipeline(ctx, chunks, [("inter", inter_ag), ("intra", intra_ag)])
 

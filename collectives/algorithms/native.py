@@ -20,6 +20,7 @@ def reduce_scatter(b: Backend, ctx: OpContext, call: Call) -> None:
     b.native("reduce_scatter", ctx, send=call.send, recv=call.recv, counts=counts,
              dtype=call.dtype, op=call.op)
     if call.op == "avg":
+        assert call.recv is not None  # reduce_scatter always has an output
         finish_avg(call.dtype, call.recv, b.size)
 
 

@@ -34,15 +34,19 @@ def all_reduce(b: Backend, ctx: OpContext, call: Call) -> None:
 
 def reduce_scatter(b: Backend, ctx: OpContext, call: Call) -> None:
     """Reduce ``call.send`` over ranks; this rank's chunk of the result lands in ``call.recv``."""
-    reduce_scatter_into(b, ctx, call, call.send, call.recv, inplace=False)
+    recv = call.recv
+    assert recv is not None  # reduce_scatter always has an output
+    reduce_scatter_into(b, ctx, call, call.send, recv, inplace=False)
     if call.op == "avg":
-        finish_avg(call.dtype, call.recv, b.size)
+        finish_avg(call.dtype, recv, b.size)
 
 
 def all_gather(b: Backend, ctx: OpContext, call: Call) -> None:
     """Every rank's ``call.send`` lands in its slot of ``call.recv`` on every rank."""
-    copyto(_chunk(call.recv, call.bounds, b.rank), call.send)
-    all_gather_into(b, ctx, call.recv, call.bounds, _ring(b, call))
+    recv = call.recv
+    assert recv is not None  # all_gather always has an output
+    copyto(_chunk(recv, call.bounds, b.rank), call.send)
+    all_gather_into(b, ctx, recv, call.bounds, _ring(b, call))
 
 
 def reduce_scatter_into(b: Backend, ctx: OpContext, call: Call, src: np.ndarray, out: np.ndarray,

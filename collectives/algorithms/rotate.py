@@ -14,8 +14,10 @@ def rotate(b: Backend, ctx: OpContext, call: Call) -> None:
     p = len(ring)
     j = ring.index(b.rank)
     dst, src = ring[(j + call.shift) % p], ring[(j - call.shift) % p]
+    recv = call.recv
+    assert recv is not None  # Communicator.rotate always passes the output
     if dst == b.rank:
-        if call.recv is not call.send:
-            copyto(call.recv, call.send)
+        if recv is not call.send:
+            copyto(recv, call.send)
         return
-    b.sendrecv(call.send, dst, call.recv, src, ctx)
+    b.sendrecv(call.send, dst, recv, src, ctx)

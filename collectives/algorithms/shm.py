@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..backends.base import Backend
 from ..backends.shm import SharedArena
@@ -143,6 +144,7 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     slots[b.rank][:n] = mine
     gate.sync()
     if call.kind == "reduce_scatter":
+        assert call.recv is not None  # reduce_scatter always has an output
         (lo, hi), out = call.bounds[b.rank], call.recv
     elif call.kind == "all_reduce" or b.rank == call.root:
         lo, hi, out = 0, n, call.send
@@ -158,6 +160,7 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     """One copy: every peer's registered send straight into my recv."""
+    assert call.recv is not None and gate.peers is not None  # all_gather; the zero-copy path
     arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     n = send.size
     for q in range(b.size):
@@ -167,6 +170,7 @@ def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> 
 
 def _peers_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     """One copy: the root's registered buffer straight into mine."""
+    assert gate.peers is not None  # the zero-copy path
     arena, buf, root = gate.arena, _bytes(call.send), call.root
     if b.rank != root:
         buf[:] = arena.peer(gate.peers[root], root, buf)
@@ -175,6 +179,7 @@ def _peers_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> N
 
 def _peers_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     """One copy: block r of every rank's registered send straight into my recv."""
+    assert call.recv is not None and gate.peers is not None  # all_to_all; the zero-copy path
     arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     unit = call.send.itemsize
     lo, hi = call.bounds[r][0] * unit, call.bounds[r][1] * unit
@@ -199,6 +204,7 @@ def _slots_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None
 
 def _slots_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     """Each rank publishes its send piece by piece; everyone copies all pieces out."""
+    assert call.recv is not None  # all_gather always has an output
     arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     n, w = send.size, arena.slot_bytes
     for lo in range(0, n, w):
@@ -228,6 +234,7 @@ def _slots_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> N
 
 def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     """Rank r publishes its block for q at q*w of its slot; rank q copies it out."""
+    assert call.recv is not None  # all_to_all always has an output
     arena, send, recv, r, p = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank, b.size
     unit = call.send.itemsize
     bounds = [(lo * unit, hi * unit) for lo, hi in call.bounds]
@@ -346,18 +353,22 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
     buffer in cache-sized chunks and writes the result where ``mode`` wants it (every rank's
     buffer, its own ``recv``, or the root's buffer); a closing barrier lets callers reuse them."""
     arena, r, p, src, mode = gate.arena, b.rank, b.size, call.send, call.kind
+    peers = gate.peers
+    assert peers is not None  # the zero-copy path
     bounds = split_bounds(src.size, p) if mode == "reduce" else call.bounds
-    bufs = [src if q == r else arena.peer(gate.peers[q], q, src) for q in range(p)]
+    bufs = [src if q == r else arena.peer(peers[q], q, src) for q in range(p)]
     ins = bufs                                # where the inputs are: in place, the buffers
     if gate.sources is not None:              # out of place: every rank's registered input
-        ins = [call.source if q == r else arena.peer(gate.sources[q], q, call.source)
-               for q in range(p)]
+        source, sources = call.source, gate.sources
+        assert source is not None  # gate.sources is set only if every rank's input is registered
+        ins = [source if q == r else arena.peer(sources[q], q, source) for q in range(p)]
     lo, hi = bounds[r]
     step = max(1, CHUNK_BYTES // src.itemsize)
     spare = np.empty(min(step, hi - lo), src.dtype) if mode == "reduce" and r != call.root else None
     for a in range(lo, hi, step):
         e = min(hi, a + step)
         if mode == "reduce_scatter":
+            assert call.recv is not None  # reduce_scatter always has an output
             acc = call.recv[a - lo:e - lo]
         elif spare is not None:
             acc = spare[:e - a]
@@ -394,6 +405,7 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
         lo, hi = pieces[r]                      # 3. reduce my region
         n = hi - lo
         if mode == "reduce_scatter":
+            assert call.recv is not None  # reduce_scatter always has an output
             acc = call.recv[k * w:k * w + n]
         elif in_buffer:
             acc = src[lo:hi]
@@ -457,7 +469,7 @@ def _bytes(buf: np.ndarray) -> np.ndarray:
     return buf.view(np.uint8)
 
 
-def _slots(arena: SharedArena, dtype: np.dtype) -> list[np.ndarray]:
+def _slots(arena: SharedArena, dtype: DTypeLike) -> list[np.ndarray]:
     """Every rank's half for the next pipeline step, typed."""
     return arena.slots(arena.flip(), dtype)
 

@@ -59,6 +59,10 @@ class Backend(ABC):
             return f"rank {rank}"
         return f"world rank {world[rank]} (rank {rank} here)"
 
+    @abstractmethod
+    def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
+        """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
+
     # -- native collectives: each returns a request for ``wait`` --
     @abstractmethod
     def native(self, name: str, ctx: OpContext, **kw: Any) -> None:

@@ -145,8 +145,9 @@ class NCCLBackend(Backend):
         self._posted: dict[str, list[_Req]] = {ch: [] for ch in comms}
         self._headers = host.p2p.Dup()   # user-message headers: size, order, memory kind
         self._probed: dict[tuple[int, int], deque] = defaultdict(deque)
-        self._sent = defaultdict(int)     # GPU user messages sent to / received from each peer
-        self._received = defaultdict(int)
+        # GPU user messages sent to / received from each peer
+        self._sent: defaultdict[int, int] = defaultdict(int)
+        self._received: defaultdict[int, int] = defaultdict(int)
         self._setup_timeout = setup_timeout
         self._aborted: str | None = None
 
@@ -217,9 +218,11 @@ class NCCLBackend(Backend):
             return
         for b in bufs:
             self._mine(b)
-        run = {"all_reduce": self._all_reduce, "reduce": self._reduce,
-               "reduce_scatter": self._reduce_scatter, "all_gather": self._all_gather,
-               "broadcast": self._broadcast, "all_to_all": self._all_to_all}.get(name)
+        runs: dict[str, Callable[..., None]] = {
+            "all_reduce": self._all_reduce, "reduce": self._reduce,
+            "reduce_scatter": self._reduce_scatter, "all_gather": self._all_gather,
+            "broadcast": self._broadcast, "all_to_all": self._all_to_all}
+        run = runs.get(name)
         if run is None:
             raise ValueError(f"NCCL backend has no native collective {name!r}")
         run(ctx, **kw)
@@ -353,6 +356,7 @@ class NCCLBackend(Backend):
 
         def enqueue(c: Any, s: int) -> None:
             for r in posted:
+                assert r.op is not None  # only transfers with an NCCL op are posted
                 kind, arr, peer = r.op
                 if arr.nbytes:
                     fn = c.send if kind == "send" else c.recv

@@ -202,7 +202,9 @@ class SharedArena:
             win = MPI.Win.Allocate_shared(max(int(nbytes), 1), 1, info, self._comm)
         finally:
             info.Free()
-        segs = [np.frombuffer(win.Shared_query(q)[0], dtype=np.uint8) for q in range(self.size)]
+        # mpi4py's buffer has the buffer protocol; its stub declares __buffer__ only for 3.12+
+        segs = [np.frombuffer(win.Shared_query(q)[0],  # type: ignore[call-overload]
+                              dtype=np.uint8) for q in range(self.size)]
         wid, self._next_window = self._next_window, self._next_window + 1
         self._windows[wid] = (win, segs)
         mine = segs[self.rank][:nbytes]

@@ -58,7 +58,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     def __init__(self, comm: collectives.Communicator, timeout: float | None = None,
                  owns_mpi_comm: bool = False) -> None:
-        super().__init__(comm.rank, comm.size)
+        # torch's stub lists only (store, rank, size); the (rank, size) constructor exists too
+        super().__init__(comm.rank, comm.size)  # type: ignore[call-arg]
         self.comm = comm
         self._owns_mpi_comm = owns_mpi_comm  # free comm.mpi_comm on shutdown (the factory's)
         self.timeout = comm.timeout if timeout is None else timeout
@@ -80,8 +81,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """The group's registered name."""
         return self._group_name
 
-    @property
-    def group_name(self) -> str:
+    @property  # torch's stub says GroupName: a NewType of str, a plain str at runtime
+    def group_name(self) -> str:  # type: ignore[override]
         """The group's registered name."""
         return self._group_name
 
@@ -161,10 +162,12 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                            lambda k: self.all_gather_single(*_pair(outputs, inputs, k)))
         return self._work("all_gather_single_coalesced", outputs, _handles(works))
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced  # torch < 2.13
+    # torch < 2.13's name; its stub calls the parameters output_lists, input_list
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
-    def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-               opts: Any = None) -> Work:
+    # the (lists, opts) form torch.distributed calls; not the (tensor, root, timeout) overload
+    def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
+               input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Collect every rank's tensor into the root's list ``output_tensors[0]``."""
         t = _one(input_tensors, "gather input")
         _host_only(t, "gather")
@@ -210,10 +213,12 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                            lambda k: self.reduce_scatter_single(*_pair(outputs, inputs, k), opts))
         return self._work("reduce_scatter_single_coalesced", outputs, _handles(works))
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # torch < 2.13
+    # torch < 2.13's name; its stub calls them outputTensors, inputTensors (opts: options|None)
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
-    def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                opts: Any = None) -> Work:
+    # the (lists, opts) form torch.distributed calls; not the (tensor, root, timeout) overload
+    def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
+                input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """Give rank r element r of the root's list ``input_tensors[0]``."""
         out = _one(output_tensors, "scatter output")
         _host_only(out, "scatter")

@@ -17,7 +17,7 @@ from ..context import OpContext
 from ..errors import CollectiveTimeoutError
 from ..handle import Handle
 
-Post = Callable[[], None]
+Post = Callable[[], object]  # run when the work completes; what it returns is ignored
 
 
 class Work(dist.Work):
@@ -62,8 +62,9 @@ class Work(dist.Work):
     def get_future(self) -> Future:
         """A torch Future that resolves to the output tensors (or carries the error)."""
         with self._lock:
-            fut, first = self._future, self._future is None
-            if first:
+            fut = self._future
+            first = fut is None
+            if fut is None:
                 fut = self._future = Future()
                 done = self._event.is_set()
         if first:
