@@ -52,7 +52,7 @@ class EmulatedBackend(Backend):
                  clock: NicClock) -> None:
         self.inner = inner
         self.topology = topology          # the topology of the world the clock was made for
-        self.world_ranks = list(world_ranks)
+        self.world_ranks: list[int] = list(world_ranks)
         self.clock = clock
         self.rank, self.size = inner.rank, inner.size
         self.name = f"{inner.name}+emulated"
