@@ -408,8 +408,9 @@ class Communicator:
 
     def _submit(self, name: str, run: Any, async_op: bool, what: Any = None) -> Any:
         """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
-        record; a failure other than a mismatch breaks the communicator, and every operation
-        queued behind it or issued later fails at once with CommunicatorBrokenError."""
+        record. A failure other than a mismatch or an argument error (which every rank raises
+        alike, before any transfer) breaks the communicator, and every operation queued behind
+        it or issued later fails at once with CommunicatorBrokenError."""
         self._local.submitted = True  # from here on every rank's errors are shared or agreed
         self._usable(name)
         entry = self._flight.issue(name, what)
@@ -421,9 +422,9 @@ class Communicator:
             entry.start()
             try:
                 result = run()
-            except MismatchError:
-                entry.end("failed: MismatchError")
-                raise
+            except (MismatchError, TypeError, ValueError) as err:
+                entry.end(f"failed: {type(err).__name__}")  # raised alike on every rank before
+                raise                                       # any transfer: nothing is broken
             except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
                 failure = self._fail(name, err, entry)
                 if failure is err:

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from ..context import OpContext
-from ..errors import CollectiveTimeoutError
+from ..errors import CollectiveTimeoutError, TransportError
 from ..handle import Handle
 
 Post = Callable[[], object]  # run when the work completes; what it returns is ignored
@@ -197,9 +197,10 @@ def _translate(name: str) -> BaseException:
         return err
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
     MPI = _MPI()
-    if isinstance(err, MPI.Exception) and err.Get_error_class() in (MPI.ERR_TRUNCATE,
-                                                                     MPI.ERR_IN_STATUS):
-        msg = f"the message is larger than the receiving tensor ({msg})"
+    cause = err.__cause__ if isinstance(err, TransportError) else err
+    if isinstance(cause, MPI.Exception) and cause.Get_error_class() in (MPI.ERR_TRUNCATE,
+                                                                         MPI.ERR_IN_STATUS):
+        msg = f"the message is larger than the receiving tensor ({str(cause).splitlines()[0]})"
     return RuntimeError(f"{name} failed: {msg}")
 
 
