@@ -12,7 +12,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from . import select
-from .communicator import DEFAULT_TIMEOUT, Communicator
+from .communicator import DEFAULT_TIMEOUT, Communicator, Persistent
 from .dtypes import OPS
 from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
                      MismatchError, TransportError)
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from .backends.base import Backend
 
 __all__ = [
-    "init", "Communicator", "Handle", "OPS", "ALGORITHMS", "algorithms_for", "DEFAULT_TIMEOUT",
+    "init", "Communicator", "Handle", "Persistent", "OPS", "ALGORITHMS", "algorithms_for", "DEFAULT_TIMEOUT",
     "CollectiveError", "CollectiveTimeoutError", "CommunicatorBrokenError", "MismatchError",
     "TransportError", "BackendUnavailableError",
 ]

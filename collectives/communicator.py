@@ -234,6 +234,50 @@ class Communicator:
         call = Call("barrier", empty.dtype, empty.flat())
         return self._launch(call, empty, "auto", async_op, None, timeout)
 
+    # -- persistent collectives (MPI-4's MPI_Allreduce_init and friends) --
+    def all_reduce_init(self, x: Any, op: str = "sum", algo: str = "auto", out: Any = None,
+                        timeout: float | None = None) -> "Persistent":
+        """Prepare ``all_reduce(x, op, algo, out=out)`` once; ``start()`` it many times. See
+        :class:`Persistent`."""
+        return self._init(self.all_reduce, x, op=op, algo=algo, out=out, timeout=timeout)
+
+    def all_gather_init(self, x: Any, out: Any = None, algo: str = "auto",
+                        timeout: float | None = None) -> "Persistent":
+        """Prepare ``all_gather(x, out, algo)`` once (``out`` is allocated if None)."""
+        return self._init(self.all_gather, x, out=out, algo=algo, timeout=timeout)
+
+    def reduce_scatter_init(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
+                            timeout: float | None = None) -> "Persistent":
+        """Prepare ``reduce_scatter(x, out, op, algo)`` once."""
+        return self._init(self.reduce_scatter, x, out=out, op=op, algo=algo, timeout=timeout)
+
+    def broadcast_init(self, x: Any, root: int = 0, algo: str = "auto",
+                       timeout: float | None = None) -> "Persistent":
+        """Prepare ``broadcast(x, root, algo)`` once."""
+        return self._init(self.broadcast, x, root=root, algo=algo, timeout=timeout)
+
+    def reduce_init(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
+                    timeout: float | None = None) -> "Persistent":
+        """Prepare ``reduce(x, root, op, algo)`` once."""
+        return self._init(self.reduce, x, root=root, op=op, algo=algo, timeout=timeout)
+
+    def all_to_all_init(self, x: Any, out: Any = None, algo: str = "auto",
+                        timeout: float | None = None) -> "Persistent":
+        """Prepare ``all_to_all(x, out, algo)`` once."""
+        return self._init(self.all_to_all, x, out=out, algo=algo, timeout=timeout)
+
+    def rotate_init(self, x: Any, out: Any = None, shift: int = 1,
+                    timeout: float | None = None) -> "Persistent":
+        """Prepare ``rotate(x, out, shift)`` once (``out`` is allocated if None)."""
+        return self._init(self.rotate, x, out=out, shift=shift, timeout=timeout)
+
+    def _init(self, method: Any, *args: Any, **kwargs: Any) -> "Persistent":
+        self._local.persistent = True  # _launch hands back the prepared call instead of running
+        try:
+            return method(*args, **kwargs)
+        finally:
+            self._local.persistent = False
+
     # -- point to point --
     def send(self, x: Any, dst: int, tag: int = 0, async_op: bool = False,
              timeout: float | None = None) -> Any:
@@ -388,9 +432,12 @@ class Communicator:
                  and self.backend.arena_unavailable() is None)  # else shm raises before its gate
         if copy_in is not None and chosen in select.READS_SOURCE:
             call.source, copy_in = copy_in[1], None
+        source = call.source  # a path that copies it into send clears it: every run resets it
+        what = (call.dtype.name, call.send.size, chosen)
 
         def run() -> Any:
             ctx = OpContext(kind, limit)
+            call.source = source
             if fused:
                 call.agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields))
             elif agree:
@@ -404,7 +451,21 @@ class Communicator:
                 copyto(*copy_out)
             return result
 
-        return self._submit(kind, run, async_op, (call.dtype.name, call.send.size, chosen))
+        if getattr(self._local, "persistent", False):
+            self._local.persistent = False
+            return self._persistent(kind, run, what, buf, sig, fields, limit)
+        return self._submit(kind, run, async_op, what)
+
+    def _persistent(self, kind: str, run: Any, what: Any, buf: Buffer, sig: Any,
+                    fields: list[tuple[str, Any]], limit: float) -> "Persistent":
+        """The prepared call as a Persistent operation, after the ranks agreed on it once (the
+        init is collective, so a mismatch or a rejection raises there on every rank)."""
+        if sig is not None:
+            def agree() -> None:
+                ctx = OpContext(f"{kind}_init", limit)
+                self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
+            self._submit(f"{kind}_init", agree, async_op=False)
+        return Persistent(self, kind, run, what, buf.user)
 
     def _submit(self, name: str, run: Any, async_op: bool, what: Any = None) -> Any:
         """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
@@ -578,6 +639,73 @@ class Communicator:
 
     def _timeout(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else _positive(timeout)
+
+
+class Persistent:
+    """A collective prepared once and started many times, like MPI-4's persistent collectives
+    (``MPI_Allreduce_init`` + ``MPI_Start``): argument checks, the algorithm choice and the
+    signature happen at ``*_init``, which is collective (a mismatch or a bad argument raises there,
+    on every rank); each start re-runs the cross-rank check in the algorithm's own barrier where it
+    has one, so a rank that starts a different operation still fails on every rank.
+
+        p = comm.all_reduce_init(grad)          # every rank, same order
+        for step in range(steps):
+            fill(grad); p.start(); compute(); p.wait()   # or p() to run it inline
+
+    The buffers are bound at init: fill them in place between runs. Every rank must start its
+    persistent operations in the same order, like any collective.
+    """
+
+    def __init__(self, comm: Communicator, kind: str, run: Any, what: Any, result: Any) -> None:
+        self.comm = comm
+        self.kind = kind
+        self._run = run
+        self._what = what
+        self._result = result
+        self._pointer = _torch_pointer(result)
+        self._handle: Any = None
+
+    def start(self) -> Any:
+        """Start the operation on the communicator's progress thread; returns its Handle (also
+        what ``wait``/``test`` follow). Raises RuntimeError while the previous start is active."""
+        self._check_idle()
+        self._handle = self.comm._submit(self.kind, self._run, True, self._what)
+        return self._handle
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Wait for the last start and return its result (the output array)."""
+        if self._handle is None:
+            raise RuntimeError(f"{self.kind}: wait() before start()")
+        return self._handle.wait(timeout)
+
+    def test(self) -> bool:
+        """Whether the last start has finished (True if never started)."""
+        return self._handle is None or self._handle.done
+
+    def __call__(self) -> Any:
+        """Run it now, blocking, on the calling thread (no thread hop); returns the result."""
+        self._check_idle()
+        return self.comm._submit(self.kind, self._run, False, self._what)
+
+    def _check_idle(self) -> None:
+        if self._handle is not None and not self._handle.done:
+            raise RuntimeError(f"persistent {self.kind}: started again before the previous start "
+                               f"finished (wait() for it first)")
+        if self._pointer is not None and _torch_pointer(self._result) != self._pointer:
+            raise ValueError(f"persistent {self.kind}: the tensor's storage changed since init "
+                             f"(resized or replaced); prepare a new one with {self.kind}_init")
+
+    def __repr__(self) -> str:
+        state = "idle" if self.test() else "active"
+        return f"<Persistent {self.kind} {state} on {self.comm.name}>"
+
+
+def _torch_pointer(x: Any) -> tuple[int, int] | None:
+    """(data pointer, element count) of a torch tensor, None for anything else: a tensor can be
+    resized or given new storage in place, which a persistent operation must notice."""
+    if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        return x.data_ptr(), x.numel()
+    return None
 
 
 def _signature(call: Call, algo: str, buf: Buffer) -> tuple[np.ndarray, list[tuple[str, Any]]]:

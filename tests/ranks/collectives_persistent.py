@@ -1,0 +1,102 @@
+"""Persistent collectives: prepared once, started many times, exact on every rank; mismatches and
+bad arguments still raise on every rank (at init, and at a start that pairs different ops)."""
+import _common  # noqa: F401
+from _common import expect_raises, rank_main, reference
+
+import numpy as np
+
+from topocoll import collectives
+from topocoll.collectives import MismatchError
+
+ALGOS = ["auto", "ring", "native"]
+
+
+def exact_over_many_starts(c):
+    p, r = c.size, c.rank
+    for algo in ALGOS:
+        for n in (0, 1, 7, 1000, 70000):
+            x = np.zeros(n, np.float64)
+            ar = c.all_reduce_init(x, algo=algo)
+            for step in range(4):
+                x[:] = np.arange(n) % 5 + r + step
+                want = reference([np.arange(n) % 5 + q + step for q in range(p)], "sum")
+                if step % 2:
+                    ar.start()
+                    got = ar.wait()
+                else:
+                    got = ar()
+                assert got is x and np.array_equal(x, want), (algo, n, step)
+            rows = max(n, 1)
+            g_in = np.zeros((rows, 2), np.int32)
+            ag = c.all_gather_init(g_in, algo=algo)
+            rs_in = np.zeros((rows, 3), np.float32)
+            rs = c.reduce_scatter_init(rs_in, algo=algo)
+            for step in range(3):
+                g_in[:] = r * 10 + step
+                out = ag()
+                assert np.array_equal(out, np.repeat(np.arange(p) * 10 + step, rows)[:, None]
+                                      * np.ones((1, 2), np.int32)), (algo, n)
+                rs_in[:] = (np.arange(rows)[:, None] + r + step).astype(np.float32)
+                mine = rs()
+                full = sum((np.arange(rows)[:, None] + q + step) * np.ones((1, 3))
+                           for q in range(p)).astype(np.float32)
+                assert np.array_equal(mine, np.array_split(full, p)[r]), (algo, n)
+    b = np.zeros(5, np.int64)
+    bc = c.broadcast_init(b, root=p - 1)
+    rot_in = np.zeros(3)
+    rot = c.rotate_init(rot_in)
+    red = c.reduce_init(np.zeros(2), root=0, op="max")
+    for step in range(3):
+        b[:] = r + step
+        assert np.all(bc() == p - 1 + step)
+        rot_in[:] = r * 100 + step
+        assert np.all(rot() == ((r - 1) % p) * 100 + step)
+    red()
+    handles = [ar.start() for ar in [c.all_reduce_init(np.ones(3) * (k + 1)) for k in range(3)]]
+    assert [h.wait()[0] for h in handles] == [p * (k + 1) for k in range(3)]
+
+
+def errors(c):
+    p, r = c.size, c.rank
+    x = np.ones(4)
+    ar = c.all_reduce_init(x)
+    ar.start()
+    expect_raises(RuntimeError, ar.start, "started again")
+    ar.wait()
+    if p == 1:
+        return
+    # a mismatch at init raises on every rank
+    n = 5 if r == p - 1 else 4
+    expect_raises(MismatchError, lambda: c.all_reduce_init(np.ones(n)), "element count")
+    # a bad argument on one rank: its own ValueError there, MismatchError naming it elsewhere
+    if r == 0:
+        expect_raises(ValueError, lambda: c.all_reduce_init(np.ones(4), op="bogus"), "bogus")
+    else:
+        expect_raises(MismatchError, lambda: c.all_reduce_init(np.ones(4)), "rank 0 rejected")
+    # ranks starting different persistent operations fail together
+    small, big = c.all_reduce_init(np.ones(2)), c.all_reduce_init(np.ones(3))
+    expect_raises(MismatchError, (small if r == 0 else big), "element count")
+    x[:] = 1
+    assert np.all(ar() == p)  # still usable
+
+
+def torch_resize(c):
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.ones(4)
+    ar = c.all_reduce_init(t)
+    assert torch.all(ar() == c.size)
+    t.set_(torch.ones(8))  # new storage (a resize is refused: numpy views the old one)
+    expect_raises(ValueError, ar, "storage changed")
+
+
+def body():
+    c = collectives.init(timeout=60)
+    exact_over_many_starts(c)
+    errors(c)
+    torch_resize(c)
+
+
+rank_main(body)
