@@ -8,10 +8,11 @@
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from . import select
+from . import log, select
 from .communicator import DEFAULT_TIMEOUT, Communicator, Persistent
 from .dtypes import OPS
 from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
@@ -73,6 +74,7 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         comm = comm.mpi_comm
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
+    log.configure(MPI.COMM_WORLD.Get_rank())
     from topocoll import topology as topo_mod
 
     backend_obj: Backend
@@ -103,7 +105,28 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         from .schedules import ensure_calibrated
 
         ensure_calibrated(comm_obj, topo)
+    if log.logger.isEnabledFor(logging.INFO):
+        _log_init(comm_obj, MPI)
     return comm_obj
+
+
+def _log_init(comm: Communicator, MPI: Any) -> None:
+    """What a user debugging a run wants to see first (``TOPOCOLL_DEBUG=INFO``)."""
+    from topocoll import __version__
+
+    topo = comm.topology
+    library = MPI.Get_library_version().strip().splitlines()[0]
+    shm = comm.backend.arena_unavailable()
+    say = log.logger.info
+    say(f"topocoll {__version__}, backend {comm.backend.name}, {comm.size} ranks, "
+        f"timeout {comm.timeout:g} s, check {'on' if comm.check else 'off'}")
+    say(f"MPI: {library}")
+    say(f"topology: {topo.world_size} ranks, {topo.num_nodes} nodes, {topo.num_switches} "
+        f"switches (source: {topo.source or 'detected'}); links "
+        + ", ".join(f"{k}={v}" for k, v in topo.links.items()))
+    say("shared memory: " + (f"on, {comm.backend.arena().slot_bytes} B slots"  # type: ignore[union-attr]
+                             if shm is None else f"off ({shm})"))
+    say(f"environment: {log.environment()}")
 
 
 def _agree_on_checking(comm: Communicator) -> None:

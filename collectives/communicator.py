@@ -29,6 +29,7 @@ from .faults import note_broken, peer_exited
 from .flight import FlightEntry, FlightRecorder
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import Executor
+from .log import TRACE, logger, tracing
 
 RING_ORDERED = ("ring", "hier", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
@@ -374,8 +375,10 @@ class Communicator:
         if collective not in select.ALGORITHMS:
             raise ValueError(f"unknown collective {collective!r}; one of "
                              f"{', '.join(select.ALGORITHMS)}")
-        chosen = select.resolve(collective, algo, nbytes, self.size, self.topology,
-                                has_shm=self.backend.arena_unavailable() is None)
+        chosen, why = select.choose(collective, algo, nbytes, self.size, self.topology,
+                                    has_shm=self.backend.arena_unavailable() is None)
+        logger.info("%s: %s of %d B: %s -> %s (%s)", self.name, collective, nbytes, algo,
+                    chosen, why)
         if len(self._chosen) >= 4096:
             self._chosen.clear()
         self._chosen[key] = chosen
@@ -475,6 +478,9 @@ class Communicator:
         self._local.submitted = True  # from here on every rank's errors are shared or agreed
         self._usable(name)
         entry = self._flight.issue(name, what)
+        if tracing():
+            logger.log(TRACE, "%s #%d %s %s%s", self.name, entry.seq, name,
+                       "" if what is None else "%s[%d] %s" % what, " async" if async_op else "")
 
         def guarded() -> Any:
             if self._broken:

@@ -72,6 +72,12 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
     ``has_shm``: all ranks share one node's memory (``Backend.arena_unavailable() is None``);
     then shared memory wins, unless the topology says several nodes (a virtual one, on purpose).
     """
+    return choose(kind, algo, nbytes, size, topology, has_shm)[0]
+
+
+def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
+           has_shm: bool = False) -> tuple[str, str]:
+    """``resolve``'s answer and why, in words (for the debug log)."""
     table = ALGORITHMS[kind]
     if not isinstance(algo, str):
         raise TypeError(f"algo must be a string, got {type(algo).__name__}")
@@ -79,18 +85,26 @@ def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
         if algo not in table:
             raise ValueError(f"unknown algorithm {algo!r} for {kind}; "
                              f"choose one of {', '.join(algorithms_for(kind))}")
-        return algo
+        return algo, "asked for by the caller"
     forced = os.environ.get("TOPOCOLL_ALGO")
     if forced and forced in table and (not forced.startswith("shm") or has_shm):
-        return forced
+        return forced, f"TOPOCOLL_ALGO={forced}"
     if has_shm and size > 1 and "shm" in table and not hierarchical(topology):
         limit = SHM_OR_NATIVE_FROM.get(kind)
-        return "shm_or_native" if limit is not None and nbytes >= limit else "shm"
+        if limit is not None and nbytes >= limit:
+            return "shm_or_native", (f"one node, {nbytes} B >= {limit} B: zero-copy where every "
+                                     f"rank's buffers are registered, else native")
+        return "shm", "all ranks share one node's memory"
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
         if "ho_ring" in table and hierarchical(topology):
-            return _modelled_choice(kind, nbytes, topology)
-        return "ring"
-    return "native" if "native" in table else next(iter(table))
+            return _modelled_choice(kind, nbytes, topology), \
+                "the cost model's fastest of ring, hier and ho_ring on this topology"
+        return "ring", f"{nbytes} B >= RING_THRESHOLD ({RING_THRESHOLD} B): bandwidth-bound"
+    if "native" in table:
+        return "native", (f"{nbytes} B < RING_THRESHOLD ({RING_THRESHOLD} B): latency-bound"
+                          if "ring" in table and size > 1 else "the backend's own collective")
+    name = next(iter(table))
+    return name, f"the only algorithm for {kind}"
 
 
 def _modelled_choice(kind: str, nbytes: int, topology: Any) -> str:
