@@ -103,6 +103,7 @@ class Executor:
         self._pending = 0
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
+        self._draining = 0  # threads waiting in drain(): only they need a notify
         self._thread: threading.Thread | None = None
         self._exec = threading.Lock()  # held by whichever thread runs an operation
 
@@ -148,8 +149,12 @@ class Executor:
             raise RuntimeError(_ON_WORKER.format(what="waiting for the queue (split, alloc, "
                                                       "free, close)"))
         with self._idle:
-            while self._pending:
-                self._idle.wait()
+            self._draining += 1
+            try:
+                while self._pending:
+                    self._idle.wait()
+            finally:
+                self._draining -= 1
 
     def close(self) -> None:
         """Finish queued work and stop the thread."""
@@ -161,9 +166,9 @@ class Executor:
             thread.join()
 
     def _release(self) -> None:
-        with self._idle:
+        with self._lock:
             self._pending -= 1
-            if not self._pending:
+            if not self._pending and self._draining:  # a notify costs more than a small call
                 self._idle.notify_all()
 
     def _run(self) -> None:
