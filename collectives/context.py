@@ -9,9 +9,34 @@ from typing import Callable
 from .errors import CollectiveTimeoutError
 
 SPIN_SECONDS = float(os.environ.get("TOPOCOLL_SPIN_US", "2000")) * 1e-6
-"""How long a wait polls without sleeping (``TOPOCOLL_SPIN_US``, default 2000 us)."""
+"""The longest a wait polls without sleeping (``TOPOCOLL_SPIN_US``, default 2000 us)."""
+MIN_SPIN_SECONDS = min(50e-6, SPIN_SECONDS)
+"""The shortest: a peer that is about to arrive is never put off by a sleep."""
 MAX_NAP_SECONDS = 2e-4
 """Longest sleep between polls once spinning is over."""
+
+
+class _RecentWaits:
+    """How long waits for peers have lately taken in this process (a moving average), which
+    sets how long the next one spins before sleeping: waits that end within the spin budget
+    (small collectives, peers in step) keep spinning; long ones (a peer still computing, an
+    oversubscribed machine) spin briefly, then sleep and leave the core to others."""
+
+    def __init__(self) -> None:
+        self.mean = 0.0
+
+    def budget(self) -> float:
+        """Seconds the next wait may spin."""
+        if self.mean >= SPIN_SECONDS:
+            return MIN_SPIN_SECONDS
+        return min(SPIN_SECONDS, max(MIN_SPIN_SECONDS, 2.0 * self.mean))
+
+    def record(self, seconds: float) -> None:
+        """A wait ended after ``seconds``."""
+        self.mean += 0.2 * (seconds - self.mean)
+
+
+RECENT_WAITS = _RecentWaits()
 
 
 @dataclass
@@ -29,22 +54,24 @@ class OpContext:
     def poll(self, done: Callable[[], bool], waiting_for: Callable[[], str]) -> None:
         """Call ``done()`` until it is true, yielding the CPU; raise on the deadline naming the peer.
 
-        Polls with ``sched_yield`` for ``SPIN_SECONDS`` (each poll also drives MPI's progress, and a
-        yield costs nothing when the core is free), then sleeps with a capped backoff so a long
-        wait leaves the core to the peers. ``time.sleep(0)`` is no substitute: with the kernel's
-        timer slack it sleeps ~50-90 us.
+        Polls with ``sched_yield`` for the spin budget (``RECENT_WAITS``: up to ``SPIN_SECONDS``
+        while waits end that fast, ``MIN_SPIN_SECONDS`` once they don't; each poll also drives
+        MPI's progress, and a yield costs nothing when the core is free), then sleeps with a
+        capped backoff so a long wait leaves the core to the peers. ``time.sleep(0)`` is no
+        substitute: with the kernel's timer slack it sleeps ~50-90 us.
         """
         if done():
             return
-        spin_until = time.monotonic() + SPIN_SECONDS
+        start = time.monotonic()
+        if spin(done, RECENT_WAITS.budget()):
+            RECENT_WAITS.record(time.monotonic() - start)
+            return
         nap = 0.0
         while True:
             if done():
+                RECENT_WAITS.record(time.monotonic() - start)
                 return
             now = time.monotonic()
-            if now < spin_until:
-                os.sched_yield()  # cheap when the core is free; lets a waiting peer run if not
-                continue
             if self.deadline is not None and now > self.deadline:
                 if done():
                     return

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..context import OpContext, spin
+from ..context import OpContext
 from ..errors import CollectiveTimeoutError
 
 HEADER_BYTES = 4096
@@ -43,10 +43,6 @@ DEFAULT_SLOT_BYTES = 1 << 20
 OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
 """The step when there are more ranks than cores: every barrier then costs a context switch, so
 fewer, larger steps win over cache-sized ones (measured in docs/shm.md)."""
-
-
-SPIN_SECONDS = 1e-3
-"""How long a barrier polls with sched_yield before sleeping between polls."""
 
 
 class SharedArena:
@@ -136,8 +132,7 @@ class SharedArena:
         flags[self.rank][0] = epoch
         arrived = lambda: all(f[0] >= epoch for f in flags)  # noqa: E731
         try:
-            if not spin(arrived, SPIN_SECONDS):
-                ctx.poll(arrived, lambda: self._missing(epoch))
+            ctx.poll(arrived, lambda: self._missing(epoch))
         except CollectiveTimeoutError:
             self._broken = True
             raise
