@@ -7,7 +7,8 @@ import pytest
 
 from topocoll.bench import report
 from topocoll.bench.__main__ import tools, usage
-from topocoll.bench.colls import SPECS, busbw_factor, counts, pattern, reduce_ranks, valid_algos
+from topocoll.bench.colls import (SPECS, busbw_factor, counts, pattern, reduce_ranks,
+                                  topocoll_algos, valid_algos)
 from topocoll.bench.options import UsageError, parse
 from topocoll.bench.sizes import format_size, parse_size, sweep
 from tests.mpi_harness import ROOT, YIELD_ENV
@@ -134,8 +135,11 @@ def test_bad_flags_raise_clear_errors(coll, argv, msg):
 def test_algos_come_from_collectives():
     from topocoll import collectives
 
-    assert valid_algos("all_reduce") == collectives.algorithms_for("all_reduce")
-    assert valid_algos("sendrecv") == ("auto",)
+    assert valid_algos("all_reduce") == collectives.algorithms_for("all_reduce") + ("mpi4py",)
+    assert valid_algos("sendrecv") == ("auto", "mpi4py")
+    assert valid_algos("rotate") == ("auto", "p2p", "mpi4py")
+    for name in SPECS:  # the baseline exists for every collective, and names no topocoll one
+        assert valid_algos(name)[-1] == "mpi4py" and "mpi4py" not in topocoll_algos(name)
     assert set(SPECS) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                           "all_to_all", "rotate", "sendrecv"}
 
@@ -163,6 +167,17 @@ def test_table_lines_footer_and_comparison():
     assert cmp[0].startswith("# busbw ratio vs native")
     assert cmp[2].split() == ["1024", "float", "sum", "-1", "2.00", "1.00"]
     assert report.comparison(rows, ["ring"]) == []
+
+
+def test_skipped_baseline_rows_print_skipped_and_a_footer_reason():
+    skipped = report.Row("all_reduce", "mpi4py", "mpi4py", 64, 32, "bfloat16", "sum", -1,
+                         extra={"skipped": "this MPI has no bfloat16 datatype to reduce"})
+    auto = _row("auto", 64, 1.0)
+    auto.type = "bfloat16"
+    cells = report.row_line(skipped, True).split()
+    assert cells[5:] == ["mpi4py", "skipped", "N/A", "N/A", "N/A", "skipped", "N/A", "N/A", "N/A"]
+    foot = report.footer([skipped, auto], ["mpi4py", "auto"])
+    assert "# Skipped mpi4py bfloat16 sum: this MPI has no bfloat16 datatype to reduce" in foot
 
 
 def test_help_lists_collectives_and_tools():
