@@ -9,6 +9,10 @@ from typing import Any, Sequence
 
 MODES = (("oop", "out-of-place"), ("ip", "in-place"))
 
+BASELINES = ("mpi4py", "native")
+"""What ratios are taken against, first present wins: mpi4py's own call, then topocoll's
+``native`` path (before ``mpi4py`` existed it was the baseline), else the first algorithm."""
+
 
 @dataclass
 class Result:
@@ -122,11 +126,17 @@ def avg_busbw(rows: Sequence[Row]) -> float:
     return statistics.fmean(vals) if vals else 0.0
 
 
+def ratio_base(algos: Sequence[str]) -> str:
+    """The algorithm ratios are taken against: the first of ``BASELINES`` present, else the
+    first algorithm."""
+    return next((b for b in BASELINES if b in algos), algos[0])
+
+
 def comparison(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
-    """busbw of each algorithm divided by the baseline's (``native``, else the first), per size."""
+    """busbw of each algorithm divided by the baseline's (``ratio_base``), per size."""
     if len(algos) < 2:
         return []
-    base = "native" if "native" in algos else algos[0]
+    base = ratio_base(algos)
     table: dict[tuple[int, str, str, int], dict[str, float | None]] = {}
     for r in rows:
         table.setdefault((r.size, r.type, r.redop, r.root), {})[r.algo] = r.algbw()

@@ -48,14 +48,15 @@ def test_all_reduce_ring_vs_native_checked_with_json_and_plot(tmp_path):
 @pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter", "broadcast", "reduce",
                                   "all_to_all", "rotate", "sendrecv"])
 def test_each_collective_small_sweep(coll):
+    """The default --algo (mpi4py,auto): both rows checked right, ratios against mpi4py."""
     out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "64K", "-f", "64", "-n", "3",
                                         "-w", "1", "-d", "int32,half", "--quiet"], timeout=90)
     rows = _table_rows(out)
-    assert len(rows) == 2 * 3, out
+    assert len(rows) == 2 * 3 * 2 and [r[5] for r in rows] == ["mpi4py", "auto"] * 6, out
     for r in rows:
         wrong = r[9::4]  # #wrong of out-of-place, then of in-place
         assert set(wrong) <= {"0", "N/A"} and "0" in wrong, r
-    assert "# Out of bounds values : 0 OK" in out
+    assert "# Out of bounds values : 0 OK" in out and "# busbw ratio vs mpi4py" in out
     assert not re.search(r"^\[\s*\d+/", out, re.M), "--quiet still printed progress"
 
 
@@ -109,15 +110,19 @@ def test_min_time_gives_small_messages_more_iterations(tmp_path):
     out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "8", "-e", "8", "-n", "2",
                                         "--min-time", "30", "--json", str(js)], timeout=120)
     assert out.count("RC 0") == 2 and "iters: 2 (or 30 ms)" in out, out
-    (row,) = json.loads(js.read_text())["rows"]
-    for mode in ("out_of_place", "in_place"):
-        assert row[mode]["iters"] > 2 and row[mode]["wrong"] == 0, row
+    rows = json.loads(js.read_text())["rows"]
+    assert [r["algo"] for r in rows] == ["mpi4py", "auto"]
+    for row in rows:
+        for mode in ("out_of_place", "in_place"):
+            assert row[mode]["iters"] > 2 and row[mode]["wrong"] == 0, row
 
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_registered_buffers_every_collective_checked(n):
-    """-R 1: every algorithm, native included, runs on registered buffers; results are right."""
-    for coll, algos in (("all_reduce", "native,shm,auto"), ("all_gather", "native,shm,auto"),
+    """-R 1: every algorithm, native and the mpi4py baseline included, runs on registered
+    buffers; results are right."""
+    for coll, algos in (("all_reduce", "mpi4py,native,shm,auto"),
+                        ("all_gather", "native,shm,auto"),
                         ("reduce_scatter", "shm,auto"), ("broadcast", "shm"), ("reduce", "shm"),
                         ("all_to_all", "shm,native")):
         out = run_ranks("bench_cli.py", n, ["0", coll, "-b", "8", "-e", "1M", "-f", "64",
