@@ -23,8 +23,8 @@ _TAG = 7
 
 class MPIBaseline:
     """What every baseline row shares: one duplicate of the run's MPI communicator (made once,
-    so no baseline message can meet one of topocoll's) and, per (dtype, op), whether MPI reduces
-    it natively, agreed by every rank so that a skip is the same everywhere."""
+    so no baseline message can meet one of topocoll's) and, per collective, dtype, op and
+    blocking mode, whether MPI runs it itself, agreed by every rank so a skip is alike everywhere."""
 
     def __init__(self, comm: collectives.Communicator) -> None:
         from mpi4py import MPI
