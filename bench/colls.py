@@ -54,6 +54,9 @@ DTYPES: dict[str, np.dtype] = {
 DTYPE_ALIASES = {"char": "int8", "int": "int32", "float16": "half", "float32": "float",
                  "float64": "double", "bf16": "bfloat16"}
 
+BASELINE = "mpi4py"
+"""The baseline algorithm: mpi4py's own collective on the same buffers (``bench/baseline.py``)."""
+
 GUARD = 64
 """Elements of sentinel bytes kept on each side of every written buffer (out-of-bounds check)."""
 _SENTINEL = 0xA5
@@ -76,7 +79,13 @@ def counts(name: str, nbytes: int, itemsize: int, nranks: int) -> tuple[int, int
 
 
 def valid_algos(name: str) -> tuple[str, ...]:
-    """Algorithm names ``--algo`` accepts for a collective (from ``collectives.algorithms_for``)."""
+    """Algorithm names ``--algo`` accepts for a collective: ``collectives.algorithms_for``'s, then
+    ``mpi4py``, the baseline (mpi4py's own call, see ``bench/baseline.py``)."""
+    return topocoll_algos(name) + (BASELINE,)
+
+
+def topocoll_algos(name: str) -> tuple[str, ...]:
+    """The topocoll algorithms a collective can be measured with (``auto`` first)."""
     if name == "sendrecv":
         return ("auto",)
     names = collectives.algorithms_for(name)

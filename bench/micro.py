@@ -19,7 +19,8 @@ import numpy as np
 from topocoll import collectives
 
 from . import report
-from .colls import DTYPES, SPECS, Case, Memory, busbw_factor, counts
+from .baseline import MPIBaseline, MPICase
+from .colls import BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts
 from .options import AVERAGE_MODES, Options, UsageError, launcher_rank, parse
 from .report import Result, Row
 from .sizes import format_size
@@ -66,6 +67,7 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
     total = len(combos) * len(opts.sizes) * len(opts.algos) * opts.repeats
     rows, step = [], 0
     memory = Memory(comm, opts.registered > 0)
+    baseline = MPIBaseline(comm) if BASELINE in opts.algos else None
     for dtype, op, root in combos:
         for size in opts.sizes:
             tries: dict[str, list[Row]] = {algo: [] for algo in opts.algos}
@@ -76,13 +78,16 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
                         what = f" {dtype} {op} root {root}" if len(combos) > 1 else ""
                         print(f"[{step:{len(str(total))}d}/{total}] {opts.collective} {algo}"
                               f"{what} {format_size(size)}", file=sys.stderr, flush=True)
-                    tries[algo].append(measure(comm, opts, dtype, op, root, size, algo, memory))
+                    tries[algo].append(measure(comm, opts, dtype, op, root, size, algo, memory,
+                                               baseline))
             for algo in opts.algos:
                 row = _median_row(tries[algo])
                 rows.append(row)
                 if lead:
                     _out([report.row_line(row, algo_column=True)])
     memory.close()
+    if baseline is not None:
+        baseline.close()
     if lead:
         _out(report.footer(rows, opts.algos) + report.comparison(rows, opts.algos))
         meta = _meta(opts, n, ranks, argv, rows)
@@ -95,14 +100,26 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
 
 
 def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, root: int,
-            size: int, algo: str, memory: Memory | None = None) -> Row:
-    """Time (and check) one row in each mode the collective offers; same result on all ranks."""
+            size: int, algo: str, memory: Memory | None = None,
+            baseline: MPIBaseline | None = None) -> Row:
+    """Time (and check) one row in each mode the collective offers; same result on all ranks.
+    ``algo`` ``mpi4py`` needs ``baseline``; a row MPI can't run itself comes back skipped (no
+    results, the reason in ``extra["skipped"]``)."""
     name, n = opts.collective, comm.size
     count, shown = counts(name, size, DTYPES[dtype].itemsize, n)
     api_op = "sum" if op == "none" else op
     row = Row(name, algo, algo, shown, count, dtype, op, root)
+    if algo == BASELINE:
+        reason = _needs(baseline).unsupported(name, dtype, api_op, opts.blocking)
+        if reason is not None:
+            row.extra["skipped"] = reason
+            return row
     for mode in SPECS[name].modes:
-        case = Case(comm, name, dtype, count, api_op, max(root, 0), mode, algo, memory)
+        if algo == BASELINE:
+            case: Case = MPICase(_needs(baseline), comm, name, dtype, count, api_op,
+                                 max(root, 0), mode, memory)
+        else:
+            case = Case(comm, name, dtype, count, api_op, max(root, 0), mode, algo, memory)
         row.resolved = case.resolved()
         wrong = oob = 0
         if opts.check:
@@ -125,6 +142,13 @@ def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, 
         else:
             row.in_place = res
     return row
+
+
+def _needs(baseline: MPIBaseline | None) -> MPIBaseline:
+    """The baseline's shared state, which an ``mpi4py`` row can't do without."""
+    if baseline is None:
+        raise ValueError(f"measuring {BASELINE} needs an MPIBaseline (run() makes one)")
+    return baseline
 
 
 def timed_iterations(comm: collectives.Communicator, opts: Options, case: Case) -> int:

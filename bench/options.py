@@ -13,8 +13,12 @@ from typing import Sequence
 
 from topocoll import collectives
 
-from .colls import DTYPE_ALIASES, DTYPES, SPECS, valid_algos, valid_op
+from .colls import BASELINE, DTYPE_ALIASES, DTYPES, SPECS, valid_algos, valid_op
 from .sizes import parse_size, sweep
+
+DEFAULT_ALGOS = f"{BASELINE},auto"
+"""``--algo`` when not given: topocoll's choice beside the mpi4py baseline, so every default run
+shows how topocoll compares with calling MPI through mpi4py directly."""
 
 AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
 """``-a`` values, like nccl-tests: how per-rank times combine into one."""
@@ -136,8 +140,9 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("--min-time", type=float, default=0.0, metavar="MS",
         help="time at least this many milliseconds per measurement: small messages get more "
              "than -n iterations (OSU-style; the count is agreed over ranks; default 0: exactly -n)")
-    add("--algo", default="auto",
-        help="comma list of algorithms to compare side by side, e.g. ring,native (default auto)")
+    add("--algo", default=DEFAULT_ALGOS,
+        help=f"comma list of algorithms to compare side by side, e.g. ring,native; "
+             f"{BASELINE} is mpi4py's own call, the ratios' baseline (default {DEFAULT_ALGOS})")
     add("--json", metavar="PATH", help="write every row and the run's metadata as JSON")
     add("--plot", metavar="PATH.png", help="plot busbw vs size, one line per algorithm")
     add("--quiet", action="store_true", help="no progress lines on stderr")

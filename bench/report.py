@@ -9,6 +9,10 @@ from typing import Any, Sequence
 
 MODES = (("oop", "out-of-place"), ("ip", "in-place"))
 
+BASELINES = ("mpi4py", "native")
+"""What ratios are taken against, first present wins: mpi4py's own call, then topocoll's
+``native`` path (before ``mpi4py`` existed it was the baseline), else the first algorithm."""
+
 
 @dataclass
 class Result:
@@ -84,7 +88,9 @@ def row_line(row: Row, algo_column: bool) -> str:
         s += f"  {row.algo:>6s}"
     for mode, _ in MODES:
         res = row.result(mode)
-        if res is None:
+        if row.extra.get("skipped"):  # the footer says why
+            s += f"  {'skipped':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>6s}"
+        elif res is None:
             s += f"  {'N/A':>7s}  {'N/A':>6s}  {'N/A':>6s}  {'N/A':>6s}"
         else:
             wrong = "N/A" if res.wrong is None else str(res.wrong)
@@ -101,7 +107,17 @@ def footer(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
         avg = avg_busbw(mine)
         suffix = f" ({algo})" if len(algos) > 1 else ""
         lines.append(f"# Avg bus bandwidth    : {avg:g}{suffix}")
-    return lines + ["#"]
+    return lines + skip_notes(rows) + ["#"]
+
+
+def skip_notes(rows: Sequence[Row]) -> list[str]:
+    """One line per algorithm, type and op whose rows were skipped, with the reason."""
+    seen: dict[tuple[str, str, str], str] = {}
+    for r in rows:
+        if r.extra.get("skipped"):
+            seen.setdefault((r.algo, r.type, r.redop), r.extra["skipped"])
+    return [f"# Skipped {algo:>6s} {typ} {redop}: {why}" for (algo, typ, redop), why in
+            seen.items()]
 
 
 def avg_busbw(rows: Sequence[Row]) -> float:
@@ -110,23 +126,33 @@ def avg_busbw(rows: Sequence[Row]) -> float:
     return statistics.fmean(vals) if vals else 0.0
 
 
+def ratio_base(algos: Sequence[str]) -> str:
+    """The algorithm ratios are taken against: the first of ``BASELINES`` present, else the
+    first algorithm."""
+    return next((b for b in BASELINES if b in algos), algos[0])
+
+
 def comparison(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
-    """busbw of each algorithm divided by the baseline's (``native``, else the first), per size."""
+    """busbw of each algorithm divided by the baseline's (``ratio_base``), per size."""
     if len(algos) < 2:
         return []
-    base = "native" if "native" in algos else algos[0]
+    base = ratio_base(algos)
     table: dict[tuple[int, str, str, int], dict[str, float | None]] = {}
     for r in rows:
         table.setdefault((r.size, r.type, r.redop, r.root), {})[r.algo] = r.algbw()
     lines = [f"# busbw ratio vs {base} (out-of-place where offered; >1 is faster than {base})",
              "#       size      type   redop    root" + "".join(f"  {a:>8s}" for a in algos)]
+    missing = False
     for (size, typ, redop, root), got in table.items():
         ref = got.get(base)
+        missing = missing or not ref
         cells = []
         for a in algos:
             v = got.get(a)
             cells.append(f"  {v / ref:8.2f}" if v is not None and ref else f"  {'N/A':>8s}")
         lines.append(f"{size:12d}  {typ:>8s}  {redop:>6s}  {root:6d}" + "".join(cells))
+    if missing:
+        lines.append(f"# N/A: no {base} bandwidth for that row (skipped, or a zero size)")
     return lines + ["#"]
 
 

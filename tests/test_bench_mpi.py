@@ -45,17 +45,70 @@ def test_all_reduce_ring_vs_native_checked_with_json_and_plot(tmp_path):
     assert len(_table_rows(out)) == len(rows)
 
 
+_RATIO = re.compile(r"^\s*(\d+)\s+float\s+sum\s+-1((?:\s+(?:[\d.]+|N/A))+)\s*$", re.M)
+
+
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_mpi4py_baseline_rows_checked_and_ratios_against_it(tmp_path, blocking):
+    """The mpi4py rows are real, checked collectives, and the ratio table divides by them."""
+    js = tmp_path / "b.json"
+    out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "8", "-e", "64K", "-f", "8",
+                                        "-c", "1", "-n", "3", "-w", "1", "-z", blocking,
+                                        "--algo", "native,mpi4py,auto", "--json", str(js),
+                                        "--quiet"], timeout=120)
+    assert "RANK 0 RC 0" in out and "RANK 1 RC 0" in out
+    assert "algos: native,mpi4py,auto" in out and "# Out of bounds values : 0 OK" in out
+    assert "# busbw ratio vs mpi4py (out-of-place where offered; >1 is faster than mpi4py)" in out
+    assert "# Avg bus bandwidth    : " in out and out.count(" (mpi4py)") == 1
+    rows = json.loads(js.read_text())["rows"]
+    sizes = [8, 64, 512, 4096, 32768]
+    assert [(r["size"], r["algo"]) for r in rows] == [(s, a) for s in sizes
+                                                      for a in ("native", "mpi4py", "auto")]
+    base = {r["size"]: r for r in rows if r["algo"] == "mpi4py"}
+    for r in base.values():
+        assert r["resolved"] == "mpi4py" and r["extra"] == {} and r["out_of_bounds"] == 0
+        for mode in ("out_of_place", "in_place"):
+            assert r[mode]["wrong"] == 0 and r[mode]["time_us"] > 0 and r[mode]["algbw"] > 0
+    ratios = {int(m.group(1)): m.group(2).split() for m in _RATIO.finditer(out)}
+    assert sorted(ratios) == sizes, out
+    for r in rows:  # each cell: this row's algbw over mpi4py's (out-of-place), to 2 decimals
+        cell = ratios[r["size"]][("native", "mpi4py", "auto").index(r["algo"])]
+        want = r["out_of_place"]["algbw"] / base[r["size"]]["out_of_place"]["algbw"]
+        assert float(cell) == pytest.approx(want, abs=0.006), (r, cell)
+    assert all(cells[1] == "1.00" for cells in ratios.values())
+
+
+def test_mpi4py_baseline_skips_what_mpi_cannot_reduce(tmp_path):
+    """bfloat16 has no MPI reduction type here: the baseline's rows say skipped, with the reason
+    in the footer and the JSON, on every rank alike; the half rows (MPI's float16) are checked."""
+    js = tmp_path / "s.json"
+    out = run_ranks("bench_cli.py", 2, ["0", "reduce_scatter", "-b", "1K", "-e", "1K",
+                                        "-d", "bfloat16,half", "-n", "2", "-w", "1", "-z", "1",
+                                        "--json", str(js), "--quiet"], timeout=120)
+    assert "RANK 0 RC 0" in out and "RANK 1 RC 0" in out
+    rows = {(r["type"], r["algo"]): r for r in json.loads(js.read_text())["rows"]}
+    skipped = rows["bfloat16", "mpi4py"]
+    assert skipped["out_of_place"] is None and "bfloat16" in skipped["extra"]["skipped"]
+    assert rows["half", "mpi4py"]["out_of_place"]["wrong"] == 0
+    assert rows["bfloat16", "auto"]["out_of_place"]["wrong"] == 0
+    assert f"# Skipped mpi4py bfloat16 sum: {skipped['extra']['skipped']}" in out
+    table = {(r[2], r[5]): r for r in _table_rows(out)}
+    assert table["bfloat16", "mpi4py"][6] == "skipped" and table["half", "mpi4py"][9] == "0"
+    assert re.search(r"^\s*1024\s+bfloat16\s+sum\s+-1\s+N/A\s+N/A\s*$", out, re.M), out
+
+
 @pytest.mark.parametrize("coll", ["all_gather", "reduce_scatter", "broadcast", "reduce",
                                   "all_to_all", "rotate", "sendrecv"])
 def test_each_collective_small_sweep(coll):
+    """The default --algo (mpi4py,auto): both rows checked right, ratios against mpi4py."""
     out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "64K", "-f", "64", "-n", "3",
                                         "-w", "1", "-d", "int32,half", "--quiet"], timeout=90)
     rows = _table_rows(out)
-    assert len(rows) == 2 * 3, out
+    assert len(rows) == 2 * 3 * 2 and [r[5] for r in rows] == ["mpi4py", "auto"] * 6, out
     for r in rows:
         wrong = r[9::4]  # #wrong of out-of-place, then of in-place
         assert set(wrong) <= {"0", "N/A"} and "0" in wrong, r
-    assert "# Out of bounds values : 0 OK" in out
+    assert "# Out of bounds values : 0 OK" in out and "# busbw ratio vs mpi4py" in out
     assert not re.search(r"^\[\s*\d+/", out, re.M), "--quiet still printed progress"
 
 
@@ -109,15 +162,19 @@ def test_min_time_gives_small_messages_more_iterations(tmp_path):
     out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "8", "-e", "8", "-n", "2",
                                         "--min-time", "30", "--json", str(js)], timeout=120)
     assert out.count("RC 0") == 2 and "iters: 2 (or 30 ms)" in out, out
-    (row,) = json.loads(js.read_text())["rows"]
-    for mode in ("out_of_place", "in_place"):
-        assert row[mode]["iters"] > 2 and row[mode]["wrong"] == 0, row
+    rows = json.loads(js.read_text())["rows"]
+    assert [r["algo"] for r in rows] == ["mpi4py", "auto"]
+    for row in rows:
+        for mode in ("out_of_place", "in_place"):
+            assert row[mode]["iters"] > 2 and row[mode]["wrong"] == 0, row
 
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_registered_buffers_every_collective_checked(n):
-    """-R 1: every algorithm, native included, runs on registered buffers; results are right."""
-    for coll, algos in (("all_reduce", "native,shm,auto"), ("all_gather", "native,shm,auto"),
+    """-R 1: every algorithm, native and the mpi4py baseline included, runs on registered
+    buffers; results are right."""
+    for coll, algos in (("all_reduce", "mpi4py,native,shm,auto"),
+                        ("all_gather", "native,shm,auto"),
                         ("reduce_scatter", "shm,auto"), ("broadcast", "shm"), ("reduce", "shm"),
                         ("all_to_all", "shm,native")):
         out = run_ranks("bench_cli.py", n, ["0", coll, "-b", "8", "-e", "1M", "-f", "64",

@@ -7,7 +7,8 @@ import pytest
 
 from topocoll.bench import report
 from topocoll.bench.__main__ import tools, usage
-from topocoll.bench.colls import SPECS, busbw_factor, counts, pattern, reduce_ranks, valid_algos
+from topocoll.bench.colls import (SPECS, busbw_factor, counts, pattern, reduce_ranks,
+                                  topocoll_algos, valid_algos)
 from topocoll.bench.options import UsageError, parse
 from topocoll.bench.sizes import format_size, parse_size, sweep
 from tests.mpi_harness import ROOT, YIELD_ENV
@@ -134,8 +135,11 @@ def test_bad_flags_raise_clear_errors(coll, argv, msg):
 def test_algos_come_from_collectives():
     from topocoll import collectives
 
-    assert valid_algos("all_reduce") == collectives.algorithms_for("all_reduce")
-    assert valid_algos("sendrecv") == ("auto",)
+    assert valid_algos("all_reduce") == collectives.algorithms_for("all_reduce") + ("mpi4py",)
+    assert valid_algos("sendrecv") == ("auto", "mpi4py")
+    assert valid_algos("rotate") == ("auto", "p2p", "mpi4py")
+    for name in SPECS:  # the baseline exists for every collective, and names no topocoll one
+        assert valid_algos(name)[-1] == "mpi4py" and "mpi4py" not in topocoll_algos(name)
     assert set(SPECS) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                           "all_to_all", "rotate", "sendrecv"}
 
@@ -165,6 +169,54 @@ def test_table_lines_footer_and_comparison():
     assert report.comparison(rows, ["ring"]) == []
 
 
+def test_default_algos_put_the_mpi4py_baseline_beside_auto():
+    assert parse("all_reduce", []).algos == ["mpi4py", "auto"]
+    assert parse("sendrecv", []).algos == ["mpi4py", "auto"]
+    assert parse("rotate", ["--algo", "mpi4py,p2p"]).algos == ["mpi4py", "p2p"]
+    o = parse("broadcast", ["--algo", " mpi4py , native,auto"])
+    assert o.algos == ["mpi4py", "native", "auto"]
+    assert parse("all_reduce", ["--algo", "ring"]).algos == ["ring"]  # opting out still works
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--algo", "mpi4py,mpi4py"], "names an algorithm twice"),
+    (["--algo", "MPI4PY"], "unknown algorithm 'MPI4PY'"),
+    (["--algo", "mpi"], "unknown algorithm 'mpi'"),
+])
+def test_baseline_name_is_checked_like_any_algorithm(argv, msg):
+    with pytest.raises(UsageError, match=msg):
+        parse("all_reduce", argv)
+
+
+@pytest.mark.parametrize("algos,base", [
+    (["mpi4py", "auto"], "mpi4py"), (["ring", "native", "mpi4py"], "mpi4py"),
+    (["ring", "native"], "native"), (["shm", "ring"], "shm"), (["auto"], "auto"),
+])
+def test_ratio_baseline_is_mpi4py_then_native_then_the_first(algos, base):
+    assert report.ratio_base(algos) == base
+
+
+def test_comparison_divides_by_mpi4py_and_says_so():
+    rows = [_row("native", 1024, 2.0), _row("mpi4py", 1024, 4.0), _row("auto", 1024, 8.0)]
+    cmp = report.comparison(rows, ["native", "mpi4py", "auto"])
+    assert cmp[0].startswith("# busbw ratio vs mpi4py") and "faster than mpi4py" in cmp[0]
+    assert cmp[1].split()[-3:] == ["native", "mpi4py", "auto"]
+    assert cmp[2].split() == ["1024", "float", "sum", "-1", "0.50", "1.00", "2.00"]
+
+
+def test_skipped_baseline_rows_print_skipped_and_a_footer_reason():
+    skipped = report.Row("all_reduce", "mpi4py", "mpi4py", 64, 32, "bfloat16", "sum", -1,
+                         extra={"skipped": "this MPI has no bfloat16 datatype to reduce"})
+    auto = _row("auto", 64, 1.0)
+    auto.type = "bfloat16"
+    cells = report.row_line(skipped, True).split()
+    assert cells[5:] == ["mpi4py", "skipped", "N/A", "N/A", "N/A", "skipped", "N/A", "N/A", "N/A"]
+    foot = report.footer([skipped, auto], ["mpi4py", "auto"])
+    assert "# Skipped mpi4py bfloat16 sum: this MPI has no bfloat16 datatype to reduce" in foot
+    cmp = report.comparison([skipped, auto], ["mpi4py", "auto"])
+    assert cmp[2].split()[-2:] == ["N/A", "N/A"] and cmp[-2].startswith("# N/A: no mpi4py")
+
+
 def test_help_lists_collectives_and_tools():
     text = usage()
     assert "all_reduce" in text and "sendrecv" in text and "overlap" in text
@@ -181,9 +233,15 @@ def test_without_mpiexec_runs_as_one_rank():
     p = _bench("all_reduce", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1")
     assert p.returncode == 0, p.stderr
     assert "ranks 1 " in p.stdout and "# Out of bounds values : 0 OK" in p.stdout
-    assert "[1/4] all_reduce auto 8 B" in p.stderr
-    sizes = [int(line.split()[0]) for line in p.stdout.splitlines() if not line.startswith("#")]
-    assert sizes == [8, 64, 512, 4096]
+    assert "[1/8] all_reduce mpi4py 8 B" in p.stderr and "[2/8] all_reduce auto 8 B" in p.stderr
+    lines = [line.split() for line in p.stdout.splitlines() if not line.startswith("#")]
+    rows, ratios = [r for r in lines if len(r) == 14], [r for r in lines if len(r) == 6]
+    assert len(rows) + len(ratios) == len(lines) and len(ratios) == 4
+    assert all(r[4] == "1.00" for r in ratios)  # the mpi4py column, divided by itself
+    assert [(int(r[0]), r[5]) for r in rows] == [(s, a) for s in (8, 64, 512, 4096)
+                                                 for a in ("mpi4py", "auto")]
+    assert all(r[9] == r[13] == "0" for r in rows)  # the baseline is checked like the rest
+    assert "# busbw ratio vs mpi4py" in p.stdout
 
 
 def test_cli_help_and_unknown_word():
