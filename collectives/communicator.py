@@ -395,7 +395,7 @@ class Communicator:
 
         A communicator belongs to the first thread that issues an operation on it; a call from
         any other thread (but the communicator's own progress thread, where done-callbacks run)
-        raises RuntimeError, because ranks could pair one thread's call with another's. Call
+        raises CollectiveError (a RuntimeError), because ranks could pair one thread's call with another's. Call
         this from the new thread once the old one no longer uses the communicator."""
         self._owner = threading.get_ident()
 
@@ -516,7 +516,7 @@ class Communicator:
             if self._owner is None:
                 self._owner = me
             elif not self._executor.on_worker():
-                raise RuntimeError(
+                raise CollectiveError(
                     f"{name}: communicator {self.name} is used from thread "
                     f"{threading.current_thread().name!r}, but it belongs to another thread (the "
                     f"first to issue an operation on it). Two threads issuing operations on one "
@@ -673,7 +673,7 @@ class Persistent:
 
     def start(self) -> Any:
         """Start the operation on the communicator's progress thread; returns its Handle (also
-        what ``wait``/``test`` follow). Raises RuntimeError while the previous start is active."""
+        what ``wait``/``test`` follow). Raises CollectiveError while the previous start is active."""
         self._check_idle()
         self._handle = self.comm._submit(self.kind, self._run, True, self._what)
         return self._handle
@@ -681,7 +681,7 @@ class Persistent:
     def wait(self, timeout: float | None = None) -> Any:
         """Wait for the last start and return its result (the output array)."""
         if self._handle is None:
-            raise RuntimeError(f"{self.kind}: wait() before start()")
+            raise CollectiveError(f"{self.kind}: wait() before start()")
         return self._handle.wait(timeout)
 
     def test(self) -> bool:
@@ -695,7 +695,7 @@ class Persistent:
 
     def _check_idle(self) -> None:
         if self._handle is not None and not self._handle.done:
-            raise RuntimeError(f"persistent {self.kind}: started again before the previous start "
+            raise CollectiveError(f"persistent {self.kind}: started again before the previous start "
                                f"finished (wait() for it first)")
         if self._pointer is not None and _torch_pointer(self._result) != self._pointer:
             raise ValueError(f"persistent {self.kind}: the tensor's storage changed since init "

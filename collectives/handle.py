@@ -6,7 +6,7 @@ import threading
 from typing import Any, Callable
 
 from .context import spin
-from .errors import CollectiveTimeoutError
+from .errors import CollectiveError, CollectiveTimeoutError
 
 HANDOFF_SPIN_SECONDS = 100e-6
 """How long a waiter (or the idle progress thread) polls before blocking: a thread woken from a
@@ -54,11 +54,11 @@ class Handle:
         return self._result
 
     def ensure_waitable(self) -> None:
-        """Raise RuntimeError if waiting here could never end: the caller is the progress thread
+        """Raise CollectiveError (a RuntimeError) if waiting here could never end: the caller is the progress thread
         that must finish this operation (a done-callback waiting on a later call)."""
         if not self._event.is_set() and self._executor is not None and \
                 self._executor.on_worker():
-            raise RuntimeError(_ON_WORKER.format(what=f"waiting for {self.name}"))
+            raise CollectiveError(_ON_WORKER.format(what=f"waiting for {self.name}"))
 
     def result(self) -> Any:
         """Same as ``wait()``."""
@@ -123,9 +123,9 @@ class Executor:
         """Run ``fn`` now, after everything already queued; return its result or raise.
 
         From a done-callback (on the progress thread itself, which would wait for its own
-        queue) it raises RuntimeError at once, on every rank alike: never a deadlock."""
+        queue) it raises CollectiveError (a RuntimeError) at once, on every rank alike: never a deadlock."""
         if self.on_worker():
-            raise RuntimeError(_ON_WORKER.format(what=f"a blocking {name}"))
+            raise CollectiveError(_ON_WORKER.format(what=f"a blocking {name}"))
         with self._lock:
             inline = self._pending == 0
             if inline:
@@ -146,7 +146,7 @@ class Executor:
     def drain(self) -> None:
         """Block until every queued operation has finished."""
         if self.on_worker():
-            raise RuntimeError(_ON_WORKER.format(what="waiting for the queue (split, alloc, "
+            raise CollectiveError(_ON_WORKER.format(what="waiting for the queue (split, alloc, "
                                                       "free, close)"))
         with self._idle:
             self._draining += 1
