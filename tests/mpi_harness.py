@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+TESTS_DIR = Path(__file__).resolve().parent
 RANKS_DIR = Path(__file__).resolve().parent / "ranks"
 
 # Oversubscribed ranks (4-8 ranks on 2 cores) must yield the CPU instead of spinning in MPICH's
@@ -110,8 +111,8 @@ def _launch(cmd: list[str], path: Path, n: int, timeout: float, env: dict[str, s
             drop: Sequence[str] = (), check: bool = True) -> Any:
     full_env = {k: v for k, v in os.environ.items() if k not in drop}
     full_env.update(YIELD_ENV)
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
+    full_env["PYTHONPATH"] = os.pathsep.join(  # tests/, not the root: see ranks/_common.py
+        [str(TESTS_DIR)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
     if env:
         full_env.update(env)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

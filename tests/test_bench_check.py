@@ -1,7 +1,7 @@
 """The benchmark's own result check (#wrong, out-of-bounds guards) catches corruption."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

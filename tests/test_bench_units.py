@@ -11,7 +11,7 @@ from topocoll.bench.colls import (SPECS, busbw_factor, counts, pattern, reduce_r
                                   topocoll_algos, valid_algos)
 from topocoll.bench.options import UsageError, parse
 from topocoll.bench.sizes import format_size, parse_size, sweep
-from tests.mpi_harness import ROOT, YIELD_ENV
+from mpi_harness import ROOT, YIELD_ENV
 
 
 @pytest.mark.parametrize("text,want", [

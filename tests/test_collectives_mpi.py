@@ -1,7 +1,7 @@
 """Multi-rank correctness of every collective under the real mpiexec, world sizes 1 to 4."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from topocoll.collectives.schedules import best_chunks, fastest, predict, two_level_time
-from tests.mpi_harness import ROOT, run_ranks
+from mpi_harness import ROOT, run_ranks
 from topocoll.topology import LinkParams, parse_spec
 from topocoll.topology.cost import CostModel, Phase, pipeline_time
 

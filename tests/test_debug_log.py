@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

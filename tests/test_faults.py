@@ -1,7 +1,7 @@
 """After a fault, nothing is wrong, nothing is corrupted, nothing hangs (tests/ranks/collectives_faults.py)."""
 import pytest
 
-from tests.mpi_harness import run_ranks, run_ranks_status
+from mpi_harness import run_ranks, run_ranks_status
 
 pytestmark = pytest.mark.mpi
 

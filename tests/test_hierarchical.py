@@ -1,7 +1,7 @@
 """hier and ho_ring on virtual topologies (2x2, 2x4, 2x2x2, 3x2, uneven), emulated links included."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 from topocoll.topology import parse_spec
 
 pytestmark = pytest.mark.mpi

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.mpi_harness import ROOT
+from mpi_harness import ROOT
 
 pytest.importorskip("mypy", reason="mypy is not installed (it is in the [test] extra)")
 

@@ -2,7 +2,7 @@
 import pytest
 
 from topocoll.collectives.backends.nccl import unavailable_reason
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 REASON = unavailable_reason()
 pytestmark = [pytest.mark.mpi,

@@ -10,7 +10,7 @@ from topocoll.collectives.backends import nccl
 from topocoll.collectives.dtypes import BFLOAT16, dtype_of_numpy
 from topocoll.collectives.gpu import (array_module, copyto, describe_cuda_array, empty, empty_like,
                              is_gpu_array, shares_memory)
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 

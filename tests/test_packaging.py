@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mpi_harness import ROOT, YIELD_ENV, mpiexec_path
+from mpi_harness import ROOT, YIELD_ENV, mpiexec_path
 
 MAPPED = ("collectives", "topology", "rtp", "paro", "tesseract", "primepar", "bench")
 """Repository folders that install as topocoll.<name>."""

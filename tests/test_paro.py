@@ -3,7 +3,7 @@ mpiexec on a virtual 2x2 topology against plain data parallel (tests/ranks/paro_
 import pytest
 
 from topocoll import paro
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 from topocoll.topology import LinkParams, Topology, parse_spec
 
 

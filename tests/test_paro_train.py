@@ -4,7 +4,7 @@ exactly the bytes of its memory formula (tests/ranks/paro_train.py)."""
 import pytest
 
 from topocoll import paro
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

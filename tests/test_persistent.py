@@ -1,7 +1,7 @@
 """Persistent collectives under the real mpiexec (tests/ranks/collectives_persistent.py)."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

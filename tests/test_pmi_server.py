@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.mpi_harness import LAUNCHER_ENV, ROOT
+from mpi_harness import LAUNCHER_ENV, ROOT
 
 pytest.importorskip("torch")
 from topocoll.collectives.torch.pmi import SERVER, process_mapping  # noqa: E402 - needs torch

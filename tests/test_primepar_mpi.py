@@ -2,7 +2,7 @@
 dense model (float64) in outputs and gradients over SGD steps; bad input fails on every rank."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from topocoll.rtp import init
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

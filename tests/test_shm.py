@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.mpi_harness import ROOT, RANKS_DIR, YIELD_ENV, mpiexec_path, run_ranks
+from mpi_harness import ROOT, RANKS_DIR, YIELD_ENV, mpiexec_path, run_ranks
 
 pytestmark = pytest.mark.mpi
 

@@ -2,7 +2,7 @@
 against numpy, the fallback when only some ranks' buffers are registered, and alloc/free."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

@@ -1,7 +1,7 @@
 """Tesseract layers on 1 and 4 real ranks under mpiexec: dense equivalence, errors, 1-D baseline."""
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 
 pytestmark = pytest.mark.mpi
 

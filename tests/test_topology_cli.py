@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.mpi_harness import ROOT, YIELD_ENV, mpiexec_path, run_ranks
+from mpi_harness import ROOT, YIELD_ENV, mpiexec_path, run_ranks
 from topocoll.topology import Topology, parse_spec
 from topocoll.topology.probe import fit, probe_pairs
 

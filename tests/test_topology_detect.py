@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from tests.mpi_harness import run_ranks
+from mpi_harness import run_ranks
 from topocoll.topology import LinkParams, TopologyError
 from topocoll.topology.detect import _decide, as_mpi_comm, gpu_info, resolve_links
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.mpi_harness import ROOT, run_ranks, run_torchrun
+from mpi_harness import ROOT, run_ranks, run_torchrun
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi

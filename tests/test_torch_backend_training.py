@@ -1,7 +1,7 @@
 """The "topocoll" torch backend's async Work, and DDP/FSDP2/DTensor training against gloo."""
 import pytest
 
-from tests.mpi_harness import run_ranks, run_torchrun
+from mpi_harness import run_ranks, run_torchrun
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi

@@ -1,14 +1,17 @@
-"""Shared bits of rank scripts: put the repo on sys.path, and reference helpers."""
+"""Shared bits of rank scripts: put tests/ on sys.path (for mpi_harness), and reference helpers.
+
+Not the repository root: its folders (topology/, bench/, ...) would shadow installed packages
+of those names; topocoll itself is imported from the install."""
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 import numpy as np  # noqa: E402
 
-from tests.mpi_harness import rank_main  # noqa: E402,F401
+from mpi_harness import rank_main  # noqa: E402,F401
 
 NUMPY_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                 "float16", "float32", "float64", "complex64", "complex128"]

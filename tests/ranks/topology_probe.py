@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from tests.mpi_harness import rank_main  # noqa: E402
+from mpi_harness import rank_main  # noqa: E402
 
 
 def body() -> None:
