@@ -298,8 +298,9 @@ def _check_tree(switches: dict[str, Switch], where: str) -> None:
         while cur is not None and cur not in depth:
             if cur in on_path:
                 cycle = path[path.index(cur):] + [cur]
+                shown = cycle if len(cycle) <= 12 else cycle[:6] + ["..."] + cycle[-6:]
                 raise TopologyError(f"{where} line {switches[cur].line}: switch cycle "
-                                    f"{' -> '.join(cycle)}")
+                                    f"{' -> '.join(n[:40] for n in shown)}")
             path.append(cur)
             on_path.add(cur)
             cur = switches[cur].parent
