@@ -10,7 +10,6 @@ node under two leaf switches, bad hostlist syntax, cycles, and the limits below.
 """
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,15 +276,11 @@ def _count(ranges: list[list[Range]], cap: int) -> int:
 
 def _expand(literals: list[str], ranges: list[list[Range]]) -> list[str]:
     """Every name of one item, first bracket varying slowest (as SLURM lists them)."""
-    choices = [[str(i).zfill(width) for lo, hi, width in bracket for i in range(lo, hi + 1)]
-               for bracket in ranges]
-    out = []
-    for values in itertools.product(*choices):
-        name = literals[0]
-        for value, lit in zip(values, literals[1:]):
-            name += value + lit
-        out.append(name)
-    return out
+    names = [literals[0]]
+    for bracket, lit in zip(ranges, literals[1:]):
+        values = [str(i).zfill(width) for lo, hi, width in bracket for i in range(lo, hi + 1)]
+        names = [name + value + lit for name in names for value in values]
+    return names
 
 
 def _check_tree(switches: dict[str, Switch], where: str) -> None:

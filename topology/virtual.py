@@ -229,14 +229,15 @@ def _parse_layout(text: str, spec: str | int) -> tuple[list[list[int]], list[int
     n_parts = text.count(",") + text.count("+") + text.count("|") + 1
     if n_parts > MAX_WORLD_SIZE:                # every node holds a rank at least
         raise _too_many(spec, "nodes", n_parts, MAX_WORLD_SIZE, "MAX_WORLD_SIZE")
+    sizes = [_ints(re.split(r"[,+]", part), spec) for part in text.split("|")]
+    total = sum(sum(s) for s in sizes)
+    if total > MAX_WORLD_SIZE:                  # checked before any rank list is built
+        raise _too_many(spec, "ranks", total, MAX_WORLD_SIZE, "MAX_WORLD_SIZE")
     nodes: list[list[int]] = []
     switch_of: list[int] = []
     rank = 0
-    for s, part in enumerate(text.split("|")):
-        for size in _ints(re.split(r"[,+]", part), spec):
-            if rank + size > MAX_WORLD_SIZE:
-                raise TopologyError(f"topology spec {brief(spec)} describes more than the limit "
-                                    f"of {MAX_WORLD_SIZE} ranks (MAX_WORLD_SIZE)")
+    for s, switch in enumerate(sizes):
+        for size in switch:
             nodes.append(list(range(rank, rank + size)))
             switch_of.append(s)
             rank += size
