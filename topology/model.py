@@ -33,7 +33,7 @@ dimensions of a spec, the ``parent`` lists of a file and the depth of a SLURM sw
 
 MAX_FILE_BYTES = 64 * 2 ** 20
 """Largest topology file, SLURM topology.conf or links file read, in bytes (64 MiB; a saved
-topology of MAX_WORLD_SIZE ranks, one per node, with names, is about 40 MiB)."""
+topology of MAX_WORLD_SIZE ranks, one per node, with names, is about 37 MiB)."""
 
 MAX_NESTING = 32
 """Deepest nesting of JSON arrays and objects accepted (the format itself needs 4). Deeper text is
