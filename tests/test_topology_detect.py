@@ -163,3 +163,24 @@ def test_detect_bad_spec_same_error_everywhere(tmp_path):
                     env=_env(tmp_path, TOPOCOLL_TOPOLOGY="2x2"))
     assert "ERROR TOPOCOLL_TOPOLOGY='2x2': topology spec '2x2' describes 4 ranks but the world " \
            "size is 2" in out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n,args,env,expected", [
+    (2, ["--spec", "2x\u00b2"], {},
+     "ERROR bad topology spec '2x²': '²' is not a positive integer"),
+    (2, [], {"TOPOCOLL_TOPOLOGY": "{tmp}/inf.json"},
+     "ERROR TOPOCOLL_TOPOLOGY='{tmp}/inf.json': {tmp}/inf.json: parent[0][1] must be an integer, "
+     "got inf"),
+    (3, ["--inject"], {},
+     "ERROR topology detection failed on rank 0: RuntimeError: injected failure"),
+], ids=["spec-superscript", "file-infinity", "injected-runtime-error"])
+def test_detect_rank0_failure_reaches_every_rank(n, args, env, expected, tmp_path):
+    """A failure on rank 0 that is not a TopologyError (before: a ValueError from '2x²', an
+    OverflowError from Infinity, any bug) reaches every rank as the same TopologyError instead of
+    leaving the others in the broadcast; the harness timeout bounds the run."""
+    (tmp_path / "inf.json").write_text('{"parent": [[0, Infinity], [0]]}')
+    env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}
+    out = run_ranks("topology_detect_error.py", n, args, timeout=60, env=_env(tmp_path, **env))
+    assert expected.replace("{tmp}", str(tmp_path)) in out
+    assert out.count("DONE") == n

@@ -6,17 +6,18 @@ hostnames, switches from a SLURM topology.conf (``TOPOCOLL_SLURM_TOPOLOGY`` or
 ``SLURM_TOPOLOGY_CONF``), GPUs from NVML when pynvml and a GPU are present. Link parameters come
 from ``TOPOCOLL_LINKS`` (per level), else the topology file, else a probe file
 (``TOPOCOLL_LINKS_FILE`` or ``~/.cache/topocoll/links.json``), else the model's defaults.
-Rank 0 decides and broadcasts, so every rank gets the same Topology or the same TopologyError.
+Rank 0 decides and broadcasts, so every rank gets the same Topology or the same TopologyError;
+any other failure while rank 0 decides is broadcast as a TopologyError too, so no rank is left
+waiting in the broadcast.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 from pathlib import Path
 from typing import Any
 
-from .model import LinkParams, Topology, TopologyError, load
+from .model import LinkParams, Topology, TopologyError, load, parse_json, read_text_file
 from .virtual import is_spec, parse_link, parse_links, parse_nics, parse_spec
 
 ENV_TOPOLOGY = "TOPOCOLL_TOPOLOGY"
@@ -34,18 +35,13 @@ def detect(comm: Any = None, spec: str | None = None, path: str | Path | None = 
     rank, size = mpi_comm.Get_rank(), mpi_comm.Get_size()
     facts = _local_facts(mpi_comm)
     gathered = mpi_comm.gather(facts, root=0)
-    result: tuple[str, str]
+    result: tuple[str, str] = ("", "")
+    failure: BaseException | None = None
     if rank == 0:
-        try:
-            topo = _decide(size, gathered, spec, path)
-            result = ("ok", topo.to_json(indent=None))
-        except TopologyError as e:
-            result = ("error", str(e))
-    else:
-        result = ("", "")
+        result, failure = _decide_json(size, gathered, spec, path)
     status, payload = mpi_comm.bcast(result, root=0)
     if status == "error":
-        raise TopologyError(payload)
+        raise TopologyError(payload) from failure
     return Topology.from_json(payload)
 
 
@@ -77,21 +73,37 @@ def read_links_file(path: str | Path | None = None) -> dict[str, LinkParams] | N
         path = Path(env) if env else DEFAULT_LINKS_FILE.expanduser()
         if not env and not path.exists():
             return None
-    p = Path(path)
+    text = read_text_file(path, "link file")
     try:
-        data = json.loads(p.read_text())
-        links = data["links"]
+        data = parse_json(text)
+    except TopologyError as e:
+        sep = " " if str(e).startswith("line ") else ": "
+        raise TopologyError(f"{path}{sep}{e}") from None
+    links = data.get("links") if isinstance(data, dict) else None
+    if not isinstance(links, dict):
+        raise TopologyError(f"{path}: link file needs an object 'links' with levels "
+                            f"intra/inter/switch")
+    try:
         return {k: parse_link(v, k) for k, v in links.items()}
-    except OSError as e:
-        raise TopologyError(f"{p}: cannot read link file: {e.strerror}") from None
-    except json.JSONDecodeError as e:
-        raise TopologyError(f"{p} line {e.lineno}: invalid JSON: {e.msg}") from None
-    except (KeyError, TypeError, AttributeError):
-        raise TopologyError(f"{p}: link file needs an object 'links' with levels "
-                            f"intra/inter/switch") from None
+    except TopologyError as e:
+        raise TopologyError(f"{path}: {e}") from None
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+def _decide_json(size: int, facts: list[dict[str, Any]], spec: str | None,
+                 path: str | Path | None) -> tuple[tuple[str, str], BaseException | None]:
+    """Rank 0's ``("ok", topology JSON)`` or ``("error", message)`` to broadcast, and the exception
+    behind an error. Every exception becomes a message: one escaping here would leave the other
+    ranks waiting in the broadcast forever."""
+    try:
+        return ("ok", _decide(size, facts, spec, path).to_json(indent=None)), None
+    except TopologyError as e:
+        return ("error", str(e)), None
+    except Exception as e:  # noqa: BLE001 - a bug or a resource error must still reach every rank
+        detail = str(e)[:500]
+        return ("error", f"topology detection failed on rank 0: {type(e).__name__}: {detail}"), e
+
 
 def _decide(size: int, facts: list[dict[str, Any]], spec: str | None,
             path: str | Path | None) -> Topology:

@@ -9,7 +9,11 @@ of every level are contiguous from 0, node 0 holds rank 0, and a node's ranks ar
 from __future__ import annotations
 
 import json
+import math
+import numbers
+import os
 import re
+import reprlib
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -19,9 +23,49 @@ FORMAT_VERSION = 1
 LINK_LEVELS = ("intra", "inter", "switch")
 """Link classes: inside a node; between nodes under one leaf switch; across leaf switches."""
 
+MAX_WORLD_SIZE = 2 ** 20
+"""Most ranks (and so nodes, switches, names, GPUs) one topology may hold. Every loader checks
+sizes against it before allocating, so ``100000x100000`` fails at once instead of eating memory."""
+
+MAX_LEVELS = 16
+"""Most levels (``rank``, ``node``, ``switch`` and the switch levels above): bounds the ``x``
+dimensions of a spec, the ``parent`` lists of a file and the depth of a SLURM switch tree."""
+
+MAX_FILE_BYTES = 64 * 2 ** 20
+"""Largest topology file, SLURM topology.conf or links file read, in bytes (64 MiB; a saved
+topology of MAX_WORLD_SIZE ranks, one per node, with names, is about 37 MiB)."""
+
+MAX_NESTING = 32
+"""Deepest nesting of JSON arrays and objects accepted (the format itself needs 4). Deeper text is
+rejected before parsing, so it cannot exhaust the parser's recursion."""
+
 
 class TopologyError(ValueError):
     """A topology, spec or file is invalid; the message names the problem (and the line)."""
+
+
+def brief(value: Any) -> str:
+    """Repr of a user-given value for an error message, cut short: long strings, big, deep or
+    self-referencing containers cannot make a message huge or slow."""
+    return _BRIEF.repr(value)
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong, _BRIEF.maxlevel = 80, 80, 40, 3
+
+
+def as_float(value: Any, what: str, strings: bool = False) -> float:
+    """``value`` as a float: a real number (not a bool) or, with ``strings``, a numeric string
+    (YAML 1.1 reads ``1e-6`` as one); huge integers that overflow a float are an error too."""
+    kinds = (numbers.Real, str) if strings else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TopologyError(f"{what} must be a number, got {brief(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise TopologyError(f"{what} {brief(value)} is too large") from None
+    except ValueError:
+        raise TopologyError(f"{what} must be a number, got {brief(value)}") from None
 
 
 @dataclass(frozen=True)
@@ -32,10 +76,12 @@ class LinkParams:
     beta_bytes_per_s: float
 
     def __post_init__(self) -> None:
-        if not (self.alpha_s >= 0.0) or self.alpha_s == float("inf"):
-            raise TopologyError(f"link latency must be finite and >= 0 s, got {self.alpha_s!r}")
-        if not (self.beta_bytes_per_s > 0.0):
-            raise TopologyError(f"link bandwidth must be > 0 B/s, got {self.beta_bytes_per_s!r}")
+        alpha = as_float(self.alpha_s, "link latency")
+        beta = as_float(self.beta_bytes_per_s, "link bandwidth")
+        if not (0.0 <= alpha < math.inf):
+            raise TopologyError(f"link latency must be finite and >= 0 s, got {brief(alpha)}")
+        if not (0.0 < beta < math.inf):
+            raise TopologyError(f"link bandwidth must be > 0 B/s and finite, got {brief(beta)}")
 
     def time(self, nbytes: float) -> float:
         """Predicted seconds to move ``nbytes`` over this link."""
@@ -72,14 +118,17 @@ class Topology:
     source: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "parent", tuple(tuple(int(g) for g in p) for p in self.parent))
-        object.__setattr__(self, "levels", tuple(self.levels))
-        object.__setattr__(self, "names", {k: tuple(v) for k, v in dict(self.names).items()})
+        object.__setattr__(self, "parent", _parent_lists(self.parent))
+        object.__setattr__(self, "levels", _strings(self.levels, "levels", MAX_LEVELS))
+        object.__setattr__(self, "names", _names(self.names))
+        if not isinstance(self.links, Mapping):
+            raise TopologyError(f"links must map intra/inter/switch to LinkParams, "
+                                f"got {brief(self.links)}")
         links = dict(DEFAULT_LINKS)
         links.update(self.links)
         object.__setattr__(self, "links", links)
         if self.gpus is not None:
-            object.__setattr__(self, "gpus", tuple(self.gpus))
+            object.__setattr__(self, "gpus", _gpus(self.gpus))
         _validate(self)
 
     def __hash__(self) -> int:
@@ -90,15 +139,20 @@ class Topology:
     def from_nodes(cls, nodes: Sequence[Sequence[int]], switch_of: Sequence[int] | None = None,
                    **kw: Any) -> "Topology":
         """Build from node rank lists and optional leaf switch per node (one switch if None)."""
-        world = sum(len(n) for n in nodes)
+        nodes = _sized(nodes, "nodes")
+        world = sum(len(_sized(n, f"nodes[{i}]")) for i, n in enumerate(nodes))
+        if world > MAX_WORLD_SIZE:
+            raise TopologyError(f"nodes place {world} ranks, more than the limit of "
+                                f"{MAX_WORLD_SIZE} (MAX_WORLD_SIZE)")
+        lists = [_int_list(n, f"nodes[{i}]") for i, n in enumerate(nodes)]
         node_of = [-1] * world
-        for n, ranks in enumerate(nodes):
+        for n, ranks in enumerate(lists):
             for r in ranks:
                 if not 0 <= r < world or node_of[r] != -1:
                     raise TopologyError(f"rank {r} is out of range or in two nodes")
                 node_of[r] = n
-        sw = list(switch_of) if switch_of is not None else [0] * len(nodes)
-        return cls(world, (tuple(node_of), tuple(sw)), **kw)
+        sw = _int_list(switch_of, "switch_of_node") if switch_of is not None else (0,) * len(lists)
+        return cls(world, (tuple(node_of), sw), **kw)
 
     # ---- queries --------------------------------------------------------------------------------
     @property
@@ -270,11 +324,9 @@ class Topology:
     @classmethod
     def from_json(cls, text: str) -> "Topology":
         """Parse JSON text; errors name the line."""
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise TopologyError(f"line {e.lineno}: invalid JSON: {e.msg}") from None
-        return cls.from_dict(d, text)
+        if isinstance(text, (bytes, bytearray)):
+            text = _decode(bytes(text), "JSON text")
+        return cls.from_dict(parse_json(text), text)
 
     def save(self, path: str | Path) -> None:
         """Write as JSON to ``path``."""
@@ -307,13 +359,8 @@ def load(path: str | Path) -> Topology:
 
     A bare name that is no file, such as ``"h100-fat-tree"``, loads the cluster of that name that
     ships with the package (:func:`bundled_clusters` lists them)."""
-    p = Path(path)
-    if not p.exists() and p.name == str(path) and p.stem in bundled_clusters():
-        p = CLUSTERS_DIR / f"{p.stem}.json"
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise TopologyError(f"{p}: cannot read topology file: {e.strerror}") from None
+    p = _bundled_or(path)
+    text = read_text_file(p, "topology file")
     try:
         if p.suffix.lower() in (".yaml", ".yml"):
             return Topology.from_dict(_load_yaml(text), text)
@@ -331,26 +378,208 @@ CLUSTERS_DIR = Path(__file__).resolve().parent / "clusters"
 """Where the bundled cluster descriptions live, inside the installed package."""
 
 
+def read_text_file(path: str | Path, what: str = "topology file") -> str:
+    """UTF-8 text of ``path``, refusing files over MAX_FILE_BYTES (read no further, so a device or a
+    huge file cannot fill memory); every failure is a TopologyError naming the path."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TopologyError(f"a {what} path must be a string or path, got {brief(path)}")
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as e:
+        raise TopologyError(f"{_path_name(p)}: cannot read {what}: {e.strerror or e}") from None
+    except ValueError as e:                     # e.g. a NUL byte in the path
+        raise TopologyError(f"{_path_name(p)}: cannot read {what}: {e}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise TopologyError(f"{p}: {what} is larger than the limit of {MAX_FILE_BYTES} bytes "
+                            f"(MAX_FILE_BYTES)")
+    return _decode(data, f"{p}: {what}").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` whose every failure is a TopologyError: bad syntax (naming the line), text
+    over MAX_FILE_BYTES or nested deeper than MAX_NESTING, numbers too long for Python's int."""
+    if not isinstance(text, str):
+        raise TopologyError(f"JSON text must be a string, got {type(text).__name__}")
+    if len(text) > MAX_FILE_BYTES:
+        raise TopologyError(f"JSON text of {len(text)} characters is larger than the limit of "
+                            f"{MAX_FILE_BYTES} (MAX_FILE_BYTES)")
+    _check_nesting(text)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TopologyError(f"line {e.lineno}: invalid JSON: {e.msg}") from None
+    except RecursionError:
+        raise TopologyError(f"invalid JSON: nested too deeply (limit {MAX_NESTING} levels, "
+                            f"MAX_NESTING)") from None
+    except ValueError as e:                     # an integer of more than 4300 digits
+        raise TopologyError(f"invalid JSON: {_first_clause(e)}") from None
+
+
 # ---- helpers ------------------------------------------------------------------------------------
+
+def _bundled_or(path: Any) -> Any:
+    """``path``, or the bundled cluster file when ``path`` is a bare name that is no file."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path                             # read_text_file names the wrong type
+    p = Path(path)
+    try:
+        exists = p.exists()
+    except (OSError, ValueError):               # name too long, NUL byte: read_text_file says so
+        return p
+    if not exists and p.name == str(path) and p.stem in bundled_clusters():
+        return CLUSTERS_DIR / f"{p.stem}.json"
+    return p
+
+
+def _path_name(p: Path) -> str:
+    """``p`` as written in messages: itself, or a cut repr when it is huge or holds odd bytes."""
+    name = str(p)
+    return name if len(name) <= 200 and name.isprintable() else brief(name)
+
+
+def _decode(data: bytes, what: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TopologyError(f"{what} is not UTF-8 text: {e.reason} at byte {e.start}") from None
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.S)
+"""A JSON string, or an unterminated one running to the end (so matching never backtracks)."""
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def _check_nesting(text: str) -> None:
+    """Reject JSON nested deeper than MAX_NESTING before ``json.loads`` recurses into it. Brackets
+    are first counted ignoring strings (fast); only a text that looks too deep is counted again
+    without its strings, so a bracket inside a name cannot cause a false alarm."""
+    if _too_deep(text) and _too_deep(_JSON_STRING.sub("", text)):
+        raise TopologyError(f"invalid JSON: nested deeper than {MAX_NESTING} levels (MAX_NESTING)")
+
+
+def _too_deep(text: str) -> bool:
+    """Whether the brackets of ``text`` nest deeper than MAX_NESTING (stops once they do)."""
+    brackets = _NOT_BRACKET.sub("", text).replace("[]", "").replace("{}", "")  # leaves, in C
+    depth = 0
+    for c in brackets:
+        depth += 1 if c in "[{" else -1
+        if depth > MAX_NESTING:
+            return True
+    return False
+
+
+_YAML_NOISE = re.compile(r"""#[^\n]*|'[^'\n]*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*"?""")
+"""Comments and quoted strings of YAML (roughly: one line each), whose brackets do not nest."""
+
 
 def _load_yaml(text: str) -> Any:
     try:
         import yaml
     except ImportError:
         raise TopologyError("YAML topology files need pyyaml: pip install pyyaml") from None
+    if _too_deep(text) and _too_deep(_YAML_NOISE.sub("", text)):
+        raise TopologyError(f"invalid YAML: nested deeper than {MAX_NESTING} levels (MAX_NESTING)")
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
         raise TopologyError(f"{where}invalid YAML: {getattr(e, 'problem', e)}") from None
+    except RecursionError:
+        raise TopologyError("invalid YAML: nested too deeply for the parser") from None
+    except (ValueError, TypeError, ArithmeticError) as e:  # a constructor's own error (huge int)
+        raise TopologyError(f"invalid YAML: {_first_clause(e)}") from None
+
+
+def _first_clause(e: Exception) -> str:
+    """An exception's message up to its first ``;`` (Python's int-size error goes on to advise
+    ``sys.set_int_max_str_digits``, which is no advice for a topology file), at most 200 chars."""
+    return str(e).split(";")[0][:200]
+
+
+def _as_int(value: Any, what: str) -> int:
+    """``value`` as an int: ints, and floats that hold one (``2.0``); bools, ``1.5``, ``inf``,
+    strings and containers fail naming ``what``."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise TopologyError(f"{what} must be an integer, got {brief(value)}")
+
+
+def _sized(values: Any, what: str, limit: int = MAX_WORLD_SIZE) -> Any:
+    """``values`` itself when it is a list-like (not a string or map) of at most ``limit``."""
+    if (isinstance(values, (str, bytes, Mapping)) or not hasattr(values, "__len__")
+            or not hasattr(values, "__iter__")):
+        raise TopologyError(f"{what} must be a list, got {brief(values)}")
+    if len(values) > limit:
+        raise TopologyError(f"{what} has {len(values)} entries, more than the limit of {limit}"
+                            f" ({'MAX_LEVELS' if limit == MAX_LEVELS else 'MAX_WORLD_SIZE'})")
+    return values
+
+
+def _int_list(values: Any, what: str) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (see :func:`_as_int`), at most MAX_WORLD_SIZE of them."""
+    out = tuple(_sized(values, what))
+    if set(map(type, out)) <= {int}:            # the common case, fast for a million ranks
+        return out
+    return tuple(_as_int(v, f"{what}[{i}]") for i, v in enumerate(out))
+
+
+def _strings(values: Any, what: str, limit: int = MAX_WORLD_SIZE) -> tuple[str, ...]:
+    """``values`` as a tuple of strings, at most ``limit`` of them."""
+    out = tuple(_sized(values, what, limit))
+    if set(map(type, out)) <= {str}:
+        return out
+    bad = next((v for v in out if not isinstance(v, str)), None)
+    if bad is not None:
+        raise TopologyError(f"{what} must be a list of strings, got entry {brief(bad)}")
+    return out
+
+
+def _parent_lists(parent: Any) -> tuple[tuple[int, ...], ...]:
+    """``parent`` as a tuple of int tuples: at most MAX_LEVELS - 1 lists."""
+    lists = _sized(parent, "parent", MAX_LEVELS)
+    return tuple(_int_list(p, f"parent[{i}]") for i, p in enumerate(lists))
+
+
+def _names(names: Any) -> dict[str, tuple[str, ...]]:
+    """``names`` as ``{level: (name, ...)}``."""
+    if not isinstance(names, Mapping):
+        raise TopologyError(f"names must map levels to lists of names, got {brief(names)}")
+    out = {}
+    for k, v in names.items():
+        if not isinstance(k, str):
+            raise TopologyError(f"names given for unknown level {brief(k)}")
+        out[k] = _strings(v, f"names[{k!r}]")
+    return out
+
+
+_GPU_SCALARS = (str, int, float, type(None))
+
+
+def _gpus(gpus: Any) -> tuple[Any, ...]:
+    """``gpus`` as a tuple whose entries are null or flat ``{name: scalar}`` objects (what NVML
+    detection writes), so writing and broadcasting them stays small and finite."""
+    out = tuple(_sized(gpus, "gpus"))
+    for i, g in enumerate(out):
+        if g is None:
+            continue
+        if not isinstance(g, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, _GPU_SCALARS)
+                and not (isinstance(v, float) and not math.isfinite(v)) for k, v in g.items()):
+            raise TopologyError(f"gpus[{i}] must be null or an object of strings and finite "
+                                f"numbers, got {brief(g)}")
+    return out
 
 
 def _validate(t: Topology) -> None:
-    if not isinstance(t.world_size, int) or t.world_size < 1:
-        raise TopologyError(f"world_size must be a positive integer, got {t.world_size!r}")
+    _check_world_size(t.world_size)
     if len(t.levels) < 3 or t.levels[:3] != ("rank", "node", "switch"):
-        raise TopologyError(f"levels must start with rank, node, switch; got {list(t.levels)}")
+        raise TopologyError(f"levels must start with rank, node, switch; "
+                            f"got {brief(list(t.levels))}")
     if len(set(t.levels)) != len(t.levels):
         raise TopologyError(f"level names repeat: {list(t.levels)}")
     if len(t.parent) != len(t.levels) - 1:
@@ -358,33 +587,61 @@ def _validate(t: Topology) -> None:
                             f"got {len(t.parent)}")
     size = t.world_size
     for i, p in enumerate(t.parent):
-        child, up = t.levels[i], t.levels[i + 1]
-        if len(p) != size:
-            raise TopologyError(f"parent list of level {child!r} has {len(p)} entries, "
-                                f"expected {size} (one per {child})")
-        if any(g < 0 for g in p):
-            raise TopologyError(f"negative {up} id in parent list of level {child!r}")
-        used = sorted(set(p))
-        if used != list(range(len(used))):
-            missing = sorted(set(range(max(p) + 1)) - set(used))
-            raise TopologyError(f"{up} ids must be contiguous from 0: {up}(s) {missing} are empty")
-        size = len(used)
+        size = _check_parent(p, t.levels[i], t.levels[i + 1], size)
     for level, names in t.names.items():
         if level not in t.levels:
-            raise TopologyError(f"names given for unknown level {level!r}")
+            raise TopologyError(f"names given for unknown level {brief(level)}")
         if len(names) != t.num_groups(level):
             raise TopologyError(f"{len(names)} names for {t.num_groups(level)} {level}s")
     for k, v in t.links.items():
         if k not in LINK_LEVELS:
-            raise TopologyError(f"unknown link level {k!r}; expected one of {list(LINK_LEVELS)}")
+            raise TopologyError(f"unknown link level {brief(k)}; expected one of "
+                                f"{list(LINK_LEVELS)}")
         if not isinstance(v, LinkParams):
             raise TopologyError(f"link {k!r} must be LinkParams, got {type(v).__name__}")
-    if t.nics_per_node is not None and (not isinstance(t.nics_per_node, int)
-                                        or t.nics_per_node < 1):
-        raise TopologyError(f"nics_per_node must be a positive integer or null (one per rank), "
-                            f"got {t.nics_per_node!r}")
+    _check_scalars(t)
     if t.gpus is not None and len(t.gpus) != t.world_size:
         raise TopologyError(f"gpus lists {len(t.gpus)} entries for {t.world_size} ranks")
+
+
+def _check_world_size(world: Any) -> None:
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise TopologyError(f"world_size must be a positive integer, got {brief(world)}")
+    if world > MAX_WORLD_SIZE:
+        raise TopologyError(f"world_size {world} is more than the limit of {MAX_WORLD_SIZE} "
+                            f"ranks (MAX_WORLD_SIZE)")
+
+
+def _check_parent(p: tuple[int, ...], child: str, up: str, size: int) -> int:
+    """Check one parent list (``size`` entries, group ids contiguous from 0); return its group
+    count. Ids are checked against the list length first, so ``10**19`` costs nothing."""
+    if len(p) != size:
+        raise TopologyError(f"parent list of level {child!r} has {len(p)} entries, "
+                            f"expected {size} (one per {child})")
+    if min(p) < 0:
+        raise TopologyError(f"negative {up} id in parent list of level {child!r}")
+    used = set(p)
+    top = max(p)
+    if top >= len(p):
+        raise TopologyError(f"{up} ids must be contiguous from 0: {up} id {top} is out of range "
+                            f"for the {len(p)} entries of the parent list of level {child!r}")
+    if len(used) != top + 1:
+        missing = [g for g in range(top) if g not in used]
+        shown = f"{missing[:10]}"[:-1] + (", ...]" if len(missing) > 10 else "]")
+        raise TopologyError(f"{up} ids must be contiguous from 0: {up}(s) {shown} are empty")
+    return len(used)
+
+
+def _check_scalars(t: Topology) -> None:
+    nics = t.nics_per_node
+    if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int)
+                             or not 1 <= nics <= MAX_WORLD_SIZE):
+        raise TopologyError(f"nics_per_node must be a positive integer (at most {MAX_WORLD_SIZE}, "
+                            f"MAX_WORLD_SIZE) or null (one per rank), got {brief(nics)}")
+    if not isinstance(t.emulate, bool):
+        raise TopologyError(f"emulate must be true or false, got {brief(t.emulate)}")
+    if not isinstance(t.source, str):
+        raise TopologyError(f"source must be a string, got {brief(t.source)}")
 
 
 _KNOWN_KEYS = {"version", "world_size", "levels", "parent", "names", "links", "nics_per_node",
@@ -399,60 +656,82 @@ def _from_dict(cls: type[Topology], d: Any, text: str | None) -> Topology:
     if not isinstance(d, Mapping):
         raise fail(f"a topology must be a JSON object, got {type(d).__name__}")
     for k in d:
+        if not isinstance(k, str):
+            raise fail(f"keys must be strings, got key {brief(k)}")
         if k not in _KNOWN_KEYS:
-            raise fail(f"unknown key {k!r}; known keys: {sorted(_KNOWN_KEYS)}", k)
-    if d.get("version", FORMAT_VERSION) != FORMAT_VERSION:
-        raise fail(f"unsupported format version {d['version']!r} (this reader knows "
+            raise fail(f"unknown key {brief(k)}; known keys: {sorted(_KNOWN_KEYS)}", k)
+    version = d.get("version", FORMAT_VERSION)
+    if isinstance(version, bool) or version != FORMAT_VERSION:
+        raise fail(f"unsupported format version {brief(version)} (this reader knows "
                    f"{FORMAT_VERSION})", "version")
-    kw: dict[str, Any] = {}
+    world = d.get("world_size")
+    if "world_size" in d and (isinstance(world, bool) or not isinstance(world, int)):
+        raise fail(f"world_size must be a positive integer, got {brief(world)}", "world_size")
     try:
-        if "links" in d:
-            from .virtual import parse_link
-            links = d["links"]
-            if not isinstance(links, Mapping):
-                raise fail("links must be an object {intra|inter|switch: ...}", "links")
-            try:
-                kw["links"] = {k: parse_link(v, k) for k, v in links.items()}
-            except TopologyError as e:
-                raise fail(str(e), "links") from None
-        for key in ("nics_per_node", "emulate", "source", "names", "gpus"):
-            if key in d:
-                kw[key] = d[key]
-        if "emulate" in kw and not isinstance(kw["emulate"], bool):
-            raise fail(f"emulate must be true or false, got {kw['emulate']!r}", "emulate")
-        forms = [k for k in ("parent", "nodes", "spec") if k in d]
-        if len(forms) != 1:
-            raise fail("give exactly one of 'parent', 'nodes' or 'spec' to place the ranks"
-                       + (f" (got {forms})" if forms else ""))
-        if "spec" in d:
-            from .virtual import parse_spec
-            base = parse_spec(str(d["spec"]))
-            kw.setdefault("source", f"virtual:{d['spec']}")
-            topo = base.with_(**kw)
-        elif "nodes" in d:
-            nodes = d["nodes"]
-            if not isinstance(nodes, list) or not all(isinstance(n, list) for n in nodes):
-                raise fail("nodes must be a list of rank lists", "nodes")
-            topo = cls.from_nodes(nodes, d.get("switch_of_node"), **kw)
-        else:
-            parent = d["parent"]
-            if not isinstance(parent, list) or not all(isinstance(p, list) for p in parent):
-                raise fail("parent must be a list of integer lists", "parent")
-            world = d.get("world_size", len(parent[0]) if parent else 0)
-            topo = cls(world, tuple(parent), levels=d.get("levels", ("rank", "node", "switch")),
-                       **kw)
-        if "world_size" in d and topo.world_size != d["world_size"]:
-            raise fail(f"world_size is {d['world_size']} but the ranks placed number "
+        topo = _place_ranks(cls, d, _file_fields(d, fail), fail)
+        if "world_size" in d and topo.world_size != world:
+            raise fail(f"world_size is {world} but the ranks placed number "
                        f"{topo.world_size}", "world_size")
         return topo
     except TopologyError as e:
         msg = str(e)
         if msg.startswith("line "):
             raise
-        culprit = next((k for k in d if k in msg or k.replace("_", " ") in msg), None)
-        raise fail(msg, culprit) from None
-    except (TypeError, ValueError) as e:
-        raise fail(f"malformed topology: {e}") from None
+        key = next((k for k in d if k in msg or k.replace("_", " ") in msg), None)
+        raise fail(msg, key) from None
+    except (TypeError, ValueError, ArithmeticError) as e:
+        raise fail(f"malformed topology: {brief(str(e))}") from None
+
+
+def _file_fields(d: Mapping[str, Any], fail: Any) -> dict[str, Any]:
+    """The keyword arguments a file gives besides the rank placement (links parsed)."""
+    kw: dict[str, Any] = {}
+    if "links" in d:
+        from .virtual import parse_link
+        links = d["links"]
+        if not isinstance(links, Mapping):
+            raise fail("links must be an object {intra|inter|switch: ...}", "links")
+        bad = next((k for k in links if not isinstance(k, str) or k not in LINK_LEVELS), None)
+        if bad is not None:
+            raise fail(f"unknown link level {brief(bad)}; expected one of {list(LINK_LEVELS)}",
+                       "links")
+        try:
+            kw["links"] = {k: parse_link(v, k) for k, v in links.items()}
+        except TopologyError as e:
+            raise fail(str(e), "links") from None
+    for key in ("nics_per_node", "emulate", "source", "names", "gpus"):
+        if key in d:
+            kw[key] = d[key]
+    if "emulate" in kw and not isinstance(kw["emulate"], bool):
+        raise fail(f"emulate must be true or false, got {brief(kw['emulate'])}", "emulate")
+    return kw
+
+
+def _place_ranks(cls: type[Topology], d: Mapping[str, Any], kw: dict[str, Any],
+                 fail: Any) -> Topology:
+    """The Topology from whichever of ``parent``, ``nodes`` or ``spec`` the file gives."""
+    forms = [k for k in ("parent", "nodes", "spec") if k in d]
+    if len(forms) != 1:
+        raise fail("give exactly one of 'parent', 'nodes' or 'spec' to place the ranks"
+                   + (f" (got {forms})" if forms else ""))
+    if "spec" in d:
+        from .virtual import parse_spec
+        spec = d["spec"]
+        if isinstance(spec, bool) or not isinstance(spec, (str, int)):
+            raise fail(f"spec must be a string such as '2x4', got {brief(spec)}", "spec")
+        base = parse_spec(spec)
+        kw.setdefault("source", f"virtual:{spec}")
+        return base.with_(**kw)
+    if "nodes" in d:
+        nodes = d["nodes"]
+        if not isinstance(nodes, list) or not all(isinstance(n, list) for n in nodes):
+            raise fail("nodes must be a list of rank lists", "nodes")
+        return cls.from_nodes(nodes, d.get("switch_of_node"), **kw)
+    parent = d["parent"]
+    if not isinstance(parent, list) or not all(isinstance(p, list) for p in parent):
+        raise fail("parent must be a list of integer lists", "parent")
+    world = d.get("world_size", len(parent[0]) if parent else 0)
+    return cls(world, tuple(parent), levels=d.get("levels", ("rank", "node", "switch")), **kw)
 
 
 def _line_of(text: str | None, key: str | None) -> int | None:
