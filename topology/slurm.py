@@ -234,11 +234,11 @@ def _split_top(text: str, whole: str) -> list[str]:
     return parts
 
 
-Range = tuple[int, int, int]
+_Range = tuple[int, int, int]
 """One ``lo-hi`` piece of a bracket: first and last number, zero-padded width (0: none)."""
 
 
-def _parse_item(item: str, whole: str) -> tuple[list[str], list[list[Range]]]:
+def _parse_item(item: str, whole: str) -> tuple[list[str], list[list[_Range]]]:
     """Split ``a[1-2]b[3]`` into its literal pieces (``a``, ``b``, ``""``) and bracket ranges."""
     pieces = re.split(r"\[([^\]]*)\]", item)   # literal, body, literal, body, ..., literal
     literals, bodies = pieces[0::2], pieces[1::2]
@@ -248,7 +248,7 @@ def _parse_item(item: str, whole: str) -> tuple[list[str], list[list[Range]]]:
     return literals, [_parse_range(b, whole) for b in bodies]
 
 
-def _parse_range(body: str, whole: str) -> list[Range]:
+def _parse_range(body: str, whole: str) -> list[_Range]:
     out = []
     for part in body.split(","):
         m = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", part.strip())
@@ -264,7 +264,7 @@ def _parse_range(body: str, whole: str) -> list[Range]:
     return out
 
 
-def _count(ranges: list[list[Range]], cap: int) -> int:
+def _count(ranges: list[list[_Range]], cap: int) -> int:
     """How many names the bracket ranges of one item give; stops growing once past ``cap``."""
     total = 1
     for bracket in ranges:
@@ -274,7 +274,7 @@ def _count(ranges: list[list[Range]], cap: int) -> int:
     return total
 
 
-def _expand(literals: list[str], ranges: list[list[Range]]) -> list[str]:
+def _expand(literals: list[str], ranges: list[list[_Range]]) -> list[str]:
     """Every name of one item, first bracket varying slowest (as SLURM lists them)."""
     names = [literals[0]]
     for bracket, lit in zip(ranges, literals[1:]):
