@@ -5,6 +5,7 @@
     topocoll cluster run -- topocoll topology    # mpiexec across the hosts, -n hosts x ranks
     topocoll cluster run -n 2 --disable-auto-cleanup -- python train.py
     topocoll cluster exec h1 -- torchrun ...     # one command inside one host
+    topocoll cluster link h1 down                # cut a host's link (and `up` to restore it)
     topocoll cluster status [--json]
     topocoll cluster down                        # everything it made, also after a crash
 
@@ -22,6 +23,7 @@ from typing import Any, Sequence
 
 from .description import from_mapping, load
 from .errors import ClusterError, DescriptionError
+from .launcher import NETMODS
 from .manage import Cluster, describe_status, down, status, up
 
 
@@ -66,7 +68,7 @@ def _run(opts: argparse.Namespace, command: list[str]) -> int:
     flags = shlex.split(opts.mpiexec_flags or "")
     if opts.disable_auto_cleanup:
         flags.append("-disable-auto-cleanup")
-    argv = c.mpiexec_argv(command, opts.n, flags, yield_cpu=not opts.no_yield,
+    argv = c.mpiexec_argv(command, opts.n, flags, netmod=opts.netmod, yield_cpu=not opts.no_yield,
                           extra_env=_env_pairs(opts.env))
     if opts.dry_run:
         print(shlex.join(argv))
@@ -82,10 +84,17 @@ def _exec(opts: argparse.Namespace, command: list[str]) -> int:
     argv = c.enter_argv(opts.host, command)
     env = dict(os.environ)
     if not opts.no_env:
-        env.update(c.env(yield_cpu=not opts.no_yield))
+        env.update(c.env(opts.netmod, yield_cpu=not opts.no_yield))
     env.update(_env_pairs(opts.env))
     sys.stdout.flush()
     os.execvpe(argv[0], argv, env)
+
+
+def _link(opts: argparse.Namespace, _command: list[str]) -> int:
+    c = Cluster.load(opts.name, opts.state_dir)
+    c.set_link(opts.host, opts.state == "up")
+    print(f"{c.host(opts.host).name}: link {opts.state}")
+    return 0
 
 
 def _status(opts: argparse.Namespace, _command: list[str]) -> int:
@@ -108,7 +117,8 @@ def _down(opts: argparse.Namespace, _command: list[str]) -> int:
     return 0
 
 
-ACTIONS = {"up": _up, "run": _run, "exec": _exec, "status": _status, "down": _down}
+ACTIONS = {"up": _up, "run": _run, "exec": _exec, "link": _link, "status": _status,
+           "down": _down}
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -171,6 +181,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="mpiexec -disable-auto-cleanup (survivors of a dead rank keep running)")
     r.add_argument("--mpiexec-flags", help="more mpiexec flags, one string")
     r.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra -genv")
+    r.add_argument("--netmod", choices=NETMODS, default="ucx",
+                   help="MPICH network module between hosts (default ucx: UCX_TLS=tcp,self; "
+                        "ofi: libfabric's tcp provider)")
     r.add_argument("--no-yield", action="store_true",
                    help="don't make oversubscribed ranks yield (MPIR_CVAR_* settings)")
     r.add_argument("--dry-run", action="store_true", help="print the mpiexec command only")
@@ -181,7 +194,14 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--env", action="append", metavar="NAME=VALUE", help="extra environment")
     e.add_argument("--no-env", action="store_true",
                    help="don't add the cluster's environment (UCX_TLS, topology.conf, ...)")
+    e.add_argument("--netmod", choices=NETMODS, default="ucx",
+                   help="MPICH network module between hosts (ucx or ofi)")
     e.add_argument("--no-yield", action="store_true", help="leave out the MPIR_CVAR_* settings")
+
+    k = sub.add_parser("link", help="take a host's link down or bring it up: link HOST down|up")
+    where(k)
+    k.add_argument("host", help="host index, h1, or full name")
+    k.add_argument("state", choices=("down", "up"))
 
     s = sub.add_parser("status", help="what exists (exit 1 unless the cluster is up and whole)")
     where(s)

@@ -3,7 +3,8 @@ and entering one host (``nsenter``) with the environment ranks need there.
 
     mpiexec -launcher ssh -launcher-exec STATE/launch.sh -iface tcc3f2a-sp \\
         -hosts tcc3f2a-h0:2,tcc3f2a-h1:2 -genv UCX_TLS tcp,self \\
-        -genv TOPOCOLL_SLURM_TOPOLOGY STATE/topology.conf -genv MPIR_CVAR_... -n 4 COMMAND
+        -genv MPIR_CVAR_CH4_NETMOD ucx -genv TOPOCOLL_SLURM_TOPOLOGY STATE/topology.conf \
+        -genv MPIR_CVAR_... -n 4 COMMAND
 
 Hydra calls ``launch.sh [ssh options] HOST COMMAND...`` the way it would call ssh; the script
 runs the command line inside HOST's namespaces. ``UCX_TLS=tcp,self`` keeps inter-host bytes on
@@ -35,9 +36,20 @@ TOPOLOGY_ENV = "TOPOCOLL_SLURM_TOPOLOGY"
 """Where ``topology.detect`` finds the cluster's switches."""
 
 
-def rank_env(topology_conf: Path, yield_cpu: bool = True) -> dict[str, str]:
+NETMODS = {
+    "ucx": {"MPIR_CVAR_CH4_NETMOD": "ucx", "UCX_TLS": "tcp,self"},
+    "ofi": {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0"},
+}
+"""MPICH's network modules and how each is kept on the hosts' shaped links (intra-host ranks use
+MPICH's shared memory either way). ``ucx`` is the mpich wheel's default; ``ofi`` (libfabric's tcp
+provider) is the one whose survivors outlive a dead peer (docs/cluster.md, "Faults")."""
+
+
+def rank_env(topology_conf: Path, netmod: str = "ucx", yield_cpu: bool = True) -> dict[str, str]:
     """What every program started on the cluster gets in its environment."""
-    env = {"UCX_TLS": "tcp,self", TOPOLOGY_ENV: str(topology_conf)}
+    if netmod not in NETMODS:
+        raise ClusterError(f"unknown netmod {netmod!r}; choose {' or '.join(NETMODS)}")
+    env = {**NETMODS[netmod], TOPOLOGY_ENV: str(topology_conf)}
     if yield_cpu:
         env.update(YIELD_ENV)
     return env

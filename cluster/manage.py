@@ -46,15 +46,16 @@ class Cluster:
         """Ranks when every host runs its share (the default ``-n`` of :meth:`mpiexec_argv`)."""
         return sum(h.ranks for h in self.layout.hosts)
 
-    def env(self, yield_cpu: bool = True) -> dict[str, str]:
-        """The environment programs on the cluster get (UCX over TCP, the topology.conf, ...)."""
-        return launcher.rank_env(self.state.file("topology.conf"), yield_cpu)
+    def env(self, netmod: str = "ucx", yield_cpu: bool = True) -> dict[str, str]:
+        """The environment programs on the cluster get (MPICH's netmod kept on the links, the
+        topology.conf, yielding ranks)."""
+        return launcher.rank_env(self.state.file("topology.conf"), netmod, yield_cpu)
 
     def mpiexec_argv(self, command: Sequence[str], n: int | None = None,
-                     flags: Sequence[str] = (), yield_cpu: bool = True,
+                     flags: Sequence[str] = (), netmod: str = "ucx", yield_cpu: bool = True,
                      extra_env: dict[str, str] | None = None) -> list[str]:
         """mpiexec's command line running ``command`` on ``n`` ranks (default: all slots)."""
-        env = {**self.env(yield_cpu), **(extra_env or {})}
+        env = {**self.env(netmod, yield_cpu), **(extra_env or {})}
         return launcher.mpiexec_argv(self.layout, self.state.file("launch.sh"), env,
                                      n or self.world_size, command, flags)
 
