@@ -2,12 +2,13 @@
 and entering one host (``nsenter``) with the environment ranks need there.
 
     mpiexec -launcher ssh -launcher-exec STATE/launch.sh -iface tcc3f2a-sp \\
-        -hosts tcc3f2a-h0:2,tcc3f2a-h1:2 -genv UCX_TLS tcp,self \\
+        -hosts 10.231.0.1:2,10.231.0.2:2 -genv UCX_TLS tcp,self \\
         -genv MPIR_CVAR_CH4_NETMOD ucx -genv TOPOCOLL_SLURM_TOPOLOGY STATE/topology.conf \
         -genv MPIR_CVAR_... -n 4 COMMAND
 
 Hydra calls ``launch.sh [ssh options] HOST COMMAND...`` the way it would call ssh; the script
-runs the command line inside HOST's namespaces. ``UCX_TLS=tcp,self`` keeps inter-host bytes on
+runs the command line inside HOST's namespaces. Hosts go to hydra by address: mpiexec runs in the
+root namespace, whose resolver would send the hosts' names to the machine's DNS server. ``UCX_TLS=tcp,self`` keeps inter-host bytes on
 the shaped links: without it, UCX sees one machine and moves them through shared memory.
 """
 from __future__ import annotations
@@ -57,13 +58,14 @@ def rank_env(topology_conf: Path, netmod: str = "ucx", yield_cpu: bool = True) -
 
 def launcher_script(name: str, layout: Layout, holders: Mapping[str, int]) -> str:
     """The shell script hydra runs instead of ssh: ``launch.sh [ssh options] HOST COMMAND...``."""
-    cases = "\n".join(f"  {h.name}) pid={holders[h.name] if h.name in holders else 0} ;;"
+    cases = "\n".join(f"  {h.name}|{h.address}) ns={h.name} pid={holders.get(h.name, 0)} ;;"
                       for h in layout.hosts)
     names = " ".join(h.name for h in layout.hosts)
     return f"""#!/bin/sh
 # hydra's -launcher-exec for cluster {name!r} (written by `topocoll cluster up`).
-# Called as ssh would be, `launch.sh [ssh options] HOST COMMAND...`, it runs the COMMAND line
-# inside HOST's network, UTS and mount namespaces, by entering the host's holder process.
+# Called as ssh would be, `launch.sh [ssh options] HOST COMMAND...` (HOST: name or address), it
+# runs the COMMAND line inside HOST's network, UTS and mount namespaces, by entering the host's
+# holder process.
 while [ $# -gt 0 ]; do
   case "$1" in
     -[BbcDEeFIiJLlmOoPpQRSWw]) shift 2 ;;
@@ -78,7 +80,7 @@ case "$host" in
 {cases}
   *) echo "launch.sh: unknown host '$host' (hosts: {names})" >&2; exit 255 ;;
 esac
-if [ "$(stat -L -c %i /proc/$pid/ns/net 2>/dev/null)" != "$(stat -L -c %i /run/netns/$host 2>/dev/null)" ]; then
+if [ "$(stat -L -c %i /proc/$pid/ns/net 2>/dev/null)" != "$(stat -L -c %i /run/netns/$ns 2>/dev/null)" ]; then
   echo "launch.sh: host $host is down (its namespace holder $pid is gone); see topocoll cluster status" >&2
   exit 255
 fi

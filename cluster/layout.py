@@ -122,13 +122,14 @@ def etc_hosts(layout: Layout) -> str:
 
 
 def machinefile(layout: Layout) -> str:
-    """Hydra's host list, one ``host:ranks`` a line."""
-    return "".join(f"{h.name}:{h.ranks}\n" for h in layout.hosts)
+    """Hydra's host list, one ``address:ranks`` a line (a comment names each host)."""
+    return "".join(f"{h.address}:{h.ranks}  # {h.name}\n" for h in layout.hosts)
 
 
 def hosts_arg(layout: Layout) -> str:
-    """Hydra's ``-hosts`` value: ``tcc3f2a-h0:2,tcc3f2a-h1:2``."""
-    return ",".join(f"{h.name}:{h.ranks}" for h in layout.hosts)
+    """Hydra's ``-hosts`` value by address, ``10.231.0.1:2,10.231.0.2:2``: mpiexec runs in the
+    root namespace, where the hosts' names would go to the machine's DNS server."""
+    return ",".join(f"{h.address}:{h.ranks}" for h in layout.hosts)
 
 
 def _hostlist(stem: str, indices: list[int]) -> str:

@@ -256,7 +256,10 @@ def _in(netns: str | None) -> list[str]:
 
 def _bridge(state: StateDir, name: str) -> None:
     state.record(kind="link", name=name)
-    _run(["ip", "link", "add", name, "type", "bridge", "stp_state", "0", "forward_delay", "0"])
+    # nf_call_*: the host's firewall (a FORWARD policy of DROP, as Docker sets) never sees the
+    # cluster's bridged frames, even where br_netfilter is loaded
+    _run(["ip", "link", "add", name, "type", "bridge", "stp_state", "0", "forward_delay", "0",
+          "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0"])
     _quiet_ipv6(name)
     _run(["ip", "link", "set", name, "up"])
 

@@ -112,7 +112,7 @@ def test_layout_names_addresses_and_topology_conf():
     assert [h.address for h in lay.hosts] == [f"10.231.9.{i}" for i in range(1, 5)]
     assert lay.root_address == "10.231.9.254" and lay.spine == "tcc0abc-sp"
     assert [h.leaf for h in lay.hosts] == [0, 0, 1, 1]
-    assert cl_layout.hosts_arg(lay) == ",".join(f"tcc0abc-h{i}:2" for i in range(4))
+    assert cl_layout.hosts_arg(lay) == ",".join(f"10.231.9.{i}:2" for i in range(1, 5))
     tree = parse_topology_conf(cl_layout.topology_conf(lay, "t"))
     assert [tree.leaf_of(h.name) for h in lay.hosts] == ["tcc0abc-l0"] * 2 + ["tcc0abc-l1"] * 2
     assert tree.ancestors("tcc0abc-l1") == ["tcc0abc-l1", "tcc0abc-sp"]
@@ -160,7 +160,8 @@ def test_up_status_exec_link_down(make_cluster, tmp_path):
     # the run command line: every flag the issue asks for
     p = _cli("run", "--state-dir", str(c.state.path), "--dry-run", "--", "hostname")
     for flag in ("-launcher ssh", f"-launcher-exec {c.state.file('launch.sh')}",
-                 f"-iface {c.layout.spine}", f"-hosts {','.join(n + ':1' for n in names)}",
+                 f"-iface {c.layout.spine}",
+                 f"-hosts {','.join(h.address + ':1' for h in c.layout.hosts)}",
                  "-genv UCX_TLS tcp,self", "-genv TOPOCOLL_SLURM_TOPOLOGY",
                  "-genv MPIR_CVAR_POLLS_BEFORE_YIELD 10", "-n 3 hostname"):
         assert flag in p.stdout, (flag, p.stdout)
@@ -245,15 +246,18 @@ def test_ddp_and_fsdp2_across_hosts_under_mpiexec(where, request):
 
 
 @needs_root
-def test_ddp_and_fsdp2_under_multi_node_torchrun(two_hosts):
-    """One ``torchrun --nnodes 2 --node-rank i --rdzv-endpoint HOST0:PORT`` per host, inside it."""
+@pytest.mark.parametrize("where", ["two_hosts"] + (["four_hosts"] if FULL else []))
+def test_ddp_and_fsdp2_under_multi_node_torchrun(where, request):
+    """One ``torchrun --nnodes N --node-rank i --rdzv-endpoint HOST0:PORT`` per host, inside it."""
     pytest.importorskip("torch")
-    c = two_hosts
+    c = request.getfixturevalue(where)
     env = {k: v for k, v in _env().items() if k not in LAUNCHER_ENV}
+    nodes, per = len(c.layout.hosts), c.layout.hosts[0].ranks
     procs = [subprocess.Popen(_cli_argv(
         "exec", "--state-dir", str(c.state.path), h.name, "--",
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(i),
-        "--nproc-per-node", "2", "--rdzv-endpoint", f"{c.layout.hosts[0].name}:29400",
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+        "--node-rank", str(i), "--nproc-per-node", str(per),
+        "--rdzv-endpoint", f"{c.layout.hosts[0].name}:29400",
         str(RANKS_DIR / "torch_training.py")), env=env, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, start_new_session=True)
         for i, h in enumerate(c.layout.hosts)]
@@ -267,7 +271,8 @@ def test_ddp_and_fsdp2_under_multi_node_torchrun(two_hosts):
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
     done = sorted(int(r) for o in outs for r in re.findall(r"RANK (\d+) DONE", o))
-    assert done == [0, 1, 2, 3] and all(p.returncode == 0 for p in procs), "\n".join(outs)[-6000:]
+    assert done == list(range(nodes * per)) and all(p.returncode == 0 for p in procs), \
+        "\n".join(outs)[-6000:]
 
 
 # ---- faults --------------------------------------------------------------------------------------
