@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import select
+from .algorithms import hierarchy
 from .arrays import Buffer, as_buffer, check_memory, check_writable
 from .backends.base import Backend
 from .call import Call, split_bounds
@@ -407,6 +408,7 @@ class Communicator:
             return
         self._closed = True
         self._executor.close()
+        hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
             self.backend.abandon()
         self.backend.close()

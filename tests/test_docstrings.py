@@ -6,7 +6,7 @@ import pkgutil
 import pytest
 
 PACKAGES = ["topocoll"] + [f"topocoll.{p}" for p in (
-    "collectives", "topology", "bench", "rtp", "tesseract", "paro", "primepar")]
+    "collectives", "topology", "bench", "rtp", "tesseract", "paro", "primepar", "cluster")]
 
 
 def _modules():

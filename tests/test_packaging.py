@@ -13,7 +13,7 @@ import pytest
 
 from mpi_harness import ROOT, YIELD_ENV, mpiexec_path
 
-MAPPED = ("collectives", "topology", "rtp", "paro", "tesseract", "primepar", "bench")
+MAPPED = ("collectives", "topology", "rtp", "paro", "tesseract", "primepar", "bench", "cluster")
 """Repository folders that install as topocoll.<name>."""
 
 tomllib = pytest.importorskip("tomllib", reason="tomllib needs Python 3.11")

@@ -71,6 +71,17 @@ def plan_for(b: Backend, ctx: OpContext, topology: Any, switch_aware: bool,
     return cache[key]
 
 
+def release(b: Backend, broken: bool) -> None:
+    """Free the sub-backends of the plans cached on ``b`` (when its communicator closes); after a
+    failure (``broken``) they are abandoned first, so nothing waits for a missing peer."""
+    for plan in b.__dict__.pop("_topocoll_plans", {}).values():
+        for sub in (plan.node, plan.rail):
+            release(sub, broken)
+            if broken:
+                sub.abandon()
+            sub.close()
+
+
 def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
         chunks: Any) -> None:
     """Run ``call.kind`` two-level where the topology allows, else on the flat ring.

@@ -5,6 +5,7 @@
     topocoll simulate --topology h100-fat-tree --ranks 16,1024  predicted times at any scale
     mpiexec -n 4 topocoll topology [--probe]                    detected topology, link probe
     topocoll primepar plan --layers 24 ...                      PrimePar partition search
+    topocoll cluster up --hosts 4 --leaves 2 ...; cluster run -- CMD   hosts in namespaces (root)
 """
 from __future__ import annotations
 
@@ -65,10 +66,17 @@ def _primepar(args: list[str]) -> int:
     return run(args)
 
 
+def _cluster(args: list[str]) -> int:
+    from .cluster.cli import main as run
+    return run(args)
+
+
 COMMANDS: dict[str, tuple[str, Callable[[list[str]], int]]] = {
     "bench": ("microbenchmarks (all_reduce, all_gather, ...) and model benchmarks", _bench),
     "simulate": ("predict collective times at any scale from the cost model", _simulate),
     "topology": ("print, dump, draw or probe the topology (under mpiexec: detect it)", _topology),
     "primepar": ("PrimePar partition search (topocoll primepar plan ...)", _primepar),
+    "cluster": ("a multi-host cluster of namespaces on this machine (up, run, status, down)",
+                _cluster),
 }
 """Subcommands: name -> (one-line description, entry point taking the remaining arguments)."""

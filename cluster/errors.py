@@ -1,0 +1,10 @@
+"""The one error the cluster tool raises: what went wrong, in words a user can act on."""
+from __future__ import annotations
+
+
+class ClusterError(Exception):
+    """A bad description, a missing requirement (root, iproute2), or a failed system command."""
+
+
+class DescriptionError(ClusterError):
+    """A cluster description that can't be built (bad count, rate, subnet, unknown key, ...)."""

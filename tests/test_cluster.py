@@ -1,0 +1,503 @@
+"""The cluster tool (``topocoll cluster``) and topocoll on real hosts: network namespaces with
+their own hostnames, /etc/hosts and /dev/shm, behind tbf-shaped links under leaf switches and a
+spine. Needs root and iproute2; skipped, with the reason, otherwise.
+
+CI runs a representative subset (every collective and algorithm, a few dtypes, both netmods
+under faults); ``TOPOCOLL_CLUSTER_FULL=1`` runs the whole matrix (every dtype, torch training
+on 4 hosts too, every algorithm under each fault). Every cluster is taken down in its fixture's
+finalizer, which fails the test if anything (namespace, interface, process) is left.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from mpi_harness import LAUNCHER_ENV, RANKS_DIR, ROOT, TESTS_DIR, YIELD_ENV, _launch
+from topocoll import cluster
+from topocoll.cluster import layout as cl_layout
+from topocoll.cluster import net as cl_net
+from topocoll.topology.slurm import parse_topology_conf
+
+FULL = os.environ.get("TOPOCOLL_CLUSTER_FULL") == "1"
+PROBLEMS = cluster.missing_requirements()
+_skip = pytest.mark.skipif(bool(PROBLEMS), reason="cluster tests need root and iproute2: "
+                          + "; ".join(PROBLEMS))
+
+
+def needs_root(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a test that builds a cluster: ``cluster`` marker, skipped (saying why) without root."""
+    return pytest.mark.cluster(_skip(test))
+SCRIPT = "cluster_ranks.py"
+T = 3.0
+"""Collective timeout in the fault tests; survivors must raise within T + 5 s of the fault."""
+
+
+# ---- descriptions, names, files (no root needed) ----------------------------------------------
+
+def test_description_from_flags_and_files(tmp_path):
+    d = cluster.from_mapping({"hosts": 5, "leaves": 2, "host_rate": "400mbit"})
+    assert d.leaves == (3, 2) and d.uplink_rate == (1.2e9, 8e8) and d.world_size == 5
+    d = cluster.from_mapping({"hosts": 4, "ranks-per-host": 2, "leaves": 2,
+                              "host_rate": "400mbit", "oversubscription": 4})
+    assert d.uplink_rate == (2e8, 2e8) and d.world_size == 8
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"hosts": 3, "leaves": [2, 1], "host_rate": "50mbps",
+                             "uplink_rate": ["1gbit", "none"]}))
+    d = cluster.load(f, {"name": "x"})
+    assert (d.name, d.leaves, d.host_rate, d.uplink_rate) == ("x", (2, 1), 4e8, (1e9, None))
+    y = tmp_path / "c.yaml"
+    y.write_text("hosts: 2\nranks_per_host: 3\nhost_rate: 2gbit\n")
+    pytest.importorskip("yaml")
+    assert cluster.load(y).ranks_per_host == 3
+    assert cluster.format_rate(4e8) == "400mbit" and cluster.format_rate(None) == "none"
+
+
+@pytest.mark.parametrize("values, words", [
+    ({"hosts": 0}, "hosts must be between 1 and 250, got 0"),
+    ({"hosts": "four"}, "hosts must be a whole number"),
+    ({"hosts": 2, "leaves": 3}, "3 leaf switches for 2 hosts"),
+    ({"hosts": 4, "leaves": [1, 2]}, "hold 3 hosts, but hosts is 4"),
+    ({"host_rate": "fast"}, "host_rate: cannot read 'fast'"),
+    ({"host_rate": "10kbit"}, "between 1mbit and 100gbit"),
+    ({"host_rate": "1gbit", "uplink_rate": "1gbit", "oversubscription": 2}, "not both"),
+    ({"oversubscription": 2}, "needs a host_rate"),
+    ({"hosts": 2, "leaves": 2, "uplink_rate": ["1gbit"]}, "1 rates for 2 leaf switches"),
+    ({"subnet": "11.0.0.0/24"}, "not a private network"),
+    ({"subnet": "10.9.0.0/30", "hosts": 4}, "room for 2 addresses"),
+    ({"subnet": "10.9.0.1/24"}, "has host bits set"),
+    ({"name": "a b"}, "name 'a b' must be"),
+    ({"bogus": 1}, "unknown key 'bogus'"),
+])
+def test_bad_descriptions_say_what_is_wrong(values, words):
+    with pytest.raises(cluster.DescriptionError, match=re.escape(words)):
+        cluster.from_mapping(values)
+
+
+def test_bad_description_on_the_command_line_exits_2(tmp_path):
+    p = _cli("up", "--hosts", "3", "--leaves", "4", "--state-dir", str(tmp_path / "s"))
+    assert p.returncode == 2 and "4 leaf switches for 3 hosts" in p.stderr, p.stderr
+    bad = tmp_path / "d.json"
+    bad.write_text('{"hosts": 2,\n "leaves": }')
+    p = _cli("up", str(bad), "--state-dir", str(tmp_path / "s"))
+    assert p.returncode == 2 and "d.json line 2: invalid JSON" in p.stderr, p.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_missing_root_or_iproute2_is_named(tmp_path):
+    problems = cluster.missing_requirements(euid=1000, which=lambda tool: None)
+    assert "needs root" in problems[0] and "ip, tc, nsenter" in problems[1], problems
+    assert "apt-get install iproute2" in problems[1], problems
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    for action in ("up", "status", "down"):
+        p = _cli(action, "--state-dir", str(tmp_path / "s"), env={"PATH": str(empty)})
+        assert p.returncode == 1, (action, p.stdout, p.stderr)
+        assert "missing program(s) ip, tc" in p.stderr, p.stderr
+
+
+def test_layout_names_addresses_and_topology_conf():
+    desc = cluster.from_mapping({"hosts": 4, "ranks_per_host": 2, "leaves": 2,
+                                 "host_rate": "400mbit", "uplink_rate": "200mbit"})
+    lay = cl_layout.plan(desc, "tcc0abc", "10.231.9.0/24")
+    assert [h.name for h in lay.hosts] == [f"tcc0abc-h{i}" for i in range(4)]
+    assert [h.address for h in lay.hosts] == [f"10.231.9.{i}" for i in range(1, 5)]
+    assert lay.root_address == "10.231.9.254" and lay.spine == "tcc0abc-sp"
+    assert [h.leaf for h in lay.hosts] == [0, 0, 1, 1]
+    assert cl_layout.hosts_arg(lay) == ",".join(f"10.231.9.{i}:2" for i in range(1, 5))
+    tree = parse_topology_conf(cl_layout.topology_conf(lay, "t"))
+    assert [tree.leaf_of(h.name) for h in lay.hosts] == ["tcc0abc-l0"] * 2 + ["tcc0abc-l1"] * 2
+    assert tree.ancestors("tcc0abc-l1") == ["tcc0abc-l1", "tcc0abc-sp"]
+    assert "10.231.9.3 tcc0abc-h2" in cl_layout.etc_hosts(lay)
+    assert cl_layout.from_dict(cl_layout.to_dict(lay)) == lay
+    big = cl_layout.plan(cluster.from_mapping({"hosts": 250, "leaves": 250}), "tcc0abc",
+                         "10.231.0.0/23")
+    assert max(len(n) for n in big.links()) <= cl_layout.IFNAMSIZ
+
+
+# ---- a cluster's life ---------------------------------------------------------------------------
+
+@needs_root
+def test_up_status_exec_link_down(make_cluster, tmp_path):
+    c = make_cluster("--hosts", "3", "--leaves", "2,1", "--host-rate", "300mbit",
+                     "--oversubscription", "2")
+    names = [h.name for h in c.layout.hosts]
+    st = json.loads(_cli("status", "--state-dir", str(c.state.path), "--json").stdout)
+    assert st["healthy"] and [h["hostname"] for h in st["hosts"]] == names, st
+    assert [h["rate"] for h in st["hosts"]] == [3e8] * 3, st
+    assert [leaf["uplink_rate"] for leaf in st["leaves"]] == [3e8, 1.5e8], st
+    for f in ("cluster.json", "journal.jsonl", "hosts", "etc-hosts", "topology.conf", "launch.sh"):
+        assert c.state.file(f).exists(), f
+    assert _cli("exec", "--state-dir", str(c.state.path), "h1", "--", "hostname").stdout.strip() \
+        == names[1]
+    hosts = _cli("exec", "--state-dir", str(c.state.path), "2", "--", "cat", "/etc/hosts").stdout
+    assert all(f"{h.address} {h.name}" in hosts for h in c.layout.hosts), hosts
+    # each host has its own /dev/shm
+    mark = f"tcc-test-{os.getpid()}"
+    _cli("exec", "--state-dir", str(c.state.path), "h0", "--", "touch", f"/dev/shm/{mark}")
+    assert mark in _cli("exec", "--state-dir", str(c.state.path), "h0", "--", "ls",
+                        "/dev/shm").stdout
+    assert mark not in _cli("exec", "--state-dir", str(c.state.path), "h1", "--", "ls",
+                            "/dev/shm").stdout
+    assert not Path("/dev/shm", mark).exists()
+    # a second up on the same state refuses
+    p = _cli("up", "--state-dir", str(c.state.path), "--hosts", "1")
+    assert p.returncode == 1 and "is up" in p.stderr, p.stderr
+    # a cut link shows in status, which then exits 1
+    assert _cli("link", "--state-dir", str(c.state.path), "h2", "down").returncode == 0
+    p = _cli("status", "--state-dir", str(c.state.path))
+    assert p.returncode == 1 and "DEGRADED" in p.stdout and "link DOWN" in p.stdout, p.stdout
+    assert _cli("link", "--state-dir", str(c.state.path), "h2", "up").returncode == 0
+    assert _cli("status", "--state-dir", str(c.state.path)).returncode == 0
+    # the run command line: every flag the issue asks for
+    p = _cli("run", "--state-dir", str(c.state.path), "--dry-run", "--", "hostname")
+    for flag in ("-launcher ssh", f"-launcher-exec {c.state.file('launch.sh')}",
+                 f"-iface {c.layout.spine}",
+                 f"-hosts {','.join(h.address + ':1' for h in c.layout.hosts)}",
+                 "-genv UCX_TLS tcp,self", "-genv TOPOCOLL_SLURM_TOPOLOGY",
+                 "-genv MPIR_CVAR_POLLS_BEFORE_YIELD 10", "-n 3 hostname"):
+        assert flag in p.stdout, (flag, p.stdout)
+    p = _cli("run", "--state-dir", str(c.state.path), "--", "hostname")
+    assert p.returncode == 0 and sorted(p.stdout.split()) == names, p.stdout + p.stderr
+
+
+@needs_root
+def test_down_after_a_crash_of_up_or_a_lost_state(make_cluster, tmp_path):
+    # up killed half-way: down works from the journal it had written so far
+    state = tmp_path / "crashed"
+    proc = subprocess.Popen(_cli_argv("up", "--state-dir", str(state), "--hosts", "6",
+                                      "--host-rate", "100mbit"), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait_for(lambda: sum(1 for e in cluster.state.StateDir(state).journal()
+                          if e.get("kind") == "holder") >= 2, 30, "two hosts of the crashing up")
+    proc.kill()
+    proc.wait()
+    prefix = cluster.state.StateDir(state).prefix()
+    assert prefix and cl_net.find_netns(prefix), "nothing was created before the kill"
+    inodes = _inodes(cl_net.find_netns(prefix))
+    p = _cli("down", "--state-dir", str(state))
+    assert p.returncode == 0, p.stderr
+    _assert_gone(prefix, inodes, state)
+    assert "nothing to take down" in _cli("down", "--state-dir", str(state)).stdout
+    # the state directory lost: down --prefix finds everything by its name
+    c = make_cluster("--hosts", "2")
+    inodes = _inodes([h.name for h in c.layout.hosts])
+    for p_ in c.state.path.iterdir():
+        p_.unlink()
+    c.state.path.rmdir()
+    p = _cli("down", "--state-dir", str(tmp_path / "elsewhere"), "--prefix", c.prefix)
+    assert p.returncode == 0 and "took down" in p.stdout, p.stdout + p.stderr
+    _assert_gone(c.prefix, inodes, c.state.path)
+    p = _cli("down", "--state-dir", str(tmp_path / "x"), "--prefix", "eth0")
+    assert p.returncode == 1 and "is not a cluster prefix" in p.stderr, p.stderr
+
+
+# ---- detection, probe, correctness --------------------------------------------------------------
+
+@needs_root
+def test_detection_nodes_from_hostnames_switches_from_topology_conf(four_hosts):
+    c = four_hosts
+    cluster_run(c, SCRIPT, ["detect", "2", "2"], timeout=120)
+    out = cluster_run(c, "topocoll topology", timeout=120, command=["topocoll", "topology"])
+    assert "8 ranks, 4 nodes, 2 leaf switches" in out, out
+    for h in c.layout.hosts:
+        assert f"node {h.name}: ranks {2 * h.index}-{2 * h.index + 1}" in out, out
+
+
+@needs_root
+def test_probe_measures_the_shaped_rates(four_hosts, tmp_path):
+    """Host links 200 Mbit/s (25 MB/s), uplinks 100 Mbit/s (12.5 MB/s): the probed bandwidths
+    of the inter-node and cross-switch pairs come within 20% of them."""
+    c, out = four_hosts, tmp_path / "links.json"
+    text = cluster_run(c, "topocoll topology --probe", timeout=180, command=[
+        "topocoll", "topology", "--probe", "--out", str(out), "--iters", "5",
+        "--sizes", "1024,262144,1048576,2097152"])
+    links = json.loads(out.read_text())["links"]
+    inter, switch = links["inter"]["beta_bytes_per_s"], links["switch"]["beta_bytes_per_s"]
+    assert abs(inter / 25e6 - 1) < 0.2, (inter, text)
+    assert abs(switch / 12.5e6 - 1) < 0.2, (switch, text)
+
+
+@needs_root
+@pytest.mark.parametrize("where", ["two_hosts", "four_hosts"])
+def test_collectives_exact_across_hosts(where, request):
+    """Every collective and algorithm on 4 hosts under 2 leaves (a few dtypes, every op, unless
+    TOPOCOLL_CLUSTER_FULL=1); the two-level algorithms on 2 hosts too (and everything in full)."""
+    c = request.getfixturevalue(where)
+    if where == "four_hosts" or FULL:
+        env = {} if FULL else {"TOPOCOLL_TEST_MATRIX": "quick"}
+        cluster_run(c, "collectives_correctness.py", timeout=400, env=env)
+    cluster_run(c, "hier_correctness.py", timeout=300)
+
+
+@needs_root
+@pytest.mark.parametrize("where", ["two_hosts"] + (["four_hosts"] if FULL else []))
+def test_ddp_and_fsdp2_across_hosts_under_mpiexec(where, request):
+    pytest.importorskip("torch")
+    cluster_run(request.getfixturevalue(where), "torch_training.py", timeout=400)
+
+
+@needs_root
+@pytest.mark.parametrize("where", ["two_hosts"] + (["four_hosts"] if FULL else []))
+def test_ddp_and_fsdp2_under_multi_node_torchrun(where, request):
+    """One ``torchrun --nnodes N --node-rank i --rdzv-endpoint HOST0:PORT`` per host, inside it."""
+    pytest.importorskip("torch")
+    c = request.getfixturevalue(where)
+    env = {k: v for k, v in _env().items() if k not in LAUNCHER_ENV}
+    nodes, per = len(c.layout.hosts), c.layout.hosts[0].ranks
+    procs = [subprocess.Popen(_cli_argv(
+        "exec", "--state-dir", str(c.state.path), h.name, "--",
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+        "--node-rank", str(i), "--nproc-per-node", str(per),
+        "--rdzv-endpoint", f"{c.layout.hosts[0].name}:29400",
+        str(RANKS_DIR / "torch_training.py")), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        for i, h in enumerate(c.layout.hosts)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=400)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    done = sorted(int(r) for o in outs for r in re.findall(r"RANK (\d+) DONE", o))
+    assert done == list(range(nodes * per)) and all(p.returncode == 0 for p in procs), \
+        "\n".join(outs)[-6000:]
+
+
+# ---- faults --------------------------------------------------------------------------------------
+
+FAULT_CASES = [("link", "ofi", "ring"), ("link", "ucx", "ring"), ("kill", "ofi", "ring"),
+               ("kill", "ofi", "hier")]
+if FULL:
+    FAULT_CASES += [("link", "ofi", "hier"), ("link", "ofi", "auto"), ("kill", "ofi", "auto"),
+                    ("kill", "ofi", "native"), ("link", "ucx", "hier")]
+
+
+@needs_root
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("fault, netmod, algo", FAULT_CASES)
+def test_faults_on_real_hosts(fault, netmod, algo, make_cluster, tmp_path):
+    """Host 1's link cut (``ip link set ... down``), or its ranks killed, in the middle of a stream
+    of all-reduces: every surviving rank raises CollectiveTimeoutError naming all_reduce and the
+    rank it waited for within T + 5 s, and those names lead across the fault; later calls fail at
+    once; the job exits non-zero; down leaves nothing behind (the fixture checks)."""
+    c = make_cluster("--hosts", "2", "--ranks-per-host", "2", "--host-rate", "400mbit")
+    out = tmp_path / "out"
+    out.mkdir()
+    on_host = {0: [0, 1], 1: [2, 3]}
+    proc = subprocess.Popen(_cli_argv(
+        "run", "--state-dir", str(c.state.path), "--netmod", netmod, "--disable-auto-cleanup",
+        "--", sys.executable, "-u", str(RANKS_DIR / SCRIPT), "loop", algo, str(out), str(T)),
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, cwd=ROOT)
+    try:
+        _wait_for(lambda: len(list(out.glob("running-*"))) == 4, 90, "all ranks running", proc)
+        time.sleep(0.3)
+        t_fault = time.time()
+        if fault == "link":
+            assert _cli("link", "--state-dir", str(c.state.path), "h1", "down").returncode == 0
+            survivors = [0, 1, 2, 3]
+        else:
+            for r in on_host[1]:
+                os.kill(int((out / f"running-{r}").read_text()), signal.SIGKILL)
+            survivors = on_host[0]
+        _wait_for(lambda: all((out / f"error-{r}").exists() for r in survivors), T + 5 + 20,
+                  f"reports of ranks {survivors}", None)
+        shm_files = _ls_shm(c, 0)
+        if fault == "link":
+            _cli("link", "--state-dir", str(c.state.path), "h1", "up")
+        code = proc.wait(timeout=90)
+        output = proc.stdout.read() if proc.stdout else ""
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    reports = {r: json.loads((out / f"error-{r}").read_text()) for r in survivors}
+    print(f"{fault} {netmod} {algo}: exit {code}; host 0's /dev/shm: {shm_files}")
+    for r, rep in reports.items():
+        print(f"  rank {r} after {rep['time'] - t_fault:.2f} s: {rep['type']}: {rep['message']}")
+    waits = {r: {int(n) for n in re.findall(r"(?<!\()rank (\d+)", rep["message"])}  # world ranks
+             for r, rep in reports.items()}
+    for r, rep in reports.items():
+        msg = rep["message"]
+        assert rep["type"] == "CollectiveTimeoutError" and "all_reduce" in msg, (r, rep)
+        assert rep["time"] - t_fault <= T + 5, (r, rep["time"] - t_fault, rep)
+        assert rep["then"] == "CommunicatorBrokenError", (r, rep)
+        assert waits[r] or "the other ranks" in msg, (r, rep)
+        # a survivor names whom it waited for: a rank across the fault, or one of its own host
+        # that waited in turn; following the names leads across ("the other ranks": MPI's
+        # native all-reduce of the signature check can't say whom it waits for)
+        side = on_host[0] if r in on_host[0] else on_host[1]
+        seen, todo, crossed = {r}, [r], "the other ranks" in msg
+        while todo and not crossed:
+            for w in waits.get(todo.pop(), set()):
+                crossed |= w not in side or "the other ranks" in reports.get(w, {}).get("message", "")
+                if w in side and w in reports and w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        assert crossed, (r, waits, reports)
+    assert code != 0, output
+    c.shm_seen = shm_files  # the fixture checks none of them outlives down
+
+
+# ---- fixtures and helpers -----------------------------------------------------------------------
+
+class _Up(cluster.Cluster):
+    shm_seen: list[str] = []
+
+
+@pytest.fixture
+def make_cluster(tmp_path_factory: Any) -> Iterator[Callable[..., _Up]]:
+    """Bring up clusters with ``topocoll cluster up ARGS``; every one goes down at the end, and
+    the finalizer fails if a namespace, interface, process or /dev/shm file of it is left."""
+    made: list[_Up] = []
+
+    def make(*args: str) -> _Up:
+        return _bring_up(tmp_path_factory, made, args)
+
+    yield make
+    _take_down(made)
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory: Any) -> Iterator[_Up]:
+    """2 hosts x 2 ranks under one leaf, host links 400 Mbit/s."""
+    if PROBLEMS:
+        pytest.skip("cluster tests need root and iproute2: " + "; ".join(PROBLEMS))
+    made: list[_Up] = []
+    yield _bring_up(tmp_path_factory, made, ("--hosts", "2", "--ranks-per-host", "2",
+                                             "--host-rate", "400mbit"))
+    _take_down(made)
+
+
+@pytest.fixture(scope="module")
+def four_hosts(tmp_path_factory: Any) -> Iterator[_Up]:
+    """4 hosts x 2 ranks, 2 per leaf switch; host links 200 Mbit/s, uplinks 100 Mbit/s."""
+    if PROBLEMS:
+        pytest.skip("cluster tests need root and iproute2: " + "; ".join(PROBLEMS))
+    made: list[_Up] = []
+    yield _bring_up(tmp_path_factory, made, ("--hosts", "4", "--ranks-per-host", "2",
+                                             "--leaves", "2", "--host-rate", "200mbit",
+                                             "--uplink-rate", "100mbit"))
+    _take_down(made)
+
+
+def _bring_up(factory: Any, made: list[_Up], args: tuple[str, ...]) -> _Up:
+    state = factory.mktemp("cluster") / "state"
+    p = _cli("up", "--state-dir", str(state), *args)
+    if p.returncode != 0 and cluster.state.StateDir(state).prefix() is None:
+        pytest.skip(f"cannot make a cluster here: {p.stderr.strip()}")
+    if p.returncode != 0:  # it got as far as creating something: still take that down
+        made.append(_Up("?", cluster.state.StateDir(state), None, {}))  # type: ignore[arg-type]
+        pytest.fail(f"topocoll cluster up failed: {p.stderr}")
+    c = cluster.Cluster.load(state_dir=state)
+    up = _Up(c.name, c.state, c.layout, c.holders, c.description)
+    up.shm_seen = []
+    made.append(up)
+    return up
+
+
+def _take_down(made: list[_Up]) -> None:
+    problems = []
+    for c in made:
+        prefix = c.state.prefix() if c.layout is None else c.prefix
+        inodes = _inodes([h.name for h in c.layout.hosts]) if c.layout else set()
+        p = _cli("down", "--state-dir", str(c.state.path))
+        if p.returncode != 0:
+            problems.append(f"down: {p.stdout}{p.stderr}")
+        try:
+            _assert_gone(prefix, inodes, c.state.path)
+            left = [f for f in c.shm_seen if Path("/dev/shm", f).exists()]
+            assert not left, f"/dev/shm files of the cluster outlived it: {left}"
+        except AssertionError as e:
+            problems.append(str(e))
+    assert not problems, problems
+
+
+def _assert_gone(prefix: str | None, inodes: set[int], state: Path) -> None:
+    assert prefix is not None
+    assert not cl_net.find_netns(prefix), cl_net.find_netns(prefix)
+    assert not cl_net.find_links(prefix), cl_net.find_links(prefix)
+    assert not cl_net.processes_in(inodes), cl_net.processes_in(inodes)
+    assert not state.exists(), list(state.iterdir())
+    stray = [pid for pid, cmd in _cmdlines().items() if str(state) in cmd]
+    assert not stray, f"processes still mention {state}: {stray}"
+
+
+def _cmdlines() -> dict[int, str]:
+    out = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                out[int(entry.name)] = Path(entry.path, "cmdline").read_bytes().replace(
+                    b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+    return out
+
+
+def _inodes(netns: list[str]) -> set[int]:
+    out = set()
+    for n in netns:
+        try:
+            out.add(os.stat(cl_net.NETNS_DIR / n).st_ino)
+        except OSError:
+            pass
+    return out
+
+
+def _ls_shm(c: cluster.Cluster, host: int) -> list[str]:
+    return _cli("exec", "--state-dir", str(c.state.path), str(host), "--", "ls",
+                "/dev/shm").stdout.split()
+
+
+def cluster_run(c: cluster.Cluster, script: str, args: list[str] | tuple[str, ...] = (),
+                timeout: float = 120, env: dict[str, str] | None = None,
+                command: list[str] | None = None, netmod: str = "ucx") -> str:
+    """Run a rank script (or ``command``) on every slot of the cluster; fail naming the ranks."""
+    path = RANKS_DIR / script
+    argv = _cli_argv("run", "--state-dir", str(c.state.path), "--netmod", netmod, "--",
+                     *(command or [sys.executable, "-u", str(path), *args]))
+    return str(_launch(argv, path, c.world_size, timeout, env))
+
+
+def _cli_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "topocoll.cluster", *args]
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(YIELD_ENV)
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR)] + ([env["PYTHONPATH"]]
+                                                            if env.get("PYTHONPATH") else []))
+    env.update(extra or {})
+    return env
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(_cli_argv(*args), capture_output=True, text=True, cwd=ROOT,
+                          env=_env(env), timeout=120)
+
+
+def _wait_for(cond: Callable[[], bool], seconds: float, what: str,
+              proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"waiting for {what}: the run ended ({proc.returncode}):\n{out}")
+        time.sleep(0.05)
+    raise AssertionError(f"no {what} within {seconds:.0f} s")
