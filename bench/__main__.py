@@ -55,8 +55,10 @@ def usage() -> str:
              "",
              f"collectives: {', '.join(SPECS)}",
              "  flags (nccl-tests names): -b/-e/-f/-i sizes, -n iters, -w warmup, -c check,",
-             "  -o op, -d datatype, -r root, -z blocking, -a average, --algo a,b,",
-             "  --json PATH, --plot PATH.png, --quiet;  topocoll bench all_reduce --help",
+             "  -m agg, -N cycles, -T timeout, -o op, -d datatype, -r root, -z blocking,",
+             "  -a average, -g 1/-t 1 (no-ops), --algo a,b, -J/--json PATH, --csv PATH,",
+             "  --min-bw GB/s, --per-rank, --plot PATH.png, --quiet;",
+             "  topocoll bench all_reduce --help",
              "", "tools:"]
     lines += [f"  {name:12s} {doc}" for name, doc in tools().items()]
     return "\n".join(lines)

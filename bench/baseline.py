@@ -110,10 +110,11 @@ class MPICase(Case):
         """Always ``mpi4py``: there is nothing to choose."""
         return BASELINE
 
-    def run(self, iters: int, blocking: bool) -> None:
-        """Issue ``iters`` calls, blocking, or each as its ``I...`` call and ``Wait``."""
+    def run(self, iters: int, blocking: bool, agg: int = 1) -> None:
+        """Issue ``iters * agg`` calls, blocking, or each as its ``I...`` call and ``Wait`` (MPI
+        forbids pending calls that write one buffer, so ``-m`` can't group them here)."""
         call, nonblocking = self._call, not blocking
-        for _ in range(iters):
+        for _ in range(iters * agg):
             call(nonblocking)
 
     def _build(self) -> Callable[[bool], Any]:

@@ -150,15 +150,22 @@ class Case:
             return "p2p" if self.spec.name == "sendrecv" else self.algo
         return self.comm.algorithm_for(self.spec.name, self.input_bytes)
 
-    def run(self, iters: int, blocking: bool) -> None:
-        """Issue ``iters`` calls, each waited for (blocking) or all async and waited at the end."""
-        if blocking:
+    def run(self, iters: int, blocking: bool, agg: int = 1) -> None:
+        """Issue ``iters`` iterations of ``agg`` calls each (nccl-tests' ``-m``): blocking, each
+        iteration waits for its calls (one call: a plain blocking call; several: issued with
+        ``async_op=True``, then waited for as a group); else all async and waited at the end."""
+        if blocking and agg == 1:
             for _ in range(iters):
                 self._call(False)
             return
         handles = []
         for _ in range(iters):
-            handles.extend(self._call(True))
+            for _ in range(agg):
+                handles.extend(self._call(True))
+            if blocking:
+                for h in handles:
+                    h.wait()
+                handles = []
         for h in handles:
             h.wait()
 

@@ -28,9 +28,14 @@ from .sizes import format_size
 _COMBINE = {1: "avg", 2: "min", 3: "max"}
 
 
+EXIT_WRONG, EXIT_USAGE, EXIT_TIMEOUT, EXIT_MIN_BW = 1, 2, 3, 4
+"""Exit statuses besides 0: some ``#wrong`` or out-of-bounds element, a bad command line, a
+collective that timed out (``-T``), an average bus bandwidth below ``--min-bw``."""
+
+
 def main(argv: Sequence[str]) -> int:
-    """``topocoll bench <collective> [flags]``: 0 if every result was right, 1 if not, 2 on
-    a bad command line."""
+    """``topocoll bench <collective> [flags]``: 0 if every result was right (and fast enough for
+    ``--min-bw``), else one of ``EXIT_WRONG``, ``EXIT_USAGE``, ``EXIT_TIMEOUT``, ``EXIT_MIN_BW``."""
     argv = list(argv)
     try:
         opts = parse(argv[0] if argv else "", argv[1:])
@@ -40,18 +45,35 @@ def main(argv: Sequence[str]) -> int:
         return 2
     except SystemExit as done:  # --help
         return int(done.code or 0)
+    if launcher_rank() == 0:
+        for note in opts.notes:
+            print(f"topocoll bench: note: {note}", file=sys.stderr)
     # repeated in-place prod/sum grows floats to inf during timing: expected, not worth a warning
     warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-    comm = collectives.init()
+    comm = collectives.init(timeout=opts.timeout)
     try:
         rows = run(comm, opts, argv)
     except UsageError as err:  # depends on the world size, so the same on every rank
         if comm.rank == 0:
             print(f"topocoll bench: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except (collectives.CollectiveTimeoutError, collectives.CommunicatorBrokenError) as err:
+        # a hung or lost peer (-T): each rank that saw it says so; the others time out too
+        sys.stdout.flush()
+        print(f"topocoll bench: error: rank {comm.rank}: {err}", file=sys.stderr, flush=True)
+        return EXIT_TIMEOUT
     bad = sum((res.wrong or 0) for r in rows for m, _ in report.MODES
               if (res := r.result(m)) is not None) + sum(r.out_of_bounds for r in rows)
-    return 1 if bad else 0
+    if bad:
+        return EXIT_WRONG
+    if opts.min_bw is not None and not report.gate(rows, opts.algos, opts.min_bw)[1]:
+        if launcher_rank() == 0:
+            print(f"topocoll bench: average bus bandwidth below the minimum {opts.min_bw:g} GB/s "
+                  f"(--min-bw / NCCL_TESTS_MIN_BW) for "
+                  f"{', '.join(report.gated_algos(opts.algos))}; see the footer",
+                  file=sys.stderr)
+        return EXIT_MIN_BW
+    return 0
 
 
 def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ()) -> list[Row]:
@@ -63,36 +85,44 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
              enumerate(comm.mpi_comm.allgather((socket.gethostname(), os.getpid())))]
     combos = opts.combos(n)
     if lead:
-        _out(report.header(_params(opts, comm), ranks, algo_column=True))
-    total = len(combos) * len(opts.sizes) * len(opts.algos) * opts.repeats
+        _out(report.header(_params(opts, comm), ranks, algo_column=True,
+                           per_rank=opts.per_rank))
+    total = len(combos) * opts.cycles * len(opts.sizes) * len(opts.algos) * opts.repeats
     rows, step = [], 0
     memory = Memory(comm, opts.registered > 0)
     baseline = MPIBaseline(comm) if BASELINE in opts.algos else None
-    for dtype, op, root in combos:
-        for size in opts.sizes:
-            tries: dict[str, list[Row]] = {algo: [] for algo in opts.algos}
-            for _ in range(opts.repeats):  # algorithms interleaved: noise hits them alike
-                for algo in opts.algos:
-                    step += 1
-                    if lead and not opts.quiet:
-                        what = f" {dtype} {op} root {root}" if len(combos) > 1 else ""
-                        print(f"[{step:{len(str(total))}d}/{total}] {opts.collective} {algo}"
-                              f"{what} {format_size(size)}", file=sys.stderr, flush=True)
-                    tries[algo].append(measure(comm, opts, dtype, op, root, size, algo, memory,
-                                               baseline))
+    for dtype, op, root, cycle, size in ((d, o, r, c, s) for d, o, r in combos
+                                         for c in range(opts.cycles) for s in opts.sizes):
+        if lead and opts.cycles > 1 and size == opts.sizes[0]:
+            _out([f"# cycle {cycle + 1}/{opts.cycles}"])
+        tries: dict[str, list[Row]] = {algo: [] for algo in opts.algos}
+        for _ in range(opts.repeats):  # algorithms interleaved: noise hits them alike
             for algo in opts.algos:
-                row = _median_row(tries[algo])
-                rows.append(row)
-                if lead:
-                    _out([report.row_line(row, algo_column=True)])
+                step += 1
+                if lead and not opts.quiet:
+                    what = f" {dtype} {op} root {root}" if len(combos) > 1 else ""
+                    print(f"[{step:{len(str(total))}d}/{total}] {opts.collective} {algo}"
+                          f"{what} {format_size(size)}", file=sys.stderr, flush=True)
+                tries[algo].append(measure(comm, opts, dtype, op, root, size, algo, memory,
+                                           baseline))
+        for algo in opts.algos:
+            row = _median_row(tries[algo])
+            row.cycle = cycle
+            rows.append(row)
+            if lead:
+                _out([report.row_line(row, algo_column=True, per_rank=opts.per_rank)])
     memory.close()
     if baseline is not None:
         baseline.close()
     if lead:
-        _out(report.footer(rows, opts.algos) + report.comparison(rows, opts.algos))
+        gate = report.gate(rows, opts.algos, opts.min_bw)[0] if opts.min_bw is not None else []
+        foot = report.footer(rows, opts.algos)
+        _out(foot[:-1] + gate + foot[-1:] + report.comparison(rows, opts.algos))
         meta = _meta(opts, n, ranks, argv, rows)
         if opts.json:
             report.write_json(opts.json, meta, rows)
+        if opts.csv:
+            report.write_csv(opts.csv, rows)
         if opts.plot:
             report.plot(opts.plot, rows, f"{opts.collective}, {n} ranks"
                         + (f", {opts.dtypes[0]}" if len(opts.dtypes) == 1 else ""))
@@ -122,20 +152,25 @@ def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, 
             case = Case(comm, name, dtype, count, api_op, max(root, 0), mode, algo, memory)
         row.resolved = case.resolved()
         wrong = oob = 0
-        if opts.check:
+        for _ in range(opts.check):  # nccl-tests' -c N: N checked calls, each refilled
             case.fill()
             case.run(1, blocking=True)
-            wrong, oob = case.wrong(), case.out_of_bounds()
+            wrong, oob = wrong + case.wrong(), oob + case.out_of_bounds()
+        if opts.check:
             case.fill()
         iters = timed_iterations(comm, opts, case)
         comm.barrier()
         t0 = time.perf_counter()
-        case.run(iters, opts.blocking)
-        seconds = combine_time(comm, (time.perf_counter() - t0) / iters, opts.average)
+        case.run(iters, opts.blocking, opts.agg)
+        mine = (time.perf_counter() - t0) / (iters * opts.agg)
+        seconds = combine_time(comm, mine, opts.average)
         counts_ = comm.all_reduce(np.array([wrong, oob], np.int64), op="sum")
         algbw, busbw = report.bandwidths(shown, seconds, busbw_factor(name, n))
         res = Result(seconds * 1e6, algbw, busbw, int(counts_[0]) if opts.check else None,
                      iters)
+        if opts.per_rank:
+            res.time_min_us, res.time_avg_us, res.time_max_us = (
+                t * 1e6 for t in spread_over_ranks(comm, mine))
         row.out_of_bounds += int(counts_[1])
         if mode == "oop":
             row.out_of_place = res
@@ -184,6 +219,14 @@ def _median_row(tries: list[Row]) -> Row:
     return row
 
 
+def spread_over_ranks(comm: collectives.Communicator, seconds: float) -> tuple[float, float,
+                                                                             float]:
+    """``(min, mean, max)`` of ``seconds`` over ranks (``--per-rank``)."""
+    ext = comm.all_reduce(np.array([-seconds, seconds], np.float64), op="max")
+    total = comm.all_reduce(np.array([seconds], np.float64), op="sum")
+    return -float(ext[0]), float(total[0]) / comm.size, float(ext[1])
+
+
 def combine_time(comm: collectives.Communicator, seconds: float, average: int) -> float:
     """One time for all ranks, nccl-tests' ``-a``: rank 0's, or the avg, min or max over ranks."""
     t = np.array([seconds], np.float64)
@@ -200,7 +243,10 @@ def _params(opts: Options, comm: collectives.Communicator) -> str:
     return (f"collective {opts.collective}  ranks {comm.size}  minBytes {opts.minbytes} maxBytes "
             f"{opts.maxbytes} step: {step} warmup iters: {opts.warmup} iters: {opts.iters}"
             f"{f' (or {opts.min_time * 1e3:g} ms)' if opts.min_time else ''} "
-            f"validation: {int(opts.check)} blocking: {int(opts.blocking)} average: "
+            f"validation: {int(opts.check)} blocking: {int(opts.blocking)} "
+            f"{f'agg iters: {opts.agg} ' if opts.agg > 1 else ''}"
+            f"{f'cycles: {opts.cycles} ' if opts.cycles > 1 else ''}"
+            f"{f'timeout: {opts.timeout:g} s ' if opts.timeout else ''}average: "
             f"{AVERAGE_MODES[opts.average]} algos: {','.join(opts.algos)} "
             f"registered buffers: {opts.registered} "
             f"agreement check: {check}")
@@ -212,9 +258,13 @@ def _meta(opts: Options, n: int, ranks: list[tuple[int, str, int]], argv: Sequen
 
     return {
         "collective": opts.collective, "world_size": n, "argv": list(argv),
-        "params": {k: v for k, v in vars(opts).items() if k not in ("json", "plot", "quiet")},
+        "params": {k: v for k, v in vars(opts).items()
+                   if k not in ("json", "csv", "plot", "quiet", "notes")},
         "ranks": [{"rank": r, "host": h, "pid": p} for r, h, p in ranks],
         "avg_busbw": {a: report.avg_busbw([r for r in rows if r.algo == a]) for a in opts.algos},
+        "min_bw": None if opts.min_bw is None else {
+            "min": opts.min_bw, "algos": report.gated_algos(opts.algos),
+            "ok": report.gate(rows, opts.algos, opts.min_bw)[1]},
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "mpi": MPI.Get_library_version().splitlines()[0].strip(),
         "numpy": np.__version__, "python": sys.version.split()[0],

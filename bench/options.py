@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from topocoll import collectives
@@ -22,6 +22,11 @@ shows how topocoll compares with calling MPI through mpi4py directly."""
 
 AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
 """``-a`` values, like nccl-tests: how per-rank times combine into one."""
+
+
+MAX_CYCLES = 10_000
+"""Upper bound on ``-N``: nccl-tests' 0 means forever, which a benchmark with an exit status
+can't report on."""
 
 
 class UsageError(ValueError):
@@ -40,7 +45,7 @@ class Options:
     stepbytes: int
     iters: int
     warmup: int
-    check: bool
+    check: int    # -c: checked calls per measurement (nccl-tests' count; 0: no check)
     ops: list[str]
     dtypes: list[str]
     roots: list[int] | None   # None: every rank ("-r all"), known only once the world size is
@@ -53,6 +58,13 @@ class Options:
     repeats: int = 1
     registered: int = 0
     min_time: float = 0.0   # seconds; 0: exactly ``iters`` timed iterations
+    agg: int = 1            # -m: operations issued together per timed iteration (nccl-tests)
+    cycles: int = 1         # -N: times the size sweep runs, each cycle printed (nccl-tests)
+    timeout: float | None = None   # -T: seconds each collective waits for a peer (None: default)
+    csv: str | None = None
+    min_bw: float | None = None    # GB/s: exit 4 if an algorithm's avg busbw is below it
+    per_rank: bool = False  # min/avg/max time over ranks per row
+    notes: list[str] = field(default_factory=list)  # printed on stderr by rank 0 (no-op flags)
 
     def combos(self, nranks: int) -> list[tuple[str, str, int]]:
         """The (dtype, op, root) triples to sweep, skipping ops a dtype can't do (avg on ints)."""
@@ -84,9 +96,42 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
                              ("--repeats", ns.repeats, 1)):
         if value < low:
             raise UsageError(f"{flag} must be at least {low}, got {value}")
-    for flag, value in (("-c/--check", ns.check), ("-z/--blocking", ns.blocking)):
-        if value not in (0, 1):
-            raise UsageError(f"{flag} must be 0 or 1, got {value}")
+    for flag, value, low in (("-c/--check", ns.check, 0), ("-m/--agg_iters", ns.agg, 1)):
+        if value < low:
+            raise UsageError(f"{flag} must be at least {low}, got {value}")
+    if ns.cycles < 0:
+        raise UsageError(f"-N/--run_cycles must be at least 1, got {ns.cycles}")
+    if ns.cycles == 0:
+        raise UsageError("-N/--run_cycles 0 (nccl-tests: run forever) is not supported: give a "
+                         f"number of cycles, 1 to {MAX_CYCLES}")
+    if ns.cycles > MAX_CYCLES:
+        raise UsageError(f"-N/--run_cycles must be at most {MAX_CYCLES}, got {ns.cycles}")
+    if ns.blocking not in (0, 1):
+        raise UsageError(f"-z/--blocking must be 0 or 1, got {ns.blocking}")
+    notes = []
+    for flag, value, what in (("-g/--ngpus", ns.ngpus, "GPUs per thread"),
+                              ("-t/--nthreads", ns.nthreads, "threads per process")):
+        if value is None:
+            continue
+        if value != 1:
+            raise UsageError(f"{flag} {value}: topocoll runs one device per rank and one thread "
+                             f"per process; start more ranks with mpiexec -n instead "
+                             f"(only {flag.split('/')[0]} 1 is accepted)")
+        notes.append(f"{flag.split('/')[0]} 1 ({what}) accepted for nccl-tests compatibility: "
+                     f"topocoll always runs one device per rank, one thread")
+    if ns.timeout < 0:
+        raise UsageError(f"-T/--timeout must be >= 0 seconds (0: topocoll's default), "
+                         f"got {ns.timeout:g}")
+    min_bw = ns.min_bw
+    if min_bw is None and os.environ.get("NCCL_TESTS_MIN_BW", "").strip():
+        text = os.environ["NCCL_TESTS_MIN_BW"]
+        try:
+            min_bw = float(text)
+        except ValueError:
+            raise UsageError(f"NCCL_TESTS_MIN_BW: expected a bandwidth in GB/s, got "
+                             f"{text!r}") from None
+    if min_bw is not None and not min_bw >= 0:
+        raise UsageError(f"--min-bw must be >= 0 GB/s, got {min_bw:g}")
     if ns.registered not in (0, 1, 2):
         raise UsageError(f"-R/--local_register must be 0 (plain buffers), 1 or 2 (registered "
                          f"buffers), got {ns.registered}")
@@ -105,8 +150,9 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     if ns.plot is not None and not ns.plot.lower().endswith(".png"):
         raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
     return Options(collective, sizes, minb, maxb, ns.stepfactor, stepb, ns.iters, ns.warmup,
-                   bool(ns.check), ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
-                   ns.json, ns.plot, ns.quiet, ns.repeats, ns.registered, ns.min_time / 1e3)
+                   ns.check, ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
+                   ns.json, ns.plot, ns.quiet, ns.repeats, ns.registered, ns.min_time / 1e3,
+                   ns.agg, ns.cycles, ns.timeout or None, ns.csv, min_bw, ns.per_rank, notes)
 
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
@@ -122,7 +168,22 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("-n", "--iters", type=int, default=20, help="timed iterations per size (default 20)")
     add("-w", "--warmup_iters", dest="warmup", type=int, default=5,
         help="untimed iterations before (default 5)")
-    add("-c", "--check", type=int, default=1, help="0/1: check results, count #wrong (default 1)")
+    add("-c", "--check", type=int, default=1,
+        help="checked calls per measurement, each refilled and checked; #wrong sums them; "
+             "0: no check (nccl-tests' -c; default 1)")
+    add("-m", "--agg_iters", dest="agg", type=int, default=1,
+        help="operations issued together in each timed iteration, waited for as a group; the "
+             "time is per operation (nccl-tests' -m; default 1)")
+    add("-N", "--run_cycles", dest="cycles", type=int, default=1,
+        help=f"run the size sweep this many times, printing each cycle (nccl-tests' -N; "
+             f"0, nccl-tests' 'forever', is refused; at most {MAX_CYCLES}; default 1)")
+    add("-T", "--timeout", type=float, default=0.0, metavar="SECONDS",
+        help="seconds a collective waits for a peer before failing with CollectiveTimeoutError "
+             "naming the op and rank (nccl-tests' -T; default 0: TOPOCOLL_TIMEOUT or 300)")
+    add("-g", "--ngpus", type=int, default=None,
+        help="nccl-tests' GPUs per thread: only 1 is accepted (one device per rank), a no-op")
+    add("-t", "--nthreads", type=int, default=None,
+        help="nccl-tests' threads per process: only 1 is accepted (one thread), a no-op")
     add("-o", "--op", default="sum", help="sum, prod, min, max, avg or all (default sum)")
     add("-d", "--datatype", default="float",
         help=f"{', '.join(DTYPES)} or all; comma lists work (default float)")
@@ -143,7 +204,15 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("--algo", default=DEFAULT_ALGOS,
         help=f"comma list of algorithms to compare side by side, e.g. ring,native; "
              f"{BASELINE} is mpi4py's own call, the ratios' baseline (default {DEFAULT_ALGOS})")
-    add("--json", metavar="PATH", help="write every row and the run's metadata as JSON")
+    add("-J", "--json", metavar="PATH",
+        help="write every row and the run's metadata as versioned JSON (nccl-tests' -J)")
+    add("--csv", metavar="PATH",
+        help="write one CSV line per size, type, op, root, algorithm, mode (and cycle)")
+    add("--min-bw", type=float, default=None, metavar="GB/s",
+        help="exit 4 if the average bus bandwidth of any algorithm measured (the mpi4py baseline "
+             "only when it is the only one) is below this (default: NCCL_TESTS_MIN_BW, else off)")
+    add("--per-rank", action="store_true",
+        help="add min/avg/max time over ranks to every mode's columns (OSU style)")
     add("--plot", metavar="PATH.png", help="plot busbw vs size, one line per algorithm")
     add("--quiet", action="store_true", help="no progress lines on stderr")
     return p

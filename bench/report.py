@@ -1,6 +1,7 @@
 """The nccl-tests table (header, rows, footer), the algorithm comparison, JSON and the plot."""
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -8,6 +9,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 MODES = (("oop", "out-of-place"), ("ip", "in-place"))
+
+JSON_FORMAT, JSON_VERSION = "topocoll-bench", 1
+"""The JSON document's top-level ``format`` and ``version`` (files without them predate both).
+Version 1: ``{"format", "version", "topocoll", "meta", "rows"}``."""
+
+CSV_COLUMNS = ("collective", "cycle", "size", "count", "type", "redop", "root", "algo",
+               "resolved", "mode", "time_us", "algbw", "busbw", "wrong", "iters",
+               "out_of_bounds", "time_min_us", "time_avg_us", "time_max_us", "skipped")
+"""``--csv`` columns: one line per row and mode the collective offers (times in us, GB/s)."""
 
 BASELINES = ("mpi4py", "native")
 """What ratios are taken against, first present wins: mpi4py's own call, then topocoll's
@@ -23,6 +33,9 @@ class Result:
     busbw: float   # GB/s, algbw * the collective's factor
     wrong: int | None  # mismatching elements summed over ranks (None: not checked)
     iters: int = 0     # timed iterations (-n, or more with --min-time)
+    time_min_us: float | None = None  # --per-rank: min, mean, max over ranks of the time per call
+    time_avg_us: float | None = None
+    time_max_us: float | None = None
 
 
 @dataclass
@@ -41,6 +54,7 @@ class Row:
     in_place: Result | None = None
     out_of_bounds: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    cycle: int = 0   # -N: which run of the sweep (0-based)
 
     def result(self, mode: str) -> Result | None:
         """The Result for ``"oop"`` or ``"ip"``."""
@@ -65,24 +79,31 @@ def bandwidths(size: int, seconds: float, factor: float) -> tuple[float, float]:
     return algbw, algbw * factor
 
 
-def header(params: str, ranks: Sequence[tuple[int, str, int]], algo_column: bool) -> list[str]:
-    """The lines before the rows: parameters, one line per rank, the column titles."""
+def header(params: str, ranks: Sequence[tuple[int, str, int]], algo_column: bool,
+           per_rank: bool = False) -> list[str]:
+    """The lines before the rows: parameters, one line per rank, the column titles (with
+    ``per_rank``, each mode adds min/avg/max time over ranks)."""
     lines = [f"# {params}", "#", "# Using ranks"]
     lines += [f"#  Rank {r:3d} Pid {pid:7d} on {host:>12s}" for r, host, pid in ranks]
     lead = _cells(("size", "count", "type", "redop", "root"), ("(B)", "(elements)", "", "", ""),
                   algo_column)
     block = [("time", "(us)"), ("algbw", "(GB/s)"), ("busbw", "(GB/s)"), ("#wrong", "")]
-    names = "".join(f"  {t:>{w}s}" for _ in MODES for (t, _u), w in zip(block, _WIDTHS))
-    units = "".join(f"  {u:>{w}s}" for _ in MODES for (_t, u), w in zip(block, _WIDTHS))
-    span = sum(_WIDTHS) + 2 * len(_WIDTHS)
+    widths: tuple[int, ...] = _WIDTHS
+    if per_rank:
+        block += [("min", "(us)"), ("avg", "(us)"), ("max", "(us)")]
+        widths = _WIDTHS + _SPREAD
+    names = "".join(f"  {t:>{w}s}" for _ in MODES for (t, _u), w in zip(block, widths))
+    units = "".join(f"  {u:>{w}s}" for _ in MODES for (_t, u), w in zip(block, widths))
+    span = sum(widths) + 2 * len(widths)
     modes = "".join(f"{title:^{span}s}" for _, title in MODES)
     lines += ["#", "#" + " " * (len(lead[0]) - 1) + modes.rstrip(),
               "#" + lead[0][1:] + names, "#" + lead[1][1:] + units]
     return lines
 
 
-def row_line(row: Row, algo_column: bool) -> str:
-    """One table line, nccl-tests columns (N/A where the API has no such mode)."""
+def row_line(row: Row, algo_column: bool, per_rank: bool = False) -> str:
+    """One table line, nccl-tests columns (N/A where the API has no such mode); with
+    ``per_rank``, min/avg/max time over ranks after each mode's ``#wrong``."""
     s = f"{row.size:12d}  {row.count:12d}  {row.type:>8s}  {row.redop:>6s}  {row.root:6d}"
     if algo_column:
         s += f"  {row.algo:>6s}"
@@ -95,6 +116,10 @@ def row_line(row: Row, algo_column: bool) -> str:
         else:
             wrong = "N/A" if res.wrong is None else str(res.wrong)
             s += f"  {_time(res.time_us):>7s}  {res.algbw:6.2f}  {res.busbw:6.2f}  {wrong:>6s}"
+        if per_rank:
+            spread = (None, None, None) if res is None else \
+                (res.time_min_us, res.time_avg_us, res.time_max_us)
+            s += "".join(f"  {'N/A' if t is None else _time(t):>7s}" for t in spread)
     return s
 
 
@@ -118,6 +143,27 @@ def skip_notes(rows: Sequence[Row]) -> list[str]:
             seen.setdefault((r.algo, r.type, r.redop), r.extra["skipped"])
     return [f"# Skipped {algo:>6s} {typ} {redop}: {why}" for (algo, typ, redop), why in
             seen.items()]
+
+
+def gated_algos(algos: Sequence[str]) -> list[str]:
+    """The algorithms ``--min-bw`` judges: every one but the ``mpi4py`` baseline (which measures
+    MPI, not topocoll), or the baseline when it was the only one measured."""
+    mine = [a for a in algos if a != BASELINES[0]]
+    return mine or list(algos)
+
+
+def gate(rows: Sequence[Row], algos: Sequence[str], min_bw: float) -> tuple[list[str], bool]:
+    """nccl-tests' ``NCCL_TESTS_MIN_BW``: each of ``gated_algos`` must have an average bus
+    bandwidth (``avg_busbw``, GB/s) of at least ``min_bw``. Returns the footer lines and whether
+    all passed."""
+    lines, ok = [], True
+    for algo in gated_algos(algos):
+        avg = avg_busbw([r for r in rows if r.algo == algo])
+        passed = avg >= min_bw
+        ok = ok and passed
+        lines.append(f"# Min bus bandwidth    : {min_bw:g} GB/s, {algo} {avg:g}: "
+                     f"{'OK' if passed else 'FAILED (below the minimum)'}")
+    return lines, ok
 
 
 def avg_busbw(rows: Sequence[Row]) -> float:
@@ -157,9 +203,44 @@ def comparison(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
 
 
 def write_json(path: str | Path, meta: dict[str, Any], rows: Sequence[Row]) -> None:
-    """Write ``{"meta": ..., "rows": [...]}`` (one dict per row, modes as nested dicts or null)."""
-    doc = {"meta": meta, "rows": [asdict(r) for r in rows]}
+    """Write ``{"format": "topocoll-bench", "version": JSON_VERSION, "topocoll": <version>,
+    "meta": ..., "rows": [...]}`` (one dict per row, modes as nested dicts or null)."""
+    from topocoll import __version__
+
+    doc = {"format": JSON_FORMAT, "version": JSON_VERSION, "topocoll": __version__,
+           "meta": meta, "rows": [asdict(r) for r in rows]}
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def csv_records(rows: Sequence[Row]) -> list[dict[str, Any]]:
+    """``CSV_COLUMNS`` dicts: one per row and mode measured (or skipped: empty numbers and the
+    reason); a mode the API does not offer has no line."""
+    out = []
+    for r in rows:
+        for mode, _ in MODES:
+            res = r.result(mode)
+            skipped = r.extra.get("skipped", "")
+            if res is None and not skipped:
+                continue
+            rec: dict[str, Any] = {
+                "collective": r.collective, "cycle": r.cycle, "size": r.size, "count": r.count,
+                "type": r.type, "redop": r.redop, "root": r.root, "algo": r.algo,
+                "resolved": r.resolved, "mode": mode, "out_of_bounds": r.out_of_bounds,
+                "skipped": skipped}
+            if res is not None:
+                rec.update(time_us=res.time_us, algbw=res.algbw, busbw=res.busbw,
+                           wrong=res.wrong, iters=res.iters, time_min_us=res.time_min_us,
+                           time_avg_us=res.time_avg_us, time_max_us=res.time_max_us)
+            out.append({k: ("" if rec.get(k) is None else rec.get(k, "")) for k in CSV_COLUMNS})
+    return out
+
+
+def write_csv(path: str | Path, rows: Sequence[Row]) -> None:
+    """Write ``csv_records`` with a header line of ``CSV_COLUMNS``."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        w.writerows(csv_records(rows))
 
 
 def plot(path: str | Path, rows: Sequence[Row], title: str) -> None:
@@ -194,6 +275,7 @@ def plot(path: str | Path, rows: Sequence[Row], title: str) -> None:
 
 
 _WIDTHS = (7, 6, 6, 6)
+_SPREAD = (7, 7, 7)
 
 
 def _cells(titles: Sequence[str], units: Sequence[str], algo_column: bool) -> tuple[str, str]:

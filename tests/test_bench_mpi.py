@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from mpi_harness import run_ranks
+from mpi_harness import run_ranks, run_ranks_status
 
 pytestmark = pytest.mark.mpi
 
@@ -202,3 +202,68 @@ def test_membw_prints_copy_and_add_rates_per_rank_and_node():
 def test_membw_rejects_bad_sizes_on_every_rank():
     out = run_ranks("bench_membw.py", 2, ["2", "--sizes", "0"], timeout=60)
     assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out and "at least 4 bytes" in out
+
+
+def test_nccl_tests_flags_json_csv_per_rank_cycles_agg(tmp_path):
+    """-g 1 -t 1 (noted no-ops), -J versioned JSON, --csv, --per-rank, -N cycles, -m, -c N."""
+    import csv
+
+    from topocoll import __version__
+
+    js, cs = tmp_path / "r.json", tmp_path / "r.csv"
+    out = run_ranks("bench_cli.py", 2, ["0", "all_reduce", "-b", "8", "-e", "512", "-f", "8",
+                                        "-n", "2", "-w", "1", "-g", "1", "-t", "1", "-c", "3",
+                                        "-m", "2", "-N", "2", "--algo", "mpi4py,ring",
+                                        "-J", str(js), "--csv", str(cs), "--per-rank",
+                                        "--quiet"], timeout=120)
+    assert "RANK 0 RC 0" in out and "RANK 1 RC 0" in out
+    assert out.count("topocoll bench: note: -g 1 (GPUs per thread) accepted") == 1
+    assert out.count("topocoll bench: note: -t 1 (threads per process) accepted") == 1
+    assert "validation: 3 " in out and "agg iters: 2 " in out and "cycles: 2 " in out
+    assert "# cycle 1/2" in out and "# cycle 2/2" in out
+    assert re.search(r"#wrong\s+min\s+avg\s+max\s+time\s+algbw\s+busbw\s+#wrong\s+min\s+avg"
+                     r"\s+max", out), out
+    table = _table_rows(out)
+    assert len(table) == 2 * 3 * 2 and all(len(r) == 6 + 2 * 7 for r in table)
+    for r in table:  # min <= avg <= max over ranks, and the headline (-a 3, max) is the max
+        for base in (6, 13):
+            t, lo, avg, hi = (float(r[base + k]) for k in (0, 4, 5, 6))
+            assert lo <= avg <= hi and t == hi and r[base + 3] == "0"
+    doc = json.loads(js.read_text())
+    assert (doc["format"], doc["version"], doc["topocoll"]) == ("topocoll-bench", 1, __version__)
+    assert doc["meta"]["params"]["agg"] == 2 and doc["meta"]["params"]["check"] == 3
+    assert [(r["cycle"], r["size"], r["algo"]) for r in doc["rows"]] == \
+        [(c, s, a) for c in (0, 1) for s in (8, 64, 512) for a in ("mpi4py", "ring")]
+    recs = list(csv.DictReader(cs.open()))
+    assert len(recs) == 2 * 2 * 3 * 2  # cycle x algo x size x mode (oop, ip)
+    assert {(r["mode"], r["algo"]) for r in recs} == {(m, a) for m in ("oop", "ip")
+                                                      for a in ("mpi4py", "ring")}
+    for rec in recs:
+        assert rec["wrong"] == "0" and rec["out_of_bounds"] == "0" and rec["iters"] == "2"
+        assert float(rec["time_min_us"]) <= float(rec["time_max_us"]) == float(rec["time_us"])
+
+
+@pytest.mark.parametrize("how", ["env", "flag"])
+def test_min_bw_gate_exit_status(how):
+    """Below the minimum: a FAILED footer line, a message, exit 4 on every rank; above: 0."""
+    argv = ["all_reduce", "-b", "4K", "-e", "4K", "-n", "2", "-w", "1", "--quiet"]
+    high = ({"NCCL_TESTS_MIN_BW": "1e6"}, []) if how == "env" else ({}, ["--min-bw", "1e6"])
+    out = run_ranks("bench_cli.py", 2, ["4", *argv, *high[1]], env=high[0], timeout=120)
+    assert "RANK 0 RC 4" in out and "RANK 1 RC 4" in out
+    assert "# Min bus bandwidth    : 1e+06 GB/s, auto " in out
+    assert "FAILED (below the minimum)" in out
+    assert "mpi4py: FAILED" not in out and "# Min bus bandwidth    : 1e+06 GB/s, mpi4py" not in out
+    assert out.count("topocoll bench: average bus bandwidth below the minimum 1e+06 GB/s") == 1
+    low = ({"NCCL_TESTS_MIN_BW": "0"}, []) if how == "env" else ({}, ["--min-bw", "0"])
+    out = run_ranks("bench_cli.py", 2, ["0", *argv, *low[1]], env=low[0], timeout=120)
+    assert "RANK 0 RC 0" in out and "RANK 1 RC 0" in out
+    assert re.search(r"# Min bus bandwidth    : 0 GB/s, auto [\d.e+-]+: OK", out), out
+
+
+def test_timeout_names_the_op_and_the_absent_rank():
+    """-T 2: the last rank leaves after the first size; rank 0's next all_reduce times out."""
+    _, out = run_ranks_status("bench_hang.py", 2, ["2"], timeout=90)
+    assert "RANK 1 RC 0" in out and "RANK 0 RC 3" in out, out
+    assert "topocoll bench: error: rank 0: all_reduce timed out after 2 s waiting for rank 1" \
+        in out, out
+    assert "timeout: 2 s" in out and "RANK 0 DONE" in out

@@ -119,7 +119,16 @@ def test_registered_flag_is_nccl_tests_R_and_repeats_moved():
     ("all_reduce", ["-R", "5"], "-R/--local_register must be 0"),
     ("all_reduce", ["--repeats", "0"], "--repeats must be at least 1"),
     ("all_reduce", ["--min-time", "-1"], "--min-time must be >= 0"),
-    ("all_reduce", ["-c", "2"], "-c/--check must be 0 or 1"),
+    ("all_reduce", ["-c", "-1"], "-c/--check must be at least 0"),
+    ("all_reduce", ["-m", "0"], "-m/--agg_iters must be at least 1"),
+    ("all_reduce", ["-N", "0"], "-N/--run_cycles 0 .nccl-tests: run forever. is not supported"),
+    ("all_reduce", ["-N", "-2"], "-N/--run_cycles must be at least 1"),
+    ("all_reduce", ["-N", "10001"], "-N/--run_cycles must be at most 10000"),
+    ("all_reduce", ["-g", "8"], "-g/--ngpus 8: topocoll runs one device per rank and one thread"),
+    ("all_reduce", ["-t", "2"], "-t/--nthreads 2: topocoll runs one device per rank"),
+    ("all_reduce", ["-T", "-1"], "-T/--timeout must be >= 0 seconds"),
+    ("all_reduce", ["--min-bw", "-3"], "--min-bw must be >= 0 GB/s"),
+    ("all_reduce", ["-z", "2"], "-z/--blocking must be 0 or 1"),
     ("all_reduce", ["-a", "7"], "-a/--average"),
     ("all_reduce", ["-r", "x"], "-r/--root"),
     ("all_reduce", ["--plot", "out.svg"], ".png"),
@@ -251,3 +260,78 @@ def test_cli_help_and_unknown_word():
     assert p.returncode == 2 and "unknown collective or tool 'frobnicate'" in p.stderr
     p = _bench("all_reduce", "--help")
     assert p.returncode == 0 and "--minbytes" in p.stdout
+
+
+def test_nccl_tests_habits_parse(monkeypatch):
+    monkeypatch.delenv("NCCL_TESTS_MIN_BW", raising=False)
+    o = parse("all_reduce", [])
+    assert (o.check, o.agg, o.cycles, o.timeout, o.csv, o.min_bw, o.per_rank, o.notes) == \
+        (1, 1, 1, None, None, None, False, [])
+    o = parse("all_reduce", ["-g", "1", "-t", "1", "-c", "7", "-m", "4", "-N", "3", "-T", "2.5",
+                             "-J", "r.json", "--csv", "r.csv", "--min-bw", "1.5", "--per-rank"])
+    assert (o.check, o.agg, o.cycles, o.timeout, o.json, o.csv, o.min_bw, o.per_rank) == \
+        (7, 4, 3, 2.5, "r.json", "r.csv", 1.5, True)
+    assert len(o.notes) == 2 and o.notes[0].startswith("-g 1 (GPUs per thread) accepted")
+    assert "one device per rank" in o.notes[1] and o.notes[1].startswith("-t 1")
+    assert parse("all_reduce", ["--ngpus", "1", "--nthreads", "1"]).notes == o.notes
+    assert parse("all_reduce", ["-c", "0"]).check == 0  # off
+    assert parse("all_reduce", ["-T", "0"]).timeout is None  # 0: topocoll's default
+    assert parse("all_reduce", ["--json", "a.json"]).json == "a.json"  # the old spelling stays
+    assert parse("all_reduce", ["--agg_iters", "2", "--run_cycles", "2"]).agg == 2
+
+
+def test_min_bw_from_nccl_tests_env(monkeypatch):
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", "12.5")
+    assert parse("all_reduce", []).min_bw == 12.5
+    assert parse("all_reduce", ["--min-bw", "3"]).min_bw == 3.0  # the flag wins
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", "fast")
+    with pytest.raises(UsageError, match="NCCL_TESTS_MIN_BW: expected a bandwidth in GB/s"):
+        parse("all_reduce", [])
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", "")
+    assert parse("all_reduce", []).min_bw is None
+
+
+def test_gate_judges_topocoll_algorithms_not_the_baseline():
+    rows = [_row("mpi4py", 1024, 10.0), _row("auto", 1024, 2.0), _row("ring", 1024, 6.0)]
+    assert report.gated_algos(["mpi4py", "auto", "ring"]) == ["auto", "ring"]
+    assert report.gated_algos(["mpi4py"]) == ["mpi4py"]
+    lines, ok = report.gate(rows, ["mpi4py", "auto", "ring"], 5.0)
+    assert not ok and lines == [
+        "# Min bus bandwidth    : 5 GB/s, auto 2: FAILED (below the minimum)",
+        "# Min bus bandwidth    : 5 GB/s, ring 6: OK"]
+    assert report.gate(rows, ["mpi4py", "auto", "ring"], 2.0)[1]
+    assert not report.gate(rows, ["mpi4py"], 10.5)[1] and report.gate(rows, ["mpi4py"], 10)[1]
+
+
+def test_per_rank_columns_and_csv_and_versioned_json(tmp_path):
+    row = _row("ring", 1024, 4.0)
+    row.out_of_place = report.Result(10.0, 2.0, 4.0, 0, 5, 8.0, 9.0, 10.0)
+    row.in_place = None
+    assert report.row_line(row, True, per_rank=True).split()[6:] == \
+        ["10.00", "2.00", "4.00", "0", "8.00", "9.00", "10.00"] + ["N/A"] * 7
+    assert len(report.row_line(row, True).split()) == 14  # without --per-rank: as before
+    head = report.header("p", [(0, "h", 1)], True, per_rank=True)
+    assert head[-2].split()[-7:] == ["time", "algbw", "busbw", "#wrong", "min", "avg", "max"]
+    assert head[-1].split()[-3:] == ["(us)", "(us)", "(us)"]
+    assert len(head[-2]) == len(report.row_line(row, True, per_rank=True))
+    skipped = report.Row("all_reduce", "mpi4py", "mpi4py", 64, 16, "bfloat16", "sum", -1,
+                         extra={"skipped": "no bfloat16"}, cycle=1)
+    recs = report.csv_records([row, skipped])
+    assert [(r["algo"], r["mode"]) for r in recs] == [("ring", "oop"), ("mpi4py", "oop"),
+                                                      ("mpi4py", "ip")]
+    assert recs[0]["time_min_us"] == 8.0 and recs[0]["iters"] == 5 and recs[0]["skipped"] == ""
+    assert recs[1]["time_us"] == "" and recs[1]["skipped"] == "no bfloat16"
+    assert recs[1]["cycle"] == 1
+    path = tmp_path / "r.csv"
+    report.write_csv(path, [row, skipped])
+    import csv
+    lines = list(csv.DictReader(path.open()))
+    assert list(lines[0]) == list(report.CSV_COLUMNS) and len(lines) == 3
+    assert float(lines[0]["busbw"]) == 4.0 and lines[0]["size"] == "1024"
+    import json
+    from topocoll import __version__
+    report.write_json(tmp_path / "r.json", {"x": 1}, [row])
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert (doc["format"], doc["version"], doc["topocoll"]) == ("topocoll-bench", 1, __version__)
+    assert doc["meta"] == {"x": 1} and doc["rows"][0]["out_of_place"]["time_max_us"] == 10.0
+    assert doc["rows"][0]["cycle"] == 0
