@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from topocoll import collectives
+from topocoll.collectives.faults import exit_status
 
 from . import report
 from .baseline import MPIBaseline, MPICase
@@ -61,6 +62,7 @@ def main(argv: Sequence[str]) -> int:
         # a hung or lost peer (-T): each rank that saw it says so; the others time out too
         sys.stdout.flush()
         print(f"topocoll bench: error: rank {comm.rank}: {err}", file=sys.stderr, flush=True)
+        exit_status(EXIT_TIMEOUT)  # what the process ends with too (collectives.faults)
         return EXIT_TIMEOUT
     bad = sum((res.wrong or 0) for r in rows for m, _ in report.MODES
               if (res := r.result(m)) is not None) + sum(r.out_of_bounds for r in rows)

@@ -6,8 +6,8 @@ died receive SIGUSR1; Python's default action for it ends the process at once. `
 records the notice instead (the collective that waits for the dead peer then times out naming
 it, and says mpiexec reported an exit). Once a communicator broke on a timeout or transport
 error, ``MPI_Finalize`` could wait forever for the missing peer, so at interpreter exit the
-process ends with status 1 without finalizing MPI (``TOPOCOLL_FINALIZE_AFTER_FAULT=1`` keeps
-the normal finalization).
+process ends with status 1 (or what ``exit_status`` set) without finalizing MPI
+(``TOPOCOLL_FINALIZE_AFTER_FAULT=1`` keeps the normal finalization).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-_state = {"broken": False, "peer_exited": False, "exit_hook": False}
+_state: dict[str, int] = {"broken": 0, "peer_exited": 0, "exit_hook": 0, "status": 1}
 
 
 def install() -> None:
@@ -37,19 +37,25 @@ def install() -> None:
 
 def note_broken() -> None:
     """A communicator of this process broke: at exit, don't let MPI_Finalize wait for peers."""
-    _state["broken"] = True
+    _state["broken"] = 1
     if not _state["exit_hook"] and os.environ.get("TOPOCOLL_FINALIZE_AFTER_FAULT", "0") != "1":
-        _state["exit_hook"] = True
+        _state["exit_hook"] = 1
         atexit.register(_exit_without_finalize)
+
+
+def exit_status(code: int) -> None:
+    """The status a process that ends after a fault exits with (default 1): a program that
+    documents its own, such as ``topocoll bench``'s 3 for a timeout, says it here."""
+    _state["status"] = int(code)
 
 
 def peer_exited() -> bool:
     """Whether mpiexec has told this process that another process of the job exited."""
-    return _state["peer_exited"]
+    return bool(_state["peer_exited"])
 
 
 def _on_peer_exit(_signum: int, _frame: Any) -> None:
-    _state["peer_exited"] = True
+    _state["peer_exited"] = 1
 
 
 def _exit_without_finalize() -> None:
@@ -59,4 +65,4 @@ def _exit_without_finalize() -> None:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
             pass
-    os._exit(1)
+    os._exit(int(_state["status"]))

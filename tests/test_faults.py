@@ -70,3 +70,8 @@ def test_killed_peer_survivors_raise_and_exit_non_zero(algo, tmp_path):
     assert sorted(reports) == ["survivor-0", "survivor-1"], (reports, out)
     assert all(r.startswith("CollectiveTimeoutError: all_reduce") for r in reports.values()), reports
     assert code != 0, out
+
+
+def test_the_process_ends_with_the_chosen_status_after_a_fault():
+    code, out = run_ranks_status(SCRIPT, 2, args=["exit_status"], timeout=60)
+    assert code == 7, (code, out)

@@ -277,17 +277,32 @@ def mpi_error():
                       lambda: c.all_reduce(np.ones(4), algo="native", timeout=1.0), "all_reduce")
 
 
+def exit_status():
+    """After a fault the process ends without MPI_Finalize, with the status the program chose
+    (collectives.faults.exit_status), here 7 on rank 0; the late rank exits 0 on its own."""
+    from topocoll.collectives.faults import exit_status as choose
+
+    c = collectives.init(timeout=30)
+    if c.rank == 0:
+        expect_raises(CollectiveTimeoutError, lambda: c.all_reduce(np.ones(4), timeout=1.0))
+        choose(7)
+        return  # falls off the end: the exit hook ends the process with status 7
+    time.sleep(3)
+    os._exit(0)
+
+
 SCENARIOS = {
     "late": late_peer_writes_no_freed_memory, "queued": queued_calls_fail_at_once,
     "stopped": stopped_peer, "nan": nan_max_min_same_everywhere,
     "split": split_rejects_on_every_rank, "threads": two_threads, "minor": minor,
     "hier": hier_names_world_ranks, "killed": killed_peer, "mpi_error": mpi_error,
+    "exit_status": exit_status,
 }
 
 
 def main():
     name, *opts = sys.argv[1:]
-    if name == "killed":
+    if name in ("killed", "exit_status"):
         SCENARIOS[name](*opts)  # no rank_main: a failure here must show as a missing SURVIVOR
         return
     rank_main(lambda: SCENARIOS[name](*opts))
