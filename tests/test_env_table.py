@@ -1,10 +1,29 @@
 """Every TOPOCOLL_* environment variable the package reads is documented in docs/environment.md."""
 import re
+import sys
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    tomllib = None
+
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE_DIRS = ["collectives", "topology", "bench", "rtp", "paro", "tesseract", "primepar",
-                "src/topocoll"]
+FALLBACK_DIRS = ["src/topocoll", "collectives", "topology", "bench", "rtp", "paro", "tesseract",
+                 "primepar"]
+
+
+def _package_dirs() -> list[str]:
+    """The package folders, from pyproject.toml's package-dir mapping (a new package is scanned
+    as soon as it is mapped there)."""
+    if tomllib is None:
+        return FALLBACK_DIRS
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        mapping = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    return sorted(set(mapping.values()))
+
+
+PACKAGE_DIRS = _package_dirs()
 NAME = re.compile(r"\bTOPOCOLL_[A-Z0-9_]*[A-Z0-9]\b")
 # Names that appear in the source but are not environment variables (none today).
 NOT_VARIABLES: set[str] = set()
