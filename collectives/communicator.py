@@ -654,7 +654,7 @@ class Persistent:
     (``MPI_Allreduce_init`` + ``MPI_Start``): argument checks, the algorithm choice and the
     signature happen at ``*_init``, which is collective (a mismatch or a bad argument raises there,
     on every rank); each start re-runs the cross-rank check in the algorithm's own barrier where it
-    has one, so a rank that starts a different operation still fails on every rank.
+    has one, so a rank that starts a different operation still fails on every rank. For example::
 
         p = comm.all_reduce_init(grad)          # every rank, same order
         for step in range(steps):

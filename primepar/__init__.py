@@ -1,4 +1,4 @@
-"""topocoll primepar: spatial-temporal tensor partitioning (PrimePar) and its partition search.
+"""topocoll primepar: spatial-temporal tensor partitioning (PrimePar) and its partition search::
 
     from topocoll import collectives, primepar
     comm = collectives.init()

@@ -1,5 +1,5 @@
 """topocoll rtp: Rotated Tensor Parallelism (each rank stores 1/p of every weight, trains on its
-own micro-batch, and the weight blocks rotate round the ring while it computes).
+own micro-batch, and the weight blocks rotate round the ring while it computes)::
 
     from topocoll import collectives, rtp
     comm = collectives.init()
