@@ -78,10 +78,7 @@ COMPILE_ONLY: dict[str, tuple[set[str], str]] = {
                                  "new_group([0, 1])"),
 }
 
-KNOWN_BROKEN: dict[str, tuple[str, str]] = {  # block -> (which check fails, why)
-    "docs/nccl.md#0": ("imports", "`import cupy, collectives`: there is no top-level "
-                                  "`collectives` module; it is `from topocoll import collectives`"),
-}
+KNOWN_BROKEN: dict[str, tuple[str, str]] = {}  # block -> (which check fails, why)
 
 
 def _blocks() -> list[tuple[str, Path, int, str]]:
