@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from topocoll import collectives
+import topocoll.collectives as collectives
 from topocoll.collectives.faults import exit_status
 
 from . import report

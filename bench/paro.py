@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     g = topo.node_sizes()[0]
     results: list[dict[str, Any]] = []
     for k in args.accum:
-        models = {}
+        models: dict[str, Any] = {}
         for s in args.strategies:
             torch.manual_seed(0)
             net = _mlp(args.width, args.layers)

@@ -67,7 +67,7 @@ def build_fsdp(cfg: dict, comm: Any) -> torch.nn.Module:
     model = GPT(**cfg)
     for block in model.blocks:
         fully_shard(block)
-    return fully_shard(model)
+    return cast(torch.nn.Module, fully_shard(model))  # the same module, its class now FSDP's
 
 
 def build_rtp(cfg: dict, comm: Any, overlap: bool = True) -> torch.nn.Module:

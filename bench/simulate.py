@@ -71,7 +71,8 @@ def _table(args: argparse.Namespace, topo: Any, model: Any, sizes: list[int]) ->
             line += f"{t * 1e6:>14.1f}{bw:>14.2f}" if t is not None else f"{'n/a':>14s}" * 2
             rows.append({"ranks": p, "size": size, "algo": a, "time_s": t, "busbw_GBps": bw})
         for a in algos[1:]:
-            ratio = times[algos[0]] / times[a] if times[a] and times[algos[0]] else float("nan")
+            first, other = times[algos[0]], times[a]
+            ratio = first / other if first and other else float("nan")
             line += f"{ratio:>16.2f}"
         print(line)
     return rows
@@ -122,7 +123,8 @@ def _validate(args: argparse.Namespace) -> int:
             err = (pred - measured) / measured * 100 if pred else float("nan")
             rows.append((total, algo, pred, measured, err))
             if comm.rank == 0:
-                print(f"{format_size(total):>10s} {algo:>8s} predicted {pred * 1e3:9.2f} ms  "
+                shown = f"{pred * 1e3:9.2f}" if pred is not None else f"{'n/a':>9s}"
+                print(f"{format_size(total):>10s} {algo:>8s} predicted {shown} ms  "
                       f"measured {measured * 1e3:9.2f} ms  error {err:+6.1f}%", flush=True)
     if comm.rank == 0 and args.json:
         with open(args.json, "w") as f:

@@ -6,7 +6,7 @@ import argparse
 import re
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from .cost import Costs, Hardware, default_topology
 from .search import Model, Plan, PlanError, baselines, search
@@ -90,7 +90,7 @@ def _topology(spec: str | None, devices: int, links: str | None):
 
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
-    kw = {"links": parse_links(links)} if links else {}
+    kw: dict[str, Any] = {"links": parse_links(links)} if links else {}
     try:
         if spec is None:
             return default_topology(devices, **kw)
