@@ -101,12 +101,23 @@ def header(params: str, ranks: Sequence[tuple[int, str, int]], algo_column: bool
     return lines
 
 
+ALGO_WIDTH = 10
+"""The algorithm column: wide enough for ``auto>shm`` and ``auto>ring``."""
+
+
+def shown_algo(row: Row) -> str:
+    """The algorithm as the table shows it: what ``auto`` ran, as ``auto>shm``."""
+    if row.resolved and row.resolved != row.algo:
+        return f"{row.algo}>{row.resolved}"
+    return row.algo
+
+
 def row_line(row: Row, algo_column: bool, per_rank: bool = False) -> str:
     """One table line, nccl-tests columns (N/A where the API has no such mode); with
     ``per_rank``, min/avg/max time over ranks after each mode's ``#wrong``."""
     s = f"{row.size:12d}  {row.count:12d}  {row.type:>8s}  {row.redop:>6s}  {row.root:6d}"
     if algo_column:
-        s += f"  {row.algo:>6s}"
+        s += f"  {shown_algo(row):>{ALGO_WIDTH}s}"
     for mode, _ in MODES:
         res = row.result(mode)
         if row.extra.get("skipped"):  # the footer says why
@@ -280,7 +291,7 @@ _SPREAD = (7, 7, 7)
 
 def _cells(titles: Sequence[str], units: Sequence[str], algo_column: bool) -> tuple[str, str]:
     """The leading columns' title and unit lines, with the widths ``row_line`` uses."""
-    widths = (12, 12, 8, 6, 6) + ((6,) if algo_column else ())
+    widths = (12, 12, 8, 6, 6) + ((ALGO_WIDTH,) if algo_column else ())
     titles = tuple(titles) + (("algo",) if algo_column else ())
     units = tuple(units) + (("",) if algo_column else ())
     first = "  ".join(f"{t:>{w}s}" for t, w in zip(titles, widths))

@@ -248,7 +248,7 @@ def test_without_mpiexec_runs_as_one_rank():
     assert len(rows) + len(ratios) == len(lines) and len(ratios) == 4
     assert all(r[4] == "1.00" for r in ratios)  # the mpi4py column, divided by itself
     assert [(int(r[0]), r[5]) for r in rows] == [(s, a) for s in (8, 64, 512, 4096)
-                                                 for a in ("mpi4py", "auto")]
+                                                 for a in ("mpi4py", "auto>native")]
     assert all(r[9] == r[13] == "0" for r in rows)  # the baseline is checked like the rest
     assert "# busbw ratio vs mpi4py" in p.stdout
 
