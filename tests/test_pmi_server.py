@@ -59,6 +59,28 @@ def test_server_speaks_pmi1_and_exits_after_finalize():
         proc.kill()
 
 
+def test_every_job_gets_its_own_kvs_name():
+    """MPICH names a node's shared-memory segment after a hash of the KVS name: two jobs with the
+    same name (at once, or after a crashed one left /dev/shm/mpich_shm_* behind) would share it."""
+    from topocoll.collectives.torch.pmi_server import Manager
+
+    names = set()
+    for _ in range(2):
+        proc, port = _start(1, 30)
+        try:
+            conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+            f = conn.makefile("rb")
+            answer = _ask(f, conn, "cmd=get_my_kvsname")
+            assert answer.startswith("cmd=my_kvsname kvsname=") and answer.endswith("rc=0")
+            names.add(answer.split()[1])
+            assert _ask(f, conn, "cmd=finalize") == "cmd=finalize_ack rc=0"
+            assert proc.wait(timeout=10) == 0
+        finally:
+            proc.kill()
+    assert len(names) == 2, names
+    assert Manager(1, "").kvs_name != Manager(1, "").kvs_name
+
+
 def test_server_fails_the_job_when_a_rank_never_comes():
     """One of two ranks connects and waits in a barrier; the other never comes: the server gives
     up after its timeout and closes the connection (MPI_Init then errors) instead of hanging."""

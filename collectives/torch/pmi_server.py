@@ -14,6 +14,8 @@ prints ``port=<port>`` on stdout once it listens.
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import socket
 import sys
 import threading
@@ -55,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
 class Manager:
     """Shared state of one job: the key-value space and the barrier."""
 
-    KVS_NAME = "topocoll_kvs"
-
     def __init__(self, size: int, mapping: str) -> None:
         self.size = size
+        # unique per job, as Hydra's are: MPICH derives its world id from the name and names the
+        # node's shared-memory segment after it (/dev/shm/mpich_shm_<id>_<node>), so two jobs with
+        # one name, at once or after a crashed job left its segment, would share one segment
+        self.kvs_name = f"topocoll_kvs_{os.getpid()}_{secrets.token_hex(6)}"
         self.kvs: dict[str, str] = {"PMI_process_mapping": mapping} if mapping else {}
         self.lock = threading.Lock()
         self.waiting: list[socket.socket] = []
@@ -103,7 +107,7 @@ class Manager:
         if cmd == "get_appnum":
             return "cmd=appnum appnum=0 rc=0"
         if cmd == "get_my_kvsname":
-            return f"cmd=my_kvsname kvsname={self.KVS_NAME} rc=0"
+            return f"cmd=my_kvsname kvsname={self.kvs_name} rc=0"
         if cmd == "get_universe_size":
             return f"cmd=universe_size size={self.size} rc=0"
         if cmd == "put":
