@@ -36,6 +36,7 @@ group's communicator got the NCCL backend, i.e. every rank has CuPy, NCCL and a 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
         ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
 _TAG_LIMIT = 32767  # the smallest MPI_TAG_UB the standard allows
+_SHUTDOWN_WAIT = 10.0  # seconds a rank waits at least for its peers at shutdown
 
 
 def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGroupTopocoll":
@@ -145,7 +146,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         def post() -> None:
             gathered_idx = torch.cat([all_idx[r, :, :counts[r]] for r in range(p)], dim=1)
             gathered_val = torch.cat([all_val[r, :counts[r]] for r in range(p)], dim=0)
-            total = torch.sparse_coo_tensor(gathered_idx, gathered_val, t.shape).coalesce()
+            total = torch.sparse_coo_tensor(gathered_idx, gathered_val, t.shape,
+                                            check_invariants=False).coalesce()
             t.copy_(total)
 
         return self._work("allreduce (sparse)", [t], hs, post=post)
@@ -409,21 +411,25 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self._mpi.close()
 
     def _everyone_healthy(self) -> bool:
-        """Whether every rank reached shutdown with a healthy communicator, agreed by a MIN
-        all-reduce on the point-to-point backend's collective channel (no other collective
-        ever runs there, so none left over from a failure can pair with it), within the
-        group's timeout."""
+        """Whether every rank reached shutdown with a healthy communicator: a MIN all-reduce of
+        the health flags, then a second one confirming that each rank got the first answer, on
+        the point-to-point backend's collective channel (no other collective ever runs there, so
+        none left over from a failure can pair with these), each within the group's timeout
+        (at least ``_SHUTDOWN_WAIT``). The second round keeps a late rank, whose first round
+        completes against the request of a peer that gave up waiting, from freeing alone."""
         if self.size() == 1:
             return self.comm.broken is None
         MPI = _MPI()
-        mine = np.array([0 if self.comm.broken else 1], dtype=np.int32)
-        everyone = np.zeros(1, dtype=np.int32)
-        try:
-            req = self._mpi.coll.Iallreduce(mine, everyone, op=MPI.MIN)
-            self._mpi.wait([req], OpContext("shutdown", self.timeout))
-        except Exception:  # noqa: BLE001 - a peer that never comes, a broken transport
-            return False
-        return bool(everyone[0])
+        verdict = np.array([0 if self.comm.broken else 1], dtype=np.int32)
+        for _ in range(2):
+            everyone = np.zeros(1, dtype=np.int32)
+            try:
+                req = self._mpi.coll.Iallreduce(verdict, everyone, op=MPI.MIN)
+                self._mpi.wait([req], OpContext("shutdown", max(self.timeout, _SHUTDOWN_WAIT)))
+            except Exception:  # noqa: BLE001 - a peer that never comes, a broken transport
+                return False
+            verdict = everyone
+        return bool(verdict[0])
 
     def __repr__(self) -> str:
         return f"<ProcessGroupTopocoll rank {self.rank()}/{self.size()} {self._group_name!r}>"
