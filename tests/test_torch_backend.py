@@ -86,3 +86,11 @@ def rendezvous_vars():
     from topocoll.collectives.torch.rendezvous import LAUNCHER_VARS
 
     return LAUNCHER_VARS
+
+
+def test_bench_fsdp_first_steps_runs():
+    """`topocoll bench ddp --fsdp-only`: the FSDP2 first-step comparison (docs/torch.md)."""
+    out = run_ranks(ROOT / "bench" / "ddp.py", 2, args=["--fsdp-only", "--fsdp-rounds", "1",
+                                                         "--fsdp-first", "topocoll"], timeout=180)
+    assert "round 0, the process's first FSDP2 steps (topocoll first)" in out, out
+    assert "first (median)" in out and "second (median)" in out, out
