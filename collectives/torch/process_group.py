@@ -384,7 +384,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         req = self._mpi.irecv(_bytes(host), _MPI().ANY_SOURCE, _tag(tag), channel="p2p")
         post = (lambda: t.copy_(host)) if staged else None
         return RequestWork("recv from any rank", [t], self._mpi, [req], self.timeout,
-                           post=post, source=None)
+                           post=post, any_source=True)
 
     def shutdown(self) -> None:
         """Finish queued work and free the communicators (destroy_process_group calls this).

@@ -149,24 +149,21 @@ class RequestWork(Work):
 
     def __init__(self, name: str, outputs: Sequence[torch.Tensor], backend: Any,
                  requests: Sequence[Any], timeout: float, post: Post | None = None,
-                 source: int | None | str = "not a recv") -> None:
+                 source: int | None = None, any_source: bool = False) -> None:
         super().__init__(name, outputs)
         self._backend = backend
         self._requests = list(requests)
         self._timeout = timeout
         self._post = post
         self._progress = threading.Lock()  # one thread at a time tests the MPI requests
-        # a receive's source: its rank, or None for any source (then read from the status)
-        self._source = source
-        self._statuses = [_MPI().Status() for _ in self._requests] if source is None else None
+        self._source = source  # a receive's source rank; any_source: read from the status
+        self._statuses = [_MPI().Status() for _ in self._requests] if any_source else None
 
     def _source_rank(self) -> int:
         """The rank this receive's message came from; for ``recv(src=None)`` known once the
         message has arrived (RuntimeError before)."""
-        if isinstance(self._source, int):
-            return self._source
         if self._statuses is None:
-            return super()._source_rank()
+            return super()._source_rank() if self._source is None else self._source
         if not self.is_completed():
             raise RuntimeError(f"{self.name}: the source rank is known once the message has "
                                f"arrived; wait() first")
