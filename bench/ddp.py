@@ -1,6 +1,7 @@
 """DDP and all_reduce on the "topocoll" torch backend vs gloo, side by side in one run.
 
     mpiexec -n 2 topocoll bench ddp [--sizes 1M,4M,16M] [--iters 10] [--rounds 5] [--steps 5]
+                                    [--fsdp-rounds 5] [--fsdp-first gloo|topocoll] [--fsdp-only]
 
 Both backends run over the same ranks; measurements alternate between them round by round, so a
 noisy shared machine slows both alike, and every line prints the ratio (>1: topocoll is faster).
@@ -32,21 +33,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     say = print if rank == 0 else (lambda *a, **k: None)
     say(f"# {p} ranks, torch {torch.__version__}; best of {args.rounds} rounds, alternating "
         f"backends; ratio = topocoll speed / gloo speed (>1: topocoll faster)")
-    say(f"{'all_reduce bytes':>18} {'topocoll GB/s':>14} {'gloo GB/s':>10} {'ratio':>6}")
+    if args.fsdp_only:
+        args.sizes = []
+    else:
+        say(f"{'all_reduce bytes':>18} {'topocoll GB/s':>14} {'gloo GB/s':>10} {'ratio':>6}")
     for nbytes in args.sizes:
         x = torch.zeros(nbytes // 4, dtype=torch.float32)  # stays finite however often summed
         times = _alternate(groups, args.rounds, lambda g, x=x: _all_reduce(x, g, args.iters))
         bus = {k: 2 * (p - 1) / p * nbytes / t / 1e9 for k, t in times.items()}
         say(f"{nbytes:>18} {bus['topocoll']:>14.3f} {bus['gloo']:>10.3f} "
             f"{bus['topocoll'] / bus['gloo']:>6.2f}")
-    say(f"{'DDP step':>18} {'topocoll ms':>14} {'gloo ms':>10} {'ratio':>6}")
-    for name, build, batch in _models():
+    if not args.fsdp_only:
+        say(f"{'DDP step':>18} {'topocoll ms':>14} {'gloo ms':>10} {'ratio':>6}")
+    for name, build, batch in [] if args.fsdp_only else _models():
         params = sum(q.numel() for q in build().parameters())
         step = {k: _ddp_stepper(build, batch, g, rank) for k, g in groups.items()}
         times = _alternate(groups, args.rounds, lambda g, k=None: None, per_backend=step,
                            repeat=args.steps)
         say(f"{name + f' ({params * 4 / 2**20:.1f} MiB)':>18} {times['topocoll'] * 1e3:>14.2f} "
             f"{times['gloo'] * 1e3:>10.2f} {times['gloo'] / times['topocoll']:>6.2f}")
+    if args.fsdp_rounds:
+        _fsdp_report(args.fsdp_rounds, args.fsdp_first, say)
     dist.destroy_process_group()
     return 0
 
@@ -57,6 +64,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=10, help="all_reduces per timed round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per backend (best is kept)")
     ap.add_argument("--steps", type=int, default=5, help="DDP steps per timed round")
+    ap.add_argument("--fsdp-rounds", type=int, default=5,
+                    help="FSDP2 first-step rounds per backend (0: skip)")
+    ap.add_argument("--fsdp-first", choices=("gloo", "topocoll"), default="gloo",
+                    help="backend that takes the process's first FSDP2 step (round 0)")
+    ap.add_argument("--fsdp-only", action="store_true",
+                    help="only the FSDP2 first steps (no all_reduce, no DDP)")
     args = ap.parse_args(argv)
     args.sizes = [_bytes(s) for s in args.sizes.split(",") if s]
     return args
@@ -125,6 +138,71 @@ def _ddp_stepper(build: Callable[[], nn.Module], batch: Callable[[], tuple],
         opt.zero_grad()
 
     return step
+
+
+def _fsdp_report(rounds: int, first: str, say: Callable) -> None:
+    """First and second FSDP2 step (forward, backward, SGD step) of a new model on a new group,
+    topocoll and gloo alternating which goes first. Round 0 is reported apart: the first FSDP2
+    step of the process, whichever backend (``first``) takes it, pays torch's one-time warm-up
+    (DTensor sharding propagation and its caches), which later rounds don't."""
+    times: dict[str, list[tuple[float, float]]] = {"topocoll": [], "gloo": []}
+    other = "topocoll" if first == "gloo" else "gloo"
+    for rnd in range(rounds + 1):
+        order = (first, other) if rnd % 2 == 0 else (other, first)
+        for name in order:
+            one, two = _fsdp_steps(name)
+            times[name].append((one, two))
+            if rnd == 0:
+                say(f"# FSDP2 round 0, the process's first FSDP2 steps ({first} first): {name} "
+                    f"first step {one * 1e3:.1f} ms")
+    say(f"{'FSDP2 step':>18} {'topocoll ms':>14} {'gloo ms':>10} {'ratio':>6}")
+    later = {k: v[1:] for k, v in times.items()}
+    rows: list[tuple[str, Callable[[list[tuple[float, float]]], float]]] = [
+        ("first (median)", lambda v: _median([a for a, _ in v])),
+        ("first (best)", lambda v: min(a for a, _ in v)),
+        ("second (median)", lambda v: _median([b for _, b in v]))]
+    for what, pick in rows:
+        t = {k: pick(v) for k, v in later.items()}
+        say(f"{what:>18} {t['topocoll'] * 1e3:>14.1f} {t['gloo'] * 1e3:>10.1f} "
+            f"{t['gloo'] / t['topocoll']:>6.2f}")
+    for k, v in times.items():
+        say(f"# {k} first steps, rounds 1..{rounds}: "
+            f"{' '.join(f'{s[0] * 1e3:.0f}' for s in v[1:])} ms")
+
+
+def _fsdp_steps(backend: str) -> tuple[float, float]:
+    """Seconds of the first two FSDP2 steps on a new ``backend`` group (slowest rank's)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    g = dist.new_group(backend=backend)
+    mesh = DeviceMesh.from_group(g, "cpu")
+    torch.manual_seed(0)  # tests/ranks/torch_training.py's model
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(),
+                          nn.Linear(64, 4))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    out = []
+    for _ in range(2):
+        dist.barrier(group=g)
+        t0 = time.perf_counter()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=g)
+        out.append(dt.item())
+    dist.destroy_process_group(g)
+    return out[0], out[1]
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2
 
 
 if __name__ == "__main__":

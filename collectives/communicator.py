@@ -400,6 +400,16 @@ class Communicator:
         this from the new thread once the old one no longer uses the communicator."""
         self._owner = threading.get_ident()
 
+    @property
+    def broken(self) -> str | None:
+        """Why this communicator is unusable (an operation timed out or failed mid-transfer),
+        or None while it is healthy."""
+        return self._broken
+
+    def drain(self) -> None:
+        """Block until every operation queued so far has finished (successfully or not)."""
+        self._executor.drain()
+
     def close(self) -> None:
         """Finish queued operations and free the communicator's resources. Afterwards every
         operation raises CommunicatorBrokenError saying the communicator is closed. After a

@@ -31,6 +31,11 @@ def test_bad_input_raises_on_every_rank(n):
     run_ranks("torch_errors.py", n, timeout=120)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_timeout_reads_like_torchs_and_destroy_after_it_returns(n):
+    run_ranks("torch_timeout.py", n, timeout=120, env={"TOPOCOLL_FINALIZE_AFTER_FAULT": "1"})
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_torchrun_every_collective_matches_gloo(n):
     """torchrun alone (no mpiexec): the ranks join one MPI world through torch's store."""
@@ -81,3 +86,11 @@ def rendezvous_vars():
     from topocoll.collectives.torch.rendezvous import LAUNCHER_VARS
 
     return LAUNCHER_VARS
+
+
+def test_bench_fsdp_first_steps_runs():
+    """`topocoll bench ddp --fsdp-only`: the FSDP2 first-step comparison (docs/torch.md)."""
+    out = run_ranks(ROOT / "bench" / "ddp.py", 2, args=["--fsdp-only", "--fsdp-rounds", "1",
+                                                         "--fsdp-first", "topocoll"], timeout=180)
+    assert "round 0, the process's first FSDP2 steps (topocoll first)" in out, out
+    assert "first (median)" in out and "second (median)" in out, out

@@ -23,7 +23,10 @@ class MPIBackend(Backend):
 
     name = "mpi"
 
-    def __init__(self, comm: Any, owns: bool = False) -> None:
+    def __init__(self, comm: Any, owns: bool = False, shared_memory: bool = True) -> None:
+        """Dup ``comm`` twice (collectives, user point to point); with ``shared_memory`` (and
+        all ranks on one node, TOPOCOLL_SHM not off) allocate the shared-memory arena too:
+        ``shared_memory=False`` is for a backend used for point to point only."""
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -37,7 +40,8 @@ class MPIBackend(Backend):
         self.parent_ranks: list[int] = list(range(self.size))  # set by split()
         self.world_ranks = _world_ranks(self.coll)
         self._arena: SharedArena | None = None
-        self._no_arena = self._check_shared_memory()
+        self._no_arena = (self._check_shared_memory() if shared_memory else
+                          "not asked for (a point-to-point backend)")
         if self._no_arena is None:
             # Allocated here, where every rank already blocks in Dup, not at first use: a window
             # allocation can't time out, so a dead peer must not be able to hang it mid-operation.
@@ -52,9 +56,14 @@ class MPIBackend(Backend):
     def irecv(self, buf: np.ndarray, src: int, tag: int = 0, channel: str = "coll") -> Request:
         return self._comm(channel).Irecv(_bytes(buf), src, tag)
 
-    def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
+    def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
+             statuses: list[Any] | None = None) -> None:
+        """Poll ``reqs`` until all complete (``statuses``, if given, then hold their statuses:
+        the source of an any-source receive)."""
         reqs = list(reqs)
-        test = self._MPI.Request.Testall
+
+        def test(rs: list[Any]) -> bool:
+            return bool(self._MPI.Request.Testall(rs, statuses))
 
         def pending() -> str:
             try:

@@ -22,9 +22,11 @@ from topocoll import collectives
 from ..arrays import as_buffer
 from ..backends.mpi import MPIBackend
 from ..communicator import rejected_together
+from ..context import OpContext
+from ..errors import CollectiveTimeoutError
 from ..handle import Handle
 from . import rendezvous
-from .work import HandleWork, RequestWork, Work
+from .work import HandleWork, RequestWork, Work, torch_error
 
 BACKEND_NAME = "topocoll"
 DEVICES = ("cpu", "cuda")
@@ -34,6 +36,7 @@ group's communicator got the NCCL backend, i.e. every rank has CuPy, NCCL and a 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
         ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
 _TAG_LIMIT = 32767  # the smallest MPI_TAG_UB the standard allows
+_SHUTDOWN_WAIT = 10.0  # seconds a rank waits at least for its peers at shutdown
 
 
 def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGroupTopocoll":
@@ -63,7 +66,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self.comm = comm
         self._owns_mpi_comm = owns_mpi_comm  # free comm.mpi_comm on shutdown (the factory's)
         self.timeout = comm.timeout if timeout is None else timeout
-        self._mpi = MPIBackend(comm.mpi_comm)  # p2p channel: send/recv; coll channel: gather/scatter
+        # p2p channel: send/recv; coll channel: gather/scatter's messages, the shutdown agreement
+        self._mpi = MPIBackend(comm.mpi_comm, shared_memory=False)
+        self._closed = False
         self._rooted_tags = itertools.count()
         self._group_name = ""
         self._group_desc = ""
@@ -102,10 +107,50 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     # -- reductions --
     @rejected_together
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
-        """All-reduce one tensor in place with ``opts.reduceOp``."""
+        """All-reduce one tensor in place with ``opts.reduceOp`` (a sparse COO tensor: SUM)."""
+        if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and tensors[0].is_sparse:
+            return self._sparse_allreduce(tensors[0], opts)
         t = _one(tensors, "allreduce")
         op = _op(opts)
         return self._work("allreduce", [t], self._go(opts, self.comm.all_reduce, t, op=op))
+
+    def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> Work:
+        """Sum of sparse COO tensors, as gloo computes it: coalesce, gather every rank's indices
+        and values (padded to the largest rank's count), add them up, coalesce; ``t`` becomes the
+        (coalesced) sum on every rank."""
+        if _op(opts) != "sum":
+            raise ValueError(f"allreduce of a sparse tensor supports ReduceOp.SUM only, got "
+                             f"{getattr(opts, 'reduceOp', None)}")
+        mine = t.coalesce()
+        indices, values = mine.indices(), mine.values()
+        p, nnz = self.size(), int(mine._nnz())
+        # ranks must agree on the sparse/dense split and the dense part's shape and dtype
+        shape = [t.sparse_dim(), t.dense_dim(), *t.shape, nnz]
+        metas = self._now(self.comm.all_gather, torch.tensor(shape, dtype=torch.int64).view(1, -1))
+        if not bool((metas[:, :-1] == metas[0, :-1]).all()):
+            bad = int((metas[:, :-1] != metas[0, :-1]).any(dim=1).nonzero()[0])
+            raise ValueError(f"allreduce of sparse tensors: rank {bad} has sparse/dense dims and "
+                             f"shape {metas[bad, :-1].tolist()}, rank 0 "
+                             f"{metas[0, :-1].tolist()}")
+        counts = [int(c) for c in metas[:, -1]]
+        width = max(counts)
+        idx = torch.zeros((indices.shape[0], width), dtype=torch.int64, device=t.device)
+        idx[:, :nnz] = indices
+        val = torch.zeros((width, *values.shape[1:]), dtype=values.dtype, device=t.device)
+        val[:nnz] = values
+        all_idx = torch.empty((p, *idx.shape), dtype=idx.dtype, device=t.device)
+        all_val = torch.empty((p, *val.shape), dtype=val.dtype, device=t.device)
+        hs = self._go(opts, self.comm.all_gather, idx.view(-1), out=all_idx.view(-1))
+        hs += self._go(opts, self.comm.all_gather, val.view(-1), out=all_val.view(-1))
+
+        def post() -> None:
+            gathered_idx = torch.cat([all_idx[r, :, :counts[r]] for r in range(p)], dim=1)
+            gathered_val = torch.cat([all_val[r, :counts[r]] for r in range(p)], dim=0)
+            total = torch.sparse_coo_tensor(gathered_idx, gathered_val, t.shape,
+                                            check_invariants=False).coalesce()
+            t.copy_(total)
+
+        return self._work("allreduce (sparse)", [t], hs, post=post)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce several tensors in place, one Work for all."""
@@ -142,6 +187,32 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         stage = torch.empty((self.size() * t.numel(),), dtype=t.dtype, device=t.device)
         hs = self._go(opts, self.comm.all_gather, t.view(-1), out=stage)
         return self._work("allgather", outs, hs, post=lambda: _unpack(stage, outs))
+
+    @rejected_together
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
+                            input_list: list[torch.Tensor], opts: Any = None) -> Work:
+        """Gather several tensors (any shapes, one dtype) from every rank in one collective:
+        ``output_lists[r][i]`` gets rank r's ``input_list[i]``."""
+        p = self.size()
+        if not input_list:
+            raise ValueError("allgather_coalesced needs at least one input tensor")
+        for i, t in enumerate(input_list):
+            _check(t, f"allgather_coalesced input[{i}]", like=input_list[0])
+        if len(output_lists) != p:
+            raise ValueError(f"allgather_coalesced needs {p} output lists (one per rank), got "
+                             f"{len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError(f"allgather_coalesced output list {r} has {len(outs)} tensors "
+                                 f"for {len(input_list)} inputs")
+            for i, o in enumerate(outs):
+                _check(o, f"allgather_coalesced output[{r}][{i}]", like=input_list[0],
+                       numel=input_list[i].numel())
+        flat = torch.cat([t.reshape(-1) for t in input_list])
+        stage = torch.empty((p * flat.numel(),), dtype=flat.dtype, device=flat.device)
+        hs = self._go(opts, self.comm.all_gather, flat, out=stage)
+        outs = [o for lst in output_lists for o in lst]
+        return self._work("allgather_coalesced", outs, hs, post=lambda: _unpack(stage, outs))
 
     @rejected_together
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
@@ -302,14 +373,33 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         req = self._mpi.irecv(_bytes(host), self._peer(src, "src"), _tag(tag), channel="p2p")
         post = (lambda: t.copy_(host)) if staged else None
         return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout,
-                           post=post)
+                           post=post, source=src)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
-        """``recv(src=None)``: not supported; name the source rank."""
-        raise ValueError("topocoll: recv from any source (src=None) is not supported; pass src=")
+        """``recv(src=None)``: receive one tensor from whichever rank sends first with ``tag``
+        (MPI_ANY_SOURCE, as torch's MPI backend does); ``Work._source_rank()`` names it."""
+        t = _one(tensors, "recv")
+        staged = self._on_gpu(t, "recv")
+        host = torch.empty_like(t, device="cpu") if staged else t
+        req = self._mpi.irecv(_bytes(host), _MPI().ANY_SOURCE, _tag(tag), channel="p2p")
+        post = (lambda: t.copy_(host)) if staged else None
+        return RequestWork("recv from any rank", [t], self._mpi, [req], self.timeout,
+                           post=post, any_source=True)
 
     def shutdown(self) -> None:
-        """Finish queued work and free the communicators (destroy_process_group calls this)."""
+        """Finish queued work and free the communicators (destroy_process_group calls this).
+
+        Freeing shared memory is collective, and a rank whose operation timed out skips it (its
+        peers may be gone); so the ranks first agree, within the group's timeout, that every one
+        of them is here and healthy. Otherwise nobody frees collectively (the memory goes at
+        exit) and destroy_process_group returns instead of hanging: torch's tests destroy a
+        group on every rank after a timeout on one."""
+        if self._closed:
+            return
+        self._closed = True
+        self.comm.drain()
+        if not self._everyone_healthy():
+            self.comm.backend.abandon()
         self.comm.close()
         self._mpi.close()
         if self._owns_mpi_comm:
@@ -319,6 +409,27 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def abort(self) -> None:
         """torch's abort: free what can be freed without waiting for peers."""
         self._mpi.close()
+
+    def _everyone_healthy(self) -> bool:
+        """Whether every rank reached shutdown with a healthy communicator: a MIN all-reduce of
+        the health flags, then a second one confirming that each rank got the first answer, on
+        the point-to-point backend's collective channel (no other collective ever runs there, so
+        none left over from a failure can pair with these), each within the group's timeout
+        (at least ``_SHUTDOWN_WAIT``). The second round keeps a late rank, whose first round
+        completes against the request of a peer that gave up waiting, from freeing alone."""
+        if self.size() == 1:
+            return self.comm.broken is None
+        MPI = _MPI()
+        verdict = np.array([0 if self.comm.broken else 1], dtype=np.int32)
+        for _ in range(2):
+            everyone = np.zeros(1, dtype=np.int32)
+            try:
+                req = self._mpi.coll.Iallreduce(verdict, everyone, op=MPI.MIN)
+                self._mpi.wait([req], OpContext("shutdown", max(self.timeout, _SHUTDOWN_WAIT)))
+            except Exception:  # noqa: BLE001 - a peer that never comes, a broken transport
+                return False
+            verdict = everyone
+        return bool(verdict[0])
 
     def __repr__(self) -> str:
         return f"<ProcessGroupTopocoll rank {self.rank()}/{self.size()} {self._group_name!r}>"
@@ -332,8 +443,15 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                 self._on_gpu(a, getattr(method, "__name__", "collective"))
         if getattr(opts, "asyncOp", True):
             return [method(*args, async_op=True, **kw)]
-        method(*args, **kw)
+        self._now(method, *args, **kw)
         return []
+
+    def _now(self, method: Any, *args: Any, **kw: Any) -> Any:
+        """``method(*args, **kw)`` inline; a timeout raised the way torch reports one."""
+        try:
+            return method(*args, **kw)
+        except CollectiveTimeoutError as err:
+            raise torch_error(err, getattr(method, "__name__", "collective")) from err
 
     def _each(self, name: str, count: int, issue: Any) -> list[Any]:
         """``issue(0..count-1)``: the calls of a coalesced collective. If call ``i`` raises
@@ -371,7 +489,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         ins = _splits(in_splits, input, p, "input_split_sizes")
         outs = _splits(out_splits, output, p, "output_split_sizes")
         table = torch.tensor([ins, outs], dtype=torch.int64)
-        every = self.comm.all_gather(table.view(1, 2, p)).view(p, 2, p)
+        every = self._now(self.comm.all_gather, table.view(1, 2, p)).view(p, 2, p)
         sent = every[:, 0, :]  # sent[r, s]: rows r sends to s
         expected = every[:, 1, :].t()  # expected[r, s]: rows s expects from r
         if not torch.equal(sent, expected):
@@ -414,6 +532,10 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
     """Raise TypeError/ValueError naming ``what`` if ``t`` can't be used as is."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{what} is a {t.layout} tensor: topocoll takes dense (strided) tensors, "
+                        f"and sparse COO ones in all_reduce with SUM only; pass "
+                        f"{what.split()[0]}.to_dense()")
     if t.device.type not in DEVICES:
         raise TypeError(f"{what} is on {t.device}: the topocoll torch backend moves CPU tensors "
                         f"(MPI, shared memory) and CUDA tensors (NCCL)")
@@ -497,6 +619,12 @@ def _tag(tag: int) -> int:
 def _bytes(t: torch.Tensor) -> np.ndarray:
     """The tensor's storage as a flat numpy view (no copy), for MPI point to point."""
     return as_buffer(t, "tensor").flat()
+
+
+def _MPI() -> Any:
+    from mpi4py import MPI
+
+    return MPI
 
 
 def _handles(works: Sequence[Work]) -> list[Handle]:

@@ -37,7 +37,8 @@ class Work(dist.Work):
         secs = _seconds(timeout)
         driven = self._block(secs)
         if not self._event.wait(0 if driven else secs):
-            raise CollectiveTimeoutError(f"{self.name}: not finished after waiting {secs:g} s")
+            raise TorchTimeoutError(f"{_TIMED_OUT} {self.name} to complete: not finished after "
+                                    f"waiting {secs:g} s (the operation goes on)")
         if self._error is not None:
             raise self._error
         return True
@@ -58,6 +59,11 @@ class Work(dist.Work):
         """Wait, then return the output tensors."""
         self.wait()
         return self._outputs
+
+    def _source_rank(self) -> int:
+        """The group rank a receive got its message from (torch's ``recv(src=None)`` asks)."""
+        raise RuntimeError("sourceRank() may only be called on work objects that correspond to "
+                           "a recv or recv-from-any call.")
 
     def get_future(self) -> Future:
         """A torch Future that resolves to the output tensors (or carries the error)."""
@@ -90,6 +96,8 @@ class Work(dist.Work):
                 post()
             except BaseException as err:  # noqa: BLE001 - delivered to the waiter
                 error = err
+        if error is not None:
+            error = torch_error(error, self.name)
         with self._lock:
             if self._event.is_set():
                 return
@@ -140,13 +148,26 @@ class RequestWork(Work):
     helper thread once someone asks for the future."""
 
     def __init__(self, name: str, outputs: Sequence[torch.Tensor], backend: Any,
-                 requests: Sequence[Any], timeout: float, post: Post | None = None) -> None:
+                 requests: Sequence[Any], timeout: float, post: Post | None = None,
+                 source: int | None = None, any_source: bool = False) -> None:
         super().__init__(name, outputs)
         self._backend = backend
         self._requests = list(requests)
         self._timeout = timeout
         self._post = post
         self._progress = threading.Lock()  # one thread at a time tests the MPI requests
+        self._source = source  # a receive's source rank; any_source: read from the status
+        self._statuses = [_MPI().Status() for _ in self._requests] if any_source else None
+
+    def _source_rank(self) -> int:
+        """The rank this receive's message came from; for ``recv(src=None)`` known once the
+        message has arrived (RuntimeError before)."""
+        if self._statuses is None:
+            return super()._source_rank() if self._source is None else self._source
+        if not self.is_completed():
+            raise RuntimeError(f"{self.name}: the source rank is known once the message has "
+                               f"arrived; wait() first")
+        return int(self._statuses[0].Get_source())
 
     def _block(self, secs: float | None) -> bool:
         if not self._progress.acquire(timeout=-1 if secs is None else secs):
@@ -154,7 +175,8 @@ class RequestWork(Work):
         try:
             if self._event.is_set():
                 return True
-            self._backend.wait(self._requests, OpContext(self.name, secs or self._timeout))
+            self._backend.wait(self._requests, OpContext(self.name, secs or self._timeout),
+                               statuses=self._statuses)
         except CollectiveTimeoutError:
             if secs is None:  # the operation's own limit: it failed
                 self._finish(_translate(self.name))
@@ -170,7 +192,8 @@ class RequestWork(Work):
         if not self._progress.acquire(blocking=False):
             return False
         try:
-            if not self._event.is_set() and _MPI().Request.Testall(self._requests):
+            if not self._event.is_set() and _MPI().Request.Testall(self._requests,
+                                                                   self._statuses):
                 self._finish(post=self._post)
         except Exception:  # noqa: BLE001
             self._finish(_translate(self.name))
@@ -181,6 +204,31 @@ class RequestWork(Work):
     def _watch(self) -> None:
         threading.Thread(target=self._block, args=(None,), name=f"topocoll-{self.name}",
                          daemon=True).start()
+
+
+_TIMED_OUT = "[topocoll] Timed out waiting for"
+"""How a timeout's message starts: torch's own backends say "Timed out" (gloo) or "timeout"
+(NCCL), and code written for them (torch's test suite among it) looks for those words."""
+
+
+class TorchTimeoutError(CollectiveTimeoutError, dist.DistBackendError):
+    """A timeout as torch.distributed reports one (a ``DistBackendError``), still a topocoll
+    ``CollectiveTimeoutError`` (and so a ``TimeoutError``): "[topocoll] Timed out waiting for
+    <operation> to complete: <topocoll's message, naming the operation and the missing rank>"."""
+
+
+def torch_error(err: BaseException, what: str) -> BaseException:
+    """``err`` as the backend hands it to torch: a topocoll timeout becomes a
+    TorchTimeoutError around the same message (and notes, e.g. the flight record); anything
+    else is returned as is."""
+    if not isinstance(err, CollectiveTimeoutError) or isinstance(err, TorchTimeoutError):
+        return err
+    wrapped = TorchTimeoutError(f"{_TIMED_OUT} {what} to complete: {err}")
+    notes = getattr(err, "__notes__", None)
+    if notes:
+        wrapped.__notes__ = list(notes)  # type: ignore[attr-defined] # add_note: Python 3.11+
+    wrapped.__cause__ = err
+    return wrapped
 
 
 def _MPI() -> Any:

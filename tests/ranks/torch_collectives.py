@@ -272,6 +272,55 @@ def subgroups(r, p):
         assert fc.wait_tensor(x).tolist() == [len(ranks)] * 2
 
 
+def torch_suite_features(r, p):
+    """What torch's own suite found missing: all_gather_coalesced, recv from any source and
+    sparse all_reduce, against gloo (the timeout's wording: torch_timeout.py)."""
+    def agc(g):
+        ins = [data((3,), torch.float32, r), data((2, 2), torch.float32, r, salt=1),
+               data((0,), torch.float32, r)]
+        outs = [[torch.empty_like(t) for t in ins] for _ in range(p)]
+        dist.all_gather_coalesced(outs, ins, group=g)
+        return [t for lst in outs for t in lst]
+
+    both(agc, "all_gather_coalesced")
+
+    def sparse(g):
+        # integer values: sums are exact whatever the order; ranks overlap in some indices
+        idx = torch.tensor([[r % 3, 2, 4], [1, r % 2, 3]])
+        t = torch.sparse_coo_tensor(idx, data((3, 2), torch.float32, r), (5, 4, 2),
+                                    check_invariants=True)
+        dist.all_reduce(t, group=g)
+        assert t.is_coalesced(), "sparse all_reduce result is not coalesced"
+        return [t.indices(), t.values()]
+
+    both(sparse, "sparse all_reduce")
+
+    def anysource(g):
+        senders = []
+        if r == 0:
+            for _ in range(p - 1):
+                t = torch.empty(4)
+                q = dist.recv(t, group=g)  # src=None: whoever sends first
+                assert torch.equal(t, data((4,), torch.float32, q)), (q, t)
+                senders.append(q)
+            w = dist.irecv(t, group=g) if p > 1 else None
+            if w is not None:
+                w.wait()
+                senders.append(w._source_rank())
+                assert torch.equal(t, data((4,), torch.float32, senders[-1]))
+        elif r == 1:
+            dist.send(data((4,), torch.float32, r), dst=0, group=g)
+            dist.send(data((4,), torch.float32, r), dst=0, group=g)
+        else:
+            dist.send(data((4,), torch.float32, r), dst=0, group=g)
+        dist.barrier(group=GLOO)  # a fast rank's next round must not feed this one
+        return sorted(senders)
+
+    got = anysource(TOPO)
+    assert got == (sorted(list(range(1, p)) + [1]) if r == 0 else []), f"any source: {got}"
+    both(anysource, "recv from any source")
+
+
 def body():
     global TOPO, GLOO
     if sys.argv[1:] == ["env"]:
@@ -288,7 +337,7 @@ def body():
     assert (r, p) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     TOPO, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
     checks = (reductions, movement, scatters, all_to_all, point_to_point, objects, functional,
-              subgroups)
+              subgroups, torch_suite_features)
     if sys.argv[1:] == ["env"]:
         checks = (objects, subgroups)  # the rendezvous differs; the collectives don't
     for check in checks:
