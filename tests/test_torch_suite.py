@@ -7,7 +7,8 @@ topocoll) plus a few tests under our own name, and a smaller selection on 4 rank
 ``TOPOCOLL_TORCH_SUITE=full`` runs every test of the suite, for gloo as the reference and for
 topocoll in both modes, on 2 and 4 ranks, and checks that topocoll passes every test gloo passes
 except those torch itself reserves for the name "gloo" (``NAME_GATED``; docs/torch.md).
-A failure names the upstream test and shows the end of its traceback.
+A failure names the upstream test and shows the end of its traceback;
+``TOPOCOLL_TORCH_SUITE_OUT=DIR`` keeps every test's record (JSON lines) there.
 """
 from __future__ import annotations
 
@@ -113,7 +114,11 @@ def run_suite(backend: str, n: int, tests: list[str], as_name: str = "",
     records = {}
     if out.exists():
         records = {r["test"]: r for r in map(json.loads, out.read_text().splitlines())}
-        out.unlink()
+        keep = os.environ.get("TOPOCOLL_TORCH_SUITE_OUT")  # a folder to keep the records in
+        if keep:
+            out.replace(Path(keep) / f"{backend}-{as_name or 'own'}-{n}.jsonl")
+        else:
+            out.unlink()
     missing = [t for t in tests if t not in records]
     if proc.returncode != 0 or missing:
         unfinished = missing[0] if missing else "?"
