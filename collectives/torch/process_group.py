@@ -10,6 +10,7 @@ Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_ga
 from __future__ import annotations
 
 import itertools
+import time
 from datetime import timedelta
 from typing import Any, Sequence
 
@@ -355,6 +356,63 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Work:
         """Wait until every rank reaches the barrier."""
         return self._work("barrier", [], self._go(opts, self.comm.barrier))
+
+    def monitored_barrier(self, timeout: timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """gloo's barrier that names the ranks that didn't come: every rank reports to rank 0,
+        which waits ``timeout`` (the group's if None) and then raises naming the first rank
+        missing (all of them with ``wait_all_ranks``), then releases the others. The
+        messages are gloo's. (``dist.monitored_barrier`` refuses every backend but gloo before
+        asking the group; ``group.monitored_barrier(timeout)`` reaches this.)"""
+        limit = self.timeout if timeout is None else max(timeout.total_seconds(), 0.0)
+        ms = int(limit * 1000)
+        me, p = self.rank(), self.size()
+        arrive, leave = (next(self._rooted_tags) % _TAG_LIMIT for _ in range(2))
+        word = np.array([me], dtype=np.int64)
+        if me != 0:
+            reqs = [self._mpi.isend(word, 0, arrive), self._mpi.irecv(np.empty_like(word), 0, leave)]
+            try:
+                self._mpi.wait(reqs, OpContext("monitored_barrier", self.timeout))
+            except Exception as err:  # noqa: BLE001 - gloo's wording, then the cause
+                raise dist.DistBackendError(
+                    f"Rank {me} successfully reached monitoredBarrier, but received errors while "
+                    f"waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
+                    f"rank.\n Original exception: \n{err}") from err
+            return
+        start = time.monotonic()
+        bufs = {q: np.empty_like(word) for q in range(1, p)}
+        for phase, tag in (("recv", arrive), ("send", leave)):
+            pending = {q: (self._mpi.irecv(bufs[q], q, tag) if phase == "recv" else
+                        self._mpi.isend(word, q, tag)) for q in range(1, p)}
+            done: list[int] = []
+            for q, req in pending.items():
+                left = limit if wait_all_ranks else limit - (time.monotonic() - start)
+                if left < 0 and not wait_all_ranks:
+                    self._abandon(list(pending.values()))
+                    have = (f"Successfully processed ranks: {', '.join(map(str, done))}" if done
+                            else "No ranks successfully processed in monitoredBarrier.")
+                    raise dist.DistBackendError(f"Rank 0 timed out in monitoredBarrier after "
+                                                f"{ms} ms.\n{have}")
+                try:
+                    self._mpi.wait([req], OpContext("monitored_barrier", max(left, 0.0)))
+                    done.append(q)
+                except Exception as err:  # noqa: BLE001 - a rank that didn't come
+                    if not wait_all_ranks:
+                        self._abandon(list(pending.values()))
+                        raise dist.DistBackendError(
+                            f"[Rank 0]: Rank {q} failed to pass monitoredBarrier in {ms} ms\n "
+                            f"Original exception: \n{err}") from err
+            missing = [q for q in pending if q not in done]
+            if missing:
+                raise dist.DistBackendError(f"[Rank 0]: Ranks {', '.join(map(str, missing))} "
+                                            f"failed to pass monitoredBarrier in {ms} ms")
+
+    def _abandon(self, reqs: list[Any]) -> None:
+        """Leave ``reqs`` to MPI (kept alive with their buffers until they complete)."""
+        try:
+            self._mpi.wait(reqs, OpContext("monitored_barrier", 0.0))
+        except Exception:  # noqa: BLE001 - expected: they are pending
+            pass
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
         """Start sending one tensor to group rank ``dst``; never blocks."""
