@@ -1,12 +1,13 @@
 """PyTorch's own distributed test suite (``DistributedTest._DistTestBase`` from the installed
 torch) against the "topocoll" backend, through ``tests/ranks/torch_suite.py``.
 
-By default a selection CI can afford (about 2-3 minutes here): on 2 ranks the suite run as if
+By default a selection CI can afford (about 3 minutes here): on 2 ranks the suite run as if
 our backend were named "gloo" (the suite gates most CPU tests on that name; the processes run
-topocoll) plus a few tests under our own name, and a smaller selection on 4 ranks.
-``TOPOCOLL_TORCH_SUITE=full`` runs every test of the suite, for gloo as the reference and for
-topocoll in both modes, on 2 and 4 ranks, and checks that topocoll passes every test gloo passes
-except those torch itself reserves for the name "gloo" (``NAME_GATED``; docs/torch.md).
+topocoll), a few tests under our own name and as "mpi" (its CPU all_to_all tests), and a
+smaller selection on 4 ranks. ``TOPOCOLL_TORCH_SUITE=full`` runs every test of the suite, for
+gloo as the reference and for topocoll in both modes, on 2 and 4 ranks, and checks that
+topocoll passes every test gloo passes except the ones that check for the name "gloo"
+(``NAME_GATED``; docs/torch.md).
 A failure names the upstream test and shows the end of its traceback;
 ``TOPOCOLL_TORCH_SUITE_OUT=DIR`` keeps every test's record (JSON lines) there.
 """
