@@ -99,7 +99,15 @@ def body():
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [2] * p),
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [1] * p))
     raises(ValueError, ["dst", "not a rank"], lambda: dist.isend(x, dst=p + 3))
-    # recv from any source (src=None) is supported now: torch_collectives.py tests it
+    raises(ValueError, ["tag"], lambda: dist.recv(torch.empty(2), tag=1 << 20))  # any source
+    raises(RuntimeError, ["sourceRank()", "recv"], lambda: dist.isend(x, dst=r, tag=2)._source_rank())
+    dist.recv(torch.empty_like(x), src=r, tag=2)  # the isend to itself above
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.ones(2), (3,),
+                                     check_invariants=True)
+    warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+    raises(ValueError, ["sparse", "SUM"], lambda: dist.all_reduce(sparse, op=dist.ReduceOp.MAX))
+    raises(TypeError, ["sparse_csr", "dense"],
+           lambda: dist.broadcast(torch.eye(3).to_sparse_csr(), src=0))
     raises(ValueError, ["tag"], lambda: dist.isend(x, dst=0, tag=1 << 20))
     raises(ValueError, [f"needs {p} tensors", "got 5"],
            lambda: dist.all_gather([torch.empty(4)] * 5, x))
