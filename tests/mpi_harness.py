@@ -20,27 +20,8 @@ TESTS_DIR = Path(__file__).resolve().parent
 RANKS_DIR = Path(__file__).resolve().parent / "ranks"
 
 # Oversubscribed ranks (4-8 ranks on 2 cores) must yield the CPU instead of spinning in MPICH's
-# progress loop: POLLS_BEFORE_YIELD makes the busy loop call sched_yield often, and the CH4
-# progress throttle sleeps when polling makes no progress.
-YIELD_ENV = {
-    "MPIR_CVAR_POLLS_BEFORE_YIELD": "10",
-    "MPIR_CVAR_CH4_PROGRESS_THROTTLE": "1",
-    "MPIR_CVAR_CH4_PROGRESS_THROTTLE_NO_PROGRESS_COUNT": "100",
-    "OMP_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
-
-
-def mpiexec_path() -> str:
-    """The `mpiexec` next to this Python (the one `pip install mpich` brings), else the one on PATH."""
-    here = Path(sys.executable).parent / "mpiexec"
-    if here.exists():
-        return str(here)
-    found = shutil.which("mpiexec")
-    if not found:
-        raise RuntimeError("no mpiexec found: pip install 'topocoll[mpich]' (mpi4py + mpich)")
-    return found
+# progress loop; the settings, and where mpiexec is, are the cluster launcher's (one copy).
+from topocoll.cluster.launcher import YIELD_ENV, mpiexec_path  # noqa: E402,F401
 
 
 def run_ranks(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
