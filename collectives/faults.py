@@ -7,7 +7,9 @@ records the notice instead (the collective that waits for the dead peer then tim
 it, and says mpiexec reported an exit). Once a communicator broke on a timeout or transport
 error, ``MPI_Finalize`` could wait forever for the missing peer, so at interpreter exit the
 process ends with status 1 (or what ``exit_status`` set) without finalizing MPI
-(``TOPOCOLL_FINALIZE_AFTER_FAULT=1`` keeps the normal finalization).
+(``TOPOCOLL_FINALIZE_AFTER_FAULT=1`` keeps the normal finalization). Skipping MPI_Finalize would
+leave MPICH's shared-memory segment in ``/dev/shm`` for good, so the process unlinks the MPICH
+segments it maps first (processes that still map them keep their mapping).
 """
 from __future__ import annotations
 
@@ -58,11 +60,38 @@ def _on_peer_exit(_signum: int, _frame: Any) -> None:
     _state["peer_exited"] = 1
 
 
-def _exit_without_finalize() -> None:
-    """Registered with atexit, so it runs before mpi4py's MPI_Finalize."""
+def exit_without_finalize(status: int) -> None:
+    """End the process now with ``status``, skipping MPI_Finalize (which could wait forever for
+    a missing peer): flush stdout/stderr and unlink this host's MPICH segments first."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
             pass
-    os._exit(int(_state["status"]))
+    unlink_mpich_segments()
+    os._exit(int(status))
+
+
+def _exit_without_finalize() -> None:
+    """Registered with atexit, so it runs before mpi4py's MPI_Finalize."""
+    exit_without_finalize(_state["status"])
+
+
+def unlink_mpich_segments(maps: str = "/proc/self/maps") -> list[str]:
+    """Unlink the MPICH shared-memory files (``/dev/shm/mpich_shm_*``) this process maps, which
+    MPI_Finalize would otherwise have removed; return their paths. Linux only; elsewhere none."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as lines:
+            fields = [line.split(None, 5) for line in lines]
+    except OSError:
+        return []
+    paths = {parts[5].strip() for parts in fields if len(parts) == 6}
+    removed = []
+    for path in sorted(paths):
+        if os.path.dirname(path) == "/dev/shm" and os.path.basename(path).startswith("mpich_shm_"):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:  # another rank of this host removed it first
+                pass
+    return removed

@@ -50,6 +50,29 @@ def run_torchrun(script: str | Path, n: int, args: Sequence[str] = (), timeout: 
     return _launch(cmd, path, n, timeout, env, drop=LAUNCHER_ENV)
 
 
+def mpich_segments() -> set[str]:
+    """The MPICH shared-memory files in /dev/shm now."""
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
+    except OSError:
+        return set()
+
+
+def leaked_mpich_segments(before: set[str]) -> set[str]:
+    """MPICH files in /dev/shm made since ``before`` that no live process maps any more (files of
+    other jobs still running on the machine don't count)."""
+    new = mpich_segments() - before
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        if not new:
+            break
+        try:
+            text = maps.read_text(errors="replace")
+        except OSError:
+            continue
+        new = {name for name in new if f"/dev/shm/{name}" not in text}
+    return new
+
+
 def rank_main(body: Callable[[], None]) -> None:
     """Run a rank script's body; on any exception print it with this rank's number and end the job
     (``MPI_Abort`` under mpiexec; exit 1 under torchrun, whose agent then stops the others)."""

@@ -4,7 +4,6 @@ op, within the timeout, and the bench must return its timeout status. argv: SECO
 import _common  # noqa: F401  (sets sys.path)
 from _common import rank_main
 
-import os
 import sys
 import time
 
@@ -12,6 +11,7 @@ from mpi4py import MPI
 
 from topocoll.bench.__main__ import main
 from topocoll.bench.micro import EXIT_TIMEOUT
+from topocoll.collectives import faults
 
 
 def body():
@@ -36,9 +36,7 @@ def body():
 
 def main_():
     rank_main(body)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # the abandoned operations' requests would make MPI_Finalize wait
+    faults.exit_without_finalize(0)  # the abandoned operations' requests would make MPI_Finalize wait
 
 
 main_()

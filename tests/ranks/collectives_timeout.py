@@ -2,7 +2,6 @@
 import _common  # noqa: F401
 from _common import rank_main
 
-import os
 import sys
 import time
 
@@ -10,6 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from topocoll import collectives
+from topocoll.collectives import faults
 from topocoll.collectives import CollectiveTimeoutError, CommunicatorBrokenError
 
 
@@ -51,8 +51,7 @@ def body():
 
 def main():
     rank_main(body)
-    sys.stdout.flush()
-    os._exit(0)  # pending requests of the abandoned operations would make MPI_Finalize wait
+    faults.exit_without_finalize(0)  # pending requests of the abandoned operations would make MPI_Finalize wait
 
 
 main()

@@ -5,7 +5,6 @@ Kind "alloc": the collective allocation of registered memory must time out the s
 import _common  # noqa: F401
 from _common import rank_main
 
-import os
 import sys
 import time
 
@@ -13,6 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 from topocoll import collectives
+from topocoll.collectives import faults
 from topocoll.collectives import CollectiveTimeoutError
 
 
@@ -50,8 +50,7 @@ def body():
 
 def main():
     rank_main(body)
-    sys.stdout.flush()
-    os._exit(0)  # the absent rank's communicator is abandoned mid-protocol
+    faults.exit_without_finalize(0)  # the absent rank's communicator is abandoned mid-protocol
 
 
 main()
