@@ -14,6 +14,7 @@ import numbers
 import os
 import threading
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from .flight import FlightEntry, FlightRecorder
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import Executor
 from .log import TRACE, logger, tracing
+from .prepared import Prepared, PreparedCalls, keepable
 
 RING_ORDERED = ("ring", "hier", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
@@ -64,7 +66,8 @@ def rejected_together(method: Any) -> Any:
                 async_op = given.get("async_op", False)
                 if takes_opts:                   # torch says it in opts.asyncOp (default: async)
                     async_op = getattr(given.get("opts"), "asyncOp", True)
-                comm._reject(method.__name__, given.get("timeout"), bool(async_op), err)
+                comm._reject(method.__name__.lstrip("_"), given.get("timeout"), bool(async_op),
+                             err)
             raise
     return checked
 
@@ -87,6 +90,7 @@ class Communicator:
         self._flight = FlightRecorder()
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
+        self._prepared = PreparedCalls()  # small blocking calls kept ready to repeat
         self._local = threading.local()  # .submitted: this thread's call reached _submit
 
     # -- identity --
@@ -133,13 +137,21 @@ class Communicator:
                             name=f"{self.name}.{int(color)}", topology=topo)
 
     # -- collectives --
-    @rejected_together
     def all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
                    out: Any = None, timeout: float | None = None) -> Any:
         """Reduce ``x`` over all ranks with ``op``; the result replaces ``x`` (or fills ``out``).
 
         Returns the result array, or a Handle whose ``wait()`` returns it if ``async_op``.
         """
+        prepared = self._prepared_call("all_reduce", x, out, (op, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared)
+        return self._all_reduce(x, op, algo, async_op, out, timeout)
+
+    @rejected_together
+    def _all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
+                    out: Any = None, timeout: float | None = None) -> Any:
+        given = (op, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         op = parse_op(op)
         check_reducible(buf.dtype, op)
@@ -151,48 +163,84 @@ class Communicator:
         call = Call("all_reduce", buf.dtype, target.flat(), op=op,
                     bounds=split_bounds(buf.flat().size, self.size))
         copy_in = None if target is buf else (target.flat(), buf.flat())
-        return self._launch(call, buf, algo, async_op, target.user, timeout, copy_in=copy_in)
+        return self._launch(call, buf, algo, async_op, target.user, timeout, copy_in=copy_in,
+                            keep=(out, given))
 
-    @rejected_together
     def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
+        prepared = self._prepared_call("all_gather", x, out, (algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared)
+        return self._all_gather(x, out, algo, async_op, timeout)
+
+    @rejected_together
+    def _all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
+                    timeout: float | None = None) -> Any:
+        given = (algo, async_op, timeout)
         buf = as_buffer(x, "x")
         shape = (self.size * buf.shape[0], *buf.shape[1:]) if buf.shape else (self.size,)
         target = self._out(out, buf, shape, "all_gather")
         n = buf.flat().size
         call = Call("all_gather", buf.dtype, buf.flat(), target.flat(),
                     bounds=[(r * n, (r + 1) * n) for r in range(self.size)])
-        return self._launch(call, buf, algo, async_op, target.user, timeout)
+        return self._launch(call, buf, algo, async_op, target.user, timeout,
+                            keep=(out, given))
 
-    @rejected_together
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
                        async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
         ``numpy.array_split`` (the first ``len(x) % size`` parts have one more row)."""
+        prepared = self._prepared_call("reduce_scatter", x, out, (op, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared)
+        return self._reduce_scatter(x, out, op, algo, async_op, timeout)
+
+    @rejected_together
+    def _reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
+                        async_op: bool = False, timeout: float | None = None) -> Any:
+        given = (op, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         op = parse_op(op)
         check_reducible(buf.dtype, op)
         rows, bounds = self._split_rows(buf, "reduce_scatter")
         target = self._out(out, buf, (rows, *buf.shape[1:]), "reduce_scatter")
         call = Call("reduce_scatter", buf.dtype, buf.flat(), target.flat(), op=op, bounds=bounds)
-        return self._launch(call, buf, algo, async_op, target.user, timeout)
+        return self._launch(call, buf, algo, async_op, target.user, timeout,
+                            keep=(out, given))
 
-    @rejected_together
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
+        prepared = self._prepared_call("broadcast", x, None, (root, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared)
+        return self._broadcast(x, root, algo, async_op, timeout)
+
+    @rejected_together
+    def _broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
+                   timeout: float | None = None) -> Any:
+        given = (root, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         root = self._peer(root, "root")
         if self.rank != root:
             check_writable(buf, "x")
         call = Call("broadcast", buf.dtype, buf.flat(), root=root)
-        return self._launch(call, buf, algo, async_op, buf.user, timeout)
+        return self._launch(call, buf, algo, async_op, buf.user, timeout,
+                            keep=(None, given))
 
-    @rejected_together
     def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
+        prepared = self._prepared_call("reduce", x, None, (root, op, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared)
+        return self._reduce(x, root, op, algo, async_op, timeout)
+
+    @rejected_together
+    def _reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
+                async_op: bool = False, timeout: float | None = None) -> Any:
+        given = (root, op, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         root = self._peer(root, "root")
         op = parse_op(op)
@@ -200,24 +248,42 @@ class Communicator:
         if self.rank == root:
             check_writable(buf, "x")
         call = Call("reduce", buf.dtype, buf.flat(), op=op, root=root)
-        return self._launch(call, buf, algo, async_op, buf.user, timeout)
+        return self._launch(call, buf, algo, async_op, buf.user, timeout,
+                            keep=(None, given))
 
-    @rejected_together
     def all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
         ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
+        prepared = self._prepared_call("all_to_all", x, out, (algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared)
+        return self._all_to_all(x, out, algo, async_op, timeout)
+
+    @rejected_together
+    def _all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
+                    timeout: float | None = None) -> Any:
+        given = (algo, async_op, timeout)
         buf = as_buffer(x, "x")
         mine, bounds = self._split_rows(buf, "all_to_all")
         target = self._out(out, buf, (self.size * mine, *buf.shape[1:]), "all_to_all")
         call = Call("all_to_all", buf.dtype, buf.flat(), target.flat(), bounds=bounds)
-        return self._launch(call, buf, algo, async_op, target.user, timeout)
+        return self._launch(call, buf, algo, async_op, target.user, timeout,
+                            keep=(out, given))
 
-    @rejected_together
     def rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
                timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
         into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
+        prepared = self._prepared_call("rotate", x, out, (shift, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared)
+        return self._rotate(x, out, shift, async_op, timeout)
+
+    @rejected_together
+    def _rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
+                timeout: float | None = None) -> Any:
+        given = (shift, async_op, timeout)
         buf = as_buffer(x, "x")
         if not isinstance(shift, (int, np.integer)):
             raise TypeError(f"shift must be an int, got {type(shift).__name__}")
@@ -227,7 +293,8 @@ class Communicator:
         staged = recv if not shares_memory(recv, buf.flat()) else empty_like(recv)
         call = Call("rotate", buf.dtype, buf.flat(), staged, shift=shift)
         copy_out = (recv, staged) if staged is not recv else None
-        return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out)
+        return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out,
+                            keep=(out, given))
 
     @rejected_together
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -417,6 +484,7 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        self._prepared.clear()
         self._executor.close()
         hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
@@ -429,8 +497,10 @@ class Communicator:
     # -- helpers --
     def _launch(self, call: Call, buf: Buffer, algo: str, async_op: bool, result: Any,
                 timeout: float | None, copy_in: tuple[np.ndarray, np.ndarray] | None = None,
-                copy_out: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
-        """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread."""
+                copy_out: tuple[np.ndarray, np.ndarray] | None = None,
+                keep: tuple[Any, tuple[Any, ...]] | None = None) -> Any:
+        """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread.
+        ``keep``: the caller's ``out`` and arguments, to keep the call prepared for repeats."""
         kind = call.kind
         check_memory(buf, self.backend, "x")
         chosen = self.algorithm_for(kind, buf.nbytes, algo)
@@ -466,21 +536,76 @@ class Communicator:
                 copyto(*copy_out)
             return result
 
+        def prepare() -> Any:
+            """The algorithm's prepared run of this call, or None (run it the general way)."""
+            preparer = select.PREPARERS.get(chosen)
+            if preparer is None or not moves or copy_in is not None or copy_out is not None:
+                return None
+            ctx = OpContext(kind, None)
+            ctx.timeout = limit  # armed at the first wait of each run
+            agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields)) \
+                if agree else None
+            return preparer(self.backend, ctx, replace(call, agreement=agreement, source=source))
+
         if getattr(self._local, "persistent", False):
             self._local.persistent = False
-            return self._persistent(kind, run, what, buf, sig, fields, limit)
+            entry = Prepared(kind, (), self.check, None, None, False, what, result, run,
+                             prepare())
+            return self._persistent(entry, buf, sig, fields, limit)
+        if keep is not None and not async_op and keepable(buf.user, keep[0], result):
+            self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
+                                        result is buf.user, what, result, run, prepare()),
+                               buf.user)
         return self._submit(kind, run, async_op, what)
 
-    def _persistent(self, kind: str, run: Any, what: Any, buf: Buffer, sig: Any,
+    def _persistent(self, entry: Prepared, buf: Buffer, sig: Any,
                     fields: list[tuple[str, Any]], limit: float) -> "Persistent":
         """The prepared call as a Persistent operation, after the ranks agreed on it once (the
         init is collective, so a mismatch or a rejection raises there on every rank)."""
+        kind = entry.kind
         if sig is not None:
             def agree() -> None:
                 ctx = OpContext(f"{kind}_init", limit)
                 self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             self._submit(f"{kind}_init", agree, async_op=False)
-        return Persistent(self, kind, run, what, buf.user)
+        return Persistent(self, entry)
+
+    def _prepared_call(self, kind: str, x: Any, out: Any,
+                       args: tuple[Any, ...]) -> Prepared | None:
+        """The prepared call that this one repeats, where it may run at once: the calling thread
+        owns the communicator, nothing is queued, broken or closed, and calls aren't traced."""
+        if not self._may_repeat():
+            return None
+        entry = self._prepared.find(kind, x, out, args)
+        if entry is None or entry.check != self.check:
+            return None
+        return entry
+
+    def _may_repeat(self) -> bool:
+        """Whether a prepared call may run inline now (see ``_prepared_call``)."""
+        return self._broken is None and not self._closed and not self._executor._pending and \
+            threading.get_ident() == self._owner and not tracing()
+
+    def _repeat(self, entry: Prepared) -> Any:
+        """Run a prepared call inline (``_prepared_call`` found it): the general path's flight
+        record and failure handling, in a fraction of its time."""
+        if entry.lean is None:
+            return self._submit(entry.kind, entry.run, False, entry.what)
+        flight = self._flight
+        flight.issue_running(entry.kind, entry.what)
+        try:
+            entry.lean()
+        except (MismatchError, TypeError, ValueError) as err:
+            flight.last().end(f"failed: {type(err).__name__}")  # alike on every rank: not broken
+            raise
+        except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
+            failure = self._fail(entry.kind, err, flight.last())
+            if failure is err:
+                raise
+            raise failure from err
+        finally:
+            flight.finished()
+        return entry.result
 
     def _submit(self, name: str, run: Any, async_op: bool, what: Any = None) -> Any:
         """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
@@ -674,20 +799,18 @@ class Persistent:
     persistent operations in the same order, like any collective.
     """
 
-    def __init__(self, comm: Communicator, kind: str, run: Any, what: Any, result: Any) -> None:
+    def __init__(self, comm: Communicator, entry: Prepared) -> None:
         self.comm = comm
-        self.kind = kind
-        self._run = run
-        self._what = what
-        self._result = result
-        self._pointer = _torch_pointer(result)
+        self.kind = entry.kind
+        self._entry = entry
+        self._pointer = _torch_pointer(entry.result)
         self._handle: Any = None
 
     def start(self) -> Any:
         """Start the operation on the communicator's progress thread; returns its Handle (also
         what ``wait``/``test`` follow). Raises CollectiveError while the previous start is active."""
         self._check_idle()
-        self._handle = self.comm._submit(self.kind, self._run, True, self._what)
+        self._handle = self.comm._submit(self.kind, self._entry, True, self._entry.what)
         return self._handle
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -703,13 +826,15 @@ class Persistent:
     def __call__(self) -> Any:
         """Run it now, blocking, on the calling thread (no thread hop); returns the result."""
         self._check_idle()
-        return self.comm._submit(self.kind, self._run, False, self._what)
+        if self.comm._may_repeat():
+            return self.comm._repeat(self._entry)
+        return self.comm._submit(self.kind, self._entry, False, self._entry.what)
 
     def _check_idle(self) -> None:
         if self._handle is not None and not self._handle.done:
             raise CollectiveError(f"persistent {self.kind}: started again before the previous start "
                                f"finished (wait() for it first)")
-        if self._pointer is not None and _torch_pointer(self._result) != self._pointer:
+        if self._pointer is not None and _torch_pointer(self._entry.result) != self._pointer:
             raise ValueError(f"persistent {self.kind}: the tensor's storage changed since init "
                              f"(resized or replaced); prepare a new one with {self.kind}_init")
 

@@ -19,7 +19,7 @@ ranks share a node (the world, or a node sub-communicator of a hierarchical algo
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -30,6 +30,7 @@ from ..call import Call, split_bounds, take_source
 from ..context import OpContext
 from ..dtypes import finish_avg, reducer
 from . import native
+from .rotate import rotate as rotate_p2p
 
 REGISTERED_FROM = 64 << 10
 """Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
@@ -83,10 +84,104 @@ def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
     _run(b, ctx, call, fallback=_slots_all_to_all)
 
 
+def rotate(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Everyone publishes its ``call.send`` piece by piece; rank r copies rank (r - shift)'s
+    pieces into its ``call.recv`` (one barrier per piece instead of a message pair)."""
+    _run(b, ctx, call, fallback=_slots_rotate)
+
+
 def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
     """Zero-copy through registered buffers when every rank's are, else the backend's native
     collective: ``auto``'s choice at sizes where native beats copying through the slots."""
     _run(b, ctx, call, fallback=None)
+
+
+def prepare(b: Backend, ctx: OpContext, call: Call) -> Callable[[], None] | None:
+    """The run of a small ``call`` made ready for repeating (the communicator's prepared and
+    persistent calls): what ``_run`` would do, one step through the slots, with every view, bound
+    and reducer worked out here, so a run only publishes, syncs once (checking ``call.agreement``
+    there, as ``_Gate`` does) and finishes. ``ctx`` is reused by every run. None where the call
+    would take another path (one rank, zero-copy, several steps): those run the general way."""
+    arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
+    one_step = {"all_gather", "broadcast", "rotate"}
+    if arena is None or call.send.nbytes >= REGISTERED_FROM or \
+            call.send.nbytes > (one_shot_bytes(call.kind, b.size, arena)
+                                if call.kind not in one_step else arena.slot_bytes):
+        return None
+    r, p, kind = b.rank, b.size, call.kind
+    mine = call.input if kind not in one_step else _bytes(call.input)  # moved, not combined:
+    n, dtype = mine.size, mine.dtype                    # as bytes, like the slot paths
+    sig, check = call.agreement if call.agreement is not None else (None, None)
+    halves = [arena.slots(h, dtype) for h in (0, 1)]
+    publish = [s[r][:n] for s in halves]                 # where my input goes, per half
+    if kind in ("all_reduce", "reduce_scatter", "reduce"):
+        lo, hi = 0, n
+        if kind == "reduce" and r != call.root:
+            finish: Callable[[list[np.ndarray]], None] = lambda ins: None  # noqa: E731
+        else:
+            lo, hi = call.bounds[r] if kind == "reduce_scatter" else (0, n)
+            out = call.recv if kind == "reduce_scatter" else call.send
+            assert out is not None  # reduce_scatter always has an output
+            combine, avg = reducer(call.dtype, call.op or "sum"), call.op == "avg"
+            finish = _one_shot_finish(combine, out, avg, call.dtype, p)
+        inputs = [[s[q][lo:hi] for q in range(p)] for s in halves] \
+            if kind != "reduce" or r == call.root else [[], []]
+    elif kind == "all_gather":
+        assert call.recv is not None  # all_gather always has an output
+        recv = _bytes(call.recv)
+        gathered = [recv[q * n:(q + 1) * n] for q in range(p)]
+        inputs = [[s[q][:n] for q in range(p)] for s in halves]
+
+        def finish(ins: list[np.ndarray]) -> None:
+            for q in range(p):
+                gathered[q][...] = mine if q == r else ins[q]
+    elif kind == "broadcast":
+        root, buf = call.root, _bytes(call.send)
+        inputs = [[s[root][:n]] for s in halves]
+        publish = publish if r == root else [None, None]
+
+        def finish(ins: list[np.ndarray]) -> None:
+            if r != root:
+                buf[...] = ins[0]
+    elif kind == "rotate":
+        assert call.recv is not None  # Communicator.rotate always passes the output
+        got = _bytes(call.recv)
+        inputs = [[s[(r - call.shift) % p][:n]] for s in halves]
+
+        def finish(ins: list[np.ndarray]) -> None:
+            got[...] = ins[0]
+    else:
+        return None
+
+    def run() -> None:
+        ctx.deadline = None
+        mark = arena.mark()
+        half = arena.flip()
+        arena.publish(sig=sig)
+        slot = publish[half]
+        if slot is not None:
+            slot[...] = mine
+        arena.sync(ctx)
+        if check is not None:
+            lo_sig, hi_sig = arena.agreed(len(sig))
+            if lo_sig is not hi_sig:
+                arena.rewind(mark)
+                check(lo_sig, hi_sig)
+        finish(inputs[half])
+
+    return run
+
+
+def _one_shot_finish(combine: Any, out: np.ndarray, avg: bool, dtype: Any,
+                     p: int) -> Callable[[list[np.ndarray]], None]:
+    """``_one_shot``'s sum over every rank's slot, in rank order, into ``out``."""
+    def finish(ins: list[np.ndarray]) -> None:
+        combine(ins[0], ins[1], out=out)  # never reads out: safe in place
+        for q in range(2, p):
+            combine(out, ins[q])
+        if avg:
+            finish_avg(dtype, out, p)
+    return finish
 
 
 # -- paths --
@@ -99,7 +194,7 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
     if b.size == 1:
         return _NATIVE[call.kind](b, ctx, call)
     arena = _arena(b)
-    small = fallback is not None and call.send.nbytes < REGISTERED_FROM
+    small = fallback is not None and (call.send.nbytes < REGISTERED_FROM or call.kind == "rotate")
     where = None if small else arena.locate(call.send)   # where my buffer is registered
     source = None                           # where an out-of-place input is registered
     if where is not None and call.source is not None:
@@ -230,6 +325,19 @@ def _slots_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> N
         gate.sync()
         if b.rank != root:
             buf[lo:hi] = slots[root][:hi - lo]               # copy it out
+
+
+def _slots_rotate(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """Rank r publishes its send piece by piece; rank r + shift copies each piece out."""
+    assert call.recv is not None  # Communicator.rotate always passes the output
+    arena, send, recv = gate.arena, _bytes(call.send), _bytes(call.recv)
+    src, n, w = (b.rank - call.shift) % b.size, send.size, arena.slot_bytes
+    for lo in range(0, n, w):
+        hi = min(n, lo + w)
+        slots = _slots(arena, send.dtype)
+        slots[b.rank][:hi - lo] = send[lo:hi]                # publish my piece
+        gate.sync()
+        recv[lo:hi] = slots[src][:hi - lo]                   # take my predecessor's
 
 
 def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
@@ -438,7 +546,7 @@ _PEERS = {"all_reduce": _reduce_peers, "reduce_scatter": _reduce_peers, "reduce"
 
 _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scatter,
            "reduce": native.reduce, "all_gather": native.all_gather,
-           "broadcast": native.broadcast, "all_to_all": native.all_to_all}
+           "broadcast": native.broadcast, "all_to_all": native.all_to_all, "rotate": rotate_p2p}
 
 
 def _reduce_region(call: Call, own: np.ndarray, peers: list[np.ndarray],

@@ -58,6 +58,7 @@ class SharedArena:
         self._broken = False
         self._published = 0
         self._flags: list[np.ndarray] = []
+        self._flag_words: list[memoryview] = []
         self._areas: list[np.ndarray] = []
         self._halves: list[tuple[np.ndarray, np.ndarray]] = []
         self._views: dict[tuple[int, Any], list[np.ndarray]] = {}  # slots()' typed views
@@ -69,6 +70,7 @@ class SharedArena:
             mem, _unit = win.Shared_query(q)
             seg = np.frombuffer(mem, dtype=np.uint8)
             self._flags.append(seg[:8].view(np.int64))
+            self._flag_words.append(memoryview(self._flags[-1]))  # plain ints, read fast
             words = seg[WORDS_OFFSET:WORDS_OFFSET + 16 * AREA_WORDS].view(np.int64)
             self._areas.append(words.reshape(2, AREA_WORDS))
             data = seg[HEADER_BYTES:HEADER_BYTES + 2 * slot_bytes]
@@ -126,16 +128,14 @@ class SharedArena:
         the operation and the peer; the arena is then unusable.
         """
         self._epoch += 1
-        epoch = self._epoch
-        flags = self._flags
         self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
-        flags[self.rank][0] = epoch
-        arrived = lambda: all(f[0] >= epoch for f in flags)  # noqa: E731
-        try:
-            ctx.poll(arrived, lambda: self._missing(epoch))
-        except CollectiveTimeoutError:
-            self._broken = True
-            raise
+        self._flag_words[self.rank][0] = self._epoch
+        if not self._arrived():
+            try:
+                ctx.poll(self._arrived, self._missing)
+            except CollectiveTimeoutError:
+                self._broken = True
+                raise
         self._win.Sync()  # peers' data loads after their flags
 
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
@@ -249,6 +249,7 @@ class SharedArena:
         win, self._win = self._win, None
         windows = [w for w, _segs in self._windows.values()]
         self._flags, self._areas, self._halves, self._windows = [], [], [], {}
+        self._flag_words = []
         self._views = {}
         if self._broken:
             return  # freeing would wait for the missing peer; the OS reclaims the memory at exit
@@ -263,8 +264,17 @@ class SharedArena:
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
 
-    def _missing(self, epoch: int) -> str:
-        late = [q for q, f in enumerate(self._flags) if f[0] < epoch]
+    def _arrived(self) -> bool:
+        """Whether every rank's flag has reached this barrier (a loop: small calls feel a
+        generator's cost)."""
+        epoch = self._epoch
+        for flag in self._flag_words:
+            if flag[0] < epoch:
+                return False
+        return True
+
+    def _missing(self) -> str:
+        late = [q for q, f in enumerate(self._flag_words) if f[0] < self._epoch]
         names = ", ".join(self.peer_name(q) for q in late) or "the other ranks"
         return f"{names} at the shared-memory barrier"
 

@@ -1,0 +1,109 @@
+"""Prepared calls: a blocking collective issued again with the same arrays and arguments skips
+its argument checks, algorithm choice and set-up, done once on its first call, and runs the form
+its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
+
+An entry is kept per collective and input array (a few of each, small arrays only: an entry
+holds its arrays alive). Each reuse re-checks, in a few hundred nanoseconds, what could have
+changed since: the very same array objects (a weak reference, so a new array at a recycled
+address never matches), their shape, dtype, strides and writability, and every argument.
+The cross-rank agreement is not skipped: it runs inside the prepared run's own barrier.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+PREPARED_MAX_BYTES = 64 << 10
+"""Largest input (and output) a prepared call is kept for: larger calls gain little from
+skipping the checks, and an entry keeps its arrays alive."""
+
+PREPARED_PER_COLLECTIVE = 16
+"""Entries kept per collective; the oldest goes first."""
+
+
+class Prepared:
+    """One prepared call: what a reuse must match, and how to run it."""
+
+    __slots__ = ("kind", "args", "check", "what", "result", "lean", "run", "_x", "_out",
+                 "_x_form", "_out_form", "_x_written")
+
+    def __init__(self, kind: str, args: tuple[Any, ...], check: bool, x: np.ndarray | None,
+                 out: np.ndarray | None, x_written: bool, what: Any, result: Any,
+                 run: Callable[[], Any], lean: Callable[[], None] | None) -> None:
+        self.kind = kind
+        self.args = args
+        self.check = check
+        self.what = what          # the flight record's (dtype, count, algorithm)
+        self.result = result      # what the call returns (its output array)
+        self.run = run            # the general run (OpContext, agreement, algorithm)
+        self.lean = lean          # the algorithm's prepared run, where it has one
+        self._x = weakref.ref(x) if x is not None else lambda: None  # None: a persistent call's
+        self._out = weakref.ref(out) if out is not None else None   # (never looked up)
+        self._x_form = _form(x) if x is not None else ()
+        self._out_form = _form(out) if out is not None else None
+        self._x_written = x_written  # the call writes x: it must still be writable
+
+    def fits(self, x: Any, out: Any, args: tuple[Any, ...]) -> bool:
+        """Whether a call with ``x``, ``out`` and ``args`` is this one, with nothing changed."""
+        if args != self.args or self._x() is not x or \
+                (x.shape, x.dtype, x.strides) != self._x_form:
+            return False
+        if self._x_written and not x.flags.writeable:
+            return False
+        if self._out is None:
+            return out is None
+        return self._out() is out and (out.shape, out.dtype, out.strides) == self._out_form \
+            and out.flags.writeable
+
+    def __call__(self) -> Any:
+        """Run it once (on whichever thread runs the communicator's operations) and return
+        the result."""
+        if self.lean is None:
+            return self.run()
+        self.lean()
+        return self.result
+
+
+class PreparedCalls:
+    """A communicator's prepared calls, by collective and input array."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, dict[int, Prepared]] = {}
+
+    def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...]) -> Prepared | None:
+        """The prepared call that ``kind(x, out=out, *args)`` repeats, if any."""
+        entries = self._by_kind.get(kind)
+        if entries is None:
+            return None
+        entry = entries.get(id(x))
+        if entry is None or not entry.fits(x, out, args):
+            return None
+        return entry
+
+    def add(self, entry: Prepared, x: np.ndarray) -> None:
+        """Keep ``entry`` for input ``x`` (replacing one kept for the same array)."""
+        entries = self._by_kind.setdefault(entry.kind, {})
+        entries.pop(id(x), None)
+        if len(entries) >= PREPARED_PER_COLLECTIVE:
+            entries.pop(next(iter(entries)))
+        entries[id(x)] = entry
+
+    def clear(self) -> None:
+        """Forget every entry (the communicator closed or broke)."""
+        self._by_kind.clear()
+
+
+def keepable(x: Any, out: Any, result: Any) -> bool:
+    """Whether a call on ``x`` (and ``out``) returning ``result`` may be kept prepared: numpy
+    arrays, small, and a result that is the caller's own array (not one allocated per call)."""
+    if type(x) is not np.ndarray or x.nbytes > PREPARED_MAX_BYTES:
+        return False
+    if out is not None and (type(out) is not np.ndarray or out.nbytes > 16 * PREPARED_MAX_BYTES):
+        return False
+    return result is x or (out is not None and result is out)
+
+
+def _form(a: np.ndarray) -> tuple[Any, ...]:
+    return (a.shape, a.dtype, a.strides)
