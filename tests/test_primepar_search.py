@@ -4,7 +4,7 @@ import pytest
 from topocoll.primepar import Spec, parse
 from topocoll.primepar.__main__ import main as cli, parse_bytes
 from topocoll.primepar.cost import Costs, Hardware, default_topology
-from topocoll.primepar.search import Model, PlanError, baselines, evaluate, layer_choices, search
+from topocoll.primepar.planner import Model, PlanError, baselines, evaluate, layer_choices, search
 
 BIG = Model(layers=24, hidden=4096, heads=32, seq=2048, batch=8)
 
