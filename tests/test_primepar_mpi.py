@@ -49,3 +49,8 @@ def test_search_uses_the_probed_link_costs(tmp_path, capsys):
         text = capsys.readouterr().out
         links = next(line for line in text.splitlines() if line.startswith("links: "))
         assert (f"inter {probed}" in links) == bool(extra), links
+
+
+def test_docstring_quick_start_runs_on_two_ranks():
+    out = run_ranks("primepar_quickstart.py", 2, timeout=150)
+    assert out.count("DONE") == 2 and out.count(" GB") == 2  # each rank printed its plan
