@@ -61,6 +61,13 @@ RUN_WITH: dict[str, tuple[str, str]] = {
         net = torch.nn.Linear(4, 4)
         my_micro_batches = [(torch.randn(2, 4), torch.randn(2, 4))] * 4
         """, "the user's model and data; NIG on a singleton world"),
+    "docs/primepar.md#1": (
+        """
+        import json
+        with open("links.json", "w") as f:
+            json.dump({"links": {"intra": {"alpha_s": 2e-6, "beta_bytes_per_s": 5e9},
+                                 "inter": {"alpha_s": 2e-5, "beta_bytes_per_s": 1.25e9}}}, f)
+        """, "links.json stands for what `topocoll topology --probe` wrote"),
     "docs/paro.md#1": (
         """
         from topocoll import collectives, paro
