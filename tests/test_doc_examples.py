@@ -15,12 +15,13 @@ lines added elsewhere in a page don't move it. A block is one of:
 
 A new block that is in none of the lists is run as it stands: list it if it can't be.
 KNOWN_BROKEN lists blocks with a bug in the page itself (strict xfail: fix the page, then drop
-the entry).
+the entry). The quick starts in the package docstrings named in PACKAGE_DOCSTRINGS run too.
 """
 from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import importlib.util
 import os
 import re
@@ -60,6 +61,13 @@ RUN_WITH: dict[str, tuple[str, str]] = {
         net = torch.nn.Linear(4, 4)
         my_micro_batches = [(torch.randn(2, 4), torch.randn(2, 4))] * 4
         """, "the user's model and data; NIG on a singleton world"),
+    "docs/primepar.md#1": (
+        """
+        import json
+        with open("links.json", "w") as f:
+            json.dump({"links": {"intra": {"alpha_s": 2e-6, "beta_bytes_per_s": 5e9},
+                                 "inter": {"alpha_s": 2e-5, "beta_bytes_per_s": 1.25e9}}}, f)
+        """, "links.json stands for what `topocoll topology --probe` wrote"),
     "docs/paro.md#1": (
         """
         from topocoll import collectives, paro
@@ -79,6 +87,10 @@ COMPILE_ONLY: dict[str, tuple[set[str], str]] = {
 }
 
 KNOWN_BROKEN: dict[str, tuple[str, str]] = {}  # block -> (which check fails, why)
+
+PACKAGE_DOCSTRINGS = ["topocoll.primepar"]
+"""Packages whose docstring shows a quick start (the literal block after its first ``::``) that
+one process can run as it stands."""
 
 
 def _blocks() -> list[tuple[str, Path, int, str]]:
@@ -194,3 +206,24 @@ def test_example_runs(key, page, line, src, tmp_path):
     where = f"{page.relative_to(ROOT)}:{line}"
     prelude = textwrap.dedent(RUN_WITH[key][0]) if key in RUN_WITH else ""
     _run(prelude + src, tmp_path, where)
+
+
+def docstring_example(module: str) -> str:
+    """The literal block after the first ``::`` of ``module``'s docstring, dedented."""
+    doc = importlib.import_module(module).__doc__ or ""
+    head, sep, rest = doc.partition("::\n")
+    assert sep, f"{module}: the docstring has no '::' example"
+    lines = []
+    for line in rest.splitlines():
+        if line.strip() and not line.startswith((" ", "\t")):
+            break  # the prose after the block
+        lines.append(line)
+    return textwrap.dedent("\n".join(lines)).strip() + "\n"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("module", PACKAGE_DOCSTRINGS)
+def test_package_docstring_example_runs(module, tmp_path):
+    src = docstring_example(module)
+    assert len(src.splitlines()) >= 3, src  # found the block, not a stub
+    _run(src, tmp_path, f"{module} docstring")
