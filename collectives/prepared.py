@@ -47,15 +47,13 @@ class Prepared:
 
     def fits(self, x: Any, out: Any, args: tuple[Any, ...]) -> bool:
         """Whether a call with ``x``, ``out`` and ``args`` is this one, with nothing changed."""
-        if args != self.args or self._x() is not x or \
-                (x.shape, x.dtype, x.strides) != self._x_form:
-            return False
-        if self._x_written and not x.flags.writeable:
+        if args != self.args or (x.shape, x.dtype, x.strides) != self._x_form or \
+                (self._x_written and not x.flags.writeable) or self._x() is not x:
             return False
         if self._out is None:
             return out is None
-        return self._out() is out and (out.shape, out.dtype, out.strides) == self._out_form \
-            and out.flags.writeable
+        return out is not None and (out.shape, out.dtype, out.strides) == self._out_form and \
+            out.flags.writeable and self._out() is out
 
     def __call__(self) -> Any:
         """Run it once (on whichever thread runs the communicator's operations) and return

@@ -113,7 +113,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> Callable[[], None] | None
     n, dtype = mine.size, mine.dtype                    # as bytes, like the slot paths
     sig, check = call.agreement if call.agreement is not None else (None, None)
     halves = [arena.slots(h, dtype) for h in (0, 1)]
-    publish = [s[r][:n] for s in halves]                 # where my input goes, per half
+    publish: list[np.ndarray | None] = [s[r][:n] for s in halves]  # my input's place, per half
     if kind in ("all_reduce", "reduce_scatter", "reduce"):
         lo, hi = 0, n
         if kind == "reduce" and r != call.root:
@@ -163,7 +163,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> Callable[[], None] | None
             slot[...] = mine
         arena.sync(ctx)
         if check is not None:
-            lo_sig, hi_sig = arena.agreed(len(sig))
+            lo_sig, hi_sig = arena.agreed(len(sig))  # type: ignore[arg-type]  # sig with check
             if lo_sig is not hi_sig:
                 arena.rewind(mark)
                 check(lo_sig, hi_sig)

@@ -70,7 +70,7 @@ class SharedArena:
             mem, _unit = win.Shared_query(q)
             seg = np.frombuffer(mem, dtype=np.uint8)
             self._flags.append(seg[:8].view(np.int64))
-            self._flag_words.append(memoryview(self._flags[-1]))  # plain ints, read fast
+            self._flag_words.append(memoryview(self._flags[-1]))  # type: ignore[arg-type]  # ints
             words = seg[WORDS_OFFSET:WORDS_OFFSET + 16 * AREA_WORDS].view(np.int64)
             self._areas.append(words.reshape(2, AREA_WORDS))
             data = seg[HEADER_BYTES:HEADER_BYTES + 2 * slot_bytes]
