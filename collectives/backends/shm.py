@@ -20,6 +20,7 @@ the memory goes away with the processes even when a rank crashes: nothing can le
 from __future__ import annotations
 
 import os
+import platform
 from typing import Any, Callable
 
 import numpy as np
@@ -39,6 +40,11 @@ them, where a rank's buffers of the call are registered (the zero-copy gate)."""
 
 DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one half of a rank's segment: the pipeline step (``TOPOCOLL_SHM_SLOT`` overrides)."""
+
+ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+"""Whether this CPU makes stores visible in program order and never reorders loads with loads
+(x86's TSO): a rank's data stores then precede its flag store for every reader without a fence,
+and ``sync`` skips ``MPI_Win_sync`` (two per barrier). Elsewhere (ARM, POWER) it fences."""
 
 OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
 """The step when there are more ranks than cores: every barrier then costs a context switch, so
@@ -128,7 +134,8 @@ class SharedArena:
         the operation and the peer; the arena is then unusable.
         """
         self._epoch += 1
-        self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
+        if not ORDERED_STORES:
+            self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
         self._flag_words[self.rank][0] = self._epoch
         if not self._arrived():
             try:
@@ -136,7 +143,8 @@ class SharedArena:
             except CollectiveTimeoutError:
                 self._broken = True
                 raise
-        self._win.Sync()  # peers' data loads after their flags
+        if not ORDERED_STORES:
+            self._win.Sync()  # peers' data loads after their flags
 
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,
@@ -169,6 +177,22 @@ class SharedArena:
             return mine, mine
         every = np.stack([a[at, :n] for a in self._areas])
         return every.min(axis=0), every.max(axis=0)
+
+    def signature_words(self, n: int) -> tuple[list[memoryview], list[list[memoryview]]]:
+        """The first ``n`` signature words of the two alternating areas as byte memoryviews:
+        this rank's (to write with ``next_area``'s index) and every rank's (to compare after the
+        sync), for a prepared call that publishes the same signature run after run."""
+        if n > SIG_WORDS:
+            raise ValueError(f"a signature of {n} words exceeds the arena's {SIG_WORDS}")
+        views = [[memoryview(a[at, :n].view(np.uint8))  # type: ignore[arg-type]
+                  for a in self._areas] for at in (0, 1)]
+        return [v[self.rank] for v in views], views
+
+    def next_area(self) -> int:
+        """Advance to the next publication area and return its index: ``publish`` without
+        writing, for callers that write ``signature_words`` themselves."""
+        self._published += 1
+        return self._published % 2
 
     def published(self, n: int) -> list[list[int]]:
         """After the sync: every rank's first ``n`` registration words, indexed by rank."""
