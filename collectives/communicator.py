@@ -32,7 +32,7 @@ from .flight import FlightEntry, FlightRecorder
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import Executor
 from .log import TRACE, logger, tracing
-from .prepared import Prepared, PreparedCalls, keepable
+from .prepared import Prepared, PreparedCalls, StartedHandle, keepable
 
 RING_ORDERED = ("ring", "hier", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
@@ -90,7 +90,8 @@ class Communicator:
         self._flight = FlightRecorder()
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
-        self._prepared = PreparedCalls()  # small blocking calls kept ready to repeat
+        self._prepared = PreparedCalls()  # small calls kept ready to repeat
+        self._started: tuple[StartedHandle, Prepared, int] | None = None  # started async repeat
         self._local = threading.local()  # .submitted: this thread's call reached _submit
 
     # -- identity --
@@ -128,7 +129,7 @@ class Communicator:
                                 f"there says why), so no rank splits; this rank (rank "
                                 f"{self.rank}) passed valid ones.")
         key = self.rank if key is None else key
-        self._executor.drain()
+        self._drain()
         sub = self.backend.split(int(color), int(key))
         if sub is None:
             return None
@@ -145,7 +146,7 @@ class Communicator:
         """
         prepared = self._prepared_call("all_reduce", x, out, (op, algo, async_op, timeout))
         if prepared is not None:
-            return self._repeat(prepared)
+            return self._repeat(prepared, async_op)
         return self._all_reduce(x, op, algo, async_op, out, timeout)
 
     @rejected_together
@@ -171,7 +172,7 @@ class Communicator:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
         prepared = self._prepared_call("all_gather", x, out, (algo, async_op, timeout))
         if prepared is not None:
-            return self._repeat(prepared)
+            return self._repeat(prepared, async_op)
         return self._all_gather(x, out, algo, async_op, timeout)
 
     @rejected_together
@@ -193,7 +194,7 @@ class Communicator:
         ``numpy.array_split`` (the first ``len(x) % size`` parts have one more row)."""
         prepared = self._prepared_call("reduce_scatter", x, out, (op, algo, async_op, timeout))
         if prepared is not None:
-            return self._repeat(prepared)
+            return self._repeat(prepared, async_op)
         return self._reduce_scatter(x, out, op, algo, async_op, timeout)
 
     @rejected_together
@@ -214,7 +215,7 @@ class Communicator:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
         prepared = self._prepared_call("broadcast", x, None, (root, algo, async_op, timeout))
         if prepared is not None:
-            return self._repeat(prepared)
+            return self._repeat(prepared, async_op)
         return self._broadcast(x, root, algo, async_op, timeout)
 
     @rejected_together
@@ -234,7 +235,7 @@ class Communicator:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
         prepared = self._prepared_call("reduce", x, None, (root, op, algo, async_op, timeout))
         if prepared is not None:
-            return self._repeat(prepared)
+            return self._repeat(prepared, async_op)
         return self._reduce(x, root, op, algo, async_op, timeout)
 
     @rejected_together
@@ -257,7 +258,7 @@ class Communicator:
         ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
         prepared = self._prepared_call("all_to_all", x, out, (algo, async_op, timeout))
         if prepared is not None:
-            return self._repeat(prepared)
+            return self._repeat(prepared, async_op)
         return self._all_to_all(x, out, algo, async_op, timeout)
 
     @rejected_together
@@ -277,7 +278,7 @@ class Communicator:
         into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
         prepared = self._prepared_call("rotate", x, out, (shift, async_op, timeout))
         if prepared is not None:
-            return self._repeat(prepared)
+            return self._repeat(prepared, async_op)
         return self._rotate(x, out, shift, async_op, timeout)
 
     @rejected_together
@@ -394,7 +395,7 @@ class Communicator:
         nodes, ``TOPOCOLL_SHM=0``, one rank) the array is ordinary memory. Valid until ``free``
         or ``close``."""
         self._usable("alloc")
-        self._executor.drain()  # the window is allocated on this thread, over the same ranks
+        self._drain()  # the window is allocated on this thread, over the same ranks
         arena = self.backend.arena()
         try:
             torch_dtype = dtype if type(dtype).__module__ == "torch" else None
@@ -424,7 +425,7 @@ class Communicator:
         """Collectively release a registered array from ``alloc`` (the same call on every rank);
         the array must not be used afterwards. Ordinary arrays are left to the garbage collector."""
         self._usable("free")
-        self._executor.drain()
+        self._drain()
         arena = self.backend.arena()
         if arena is not None:
             try:
@@ -475,7 +476,7 @@ class Communicator:
 
     def drain(self) -> None:
         """Block until every operation queued so far has finished (successfully or not)."""
-        self._executor.drain()
+        self._drain()
 
     def close(self) -> None:
         """Finish queued operations and free the communicator's resources. Afterwards every
@@ -485,6 +486,7 @@ class Communicator:
             return
         self._closed = True
         self._prepared.clear()
+        self._drain()
         self._executor.close()
         hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
@@ -552,7 +554,7 @@ class Communicator:
             entry = Prepared(kind, (), self.check, None, None, False, what, result, run,
                              prepare())
             return self._persistent(entry, buf, sig, fields, limit)
-        if keep is not None and not async_op and keepable(buf.user, keep[0], result):
+        if keep is not None and keepable(buf.user, keep[0], result):
             self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
                                         result is buf.user, what, result, run, prepare()),
                                buf.user)
@@ -582,30 +584,70 @@ class Communicator:
         return entry
 
     def _may_repeat(self) -> bool:
-        """Whether a prepared call may run inline now (see ``_prepared_call``)."""
+        """Whether a prepared call may run inline now (see ``_prepared_call``); a started one
+        that can complete without waiting completes here."""
         return self._broken is None and not self._closed and not self._executor._pending and \
-            threading.get_ident() == self._owner and not tracing()
+            threading.get_ident() == self._owner and not tracing() and \
+            (self._started is None or self._complete(False))
 
-    def _repeat(self, entry: Prepared) -> Any:
+    def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
         """Run a prepared call inline (``_prepared_call`` found it): the general path's flight
-        record and failure handling, in a fraction of its time."""
-        if entry.lean is None:
-            return self._submit(entry.kind, entry.run, False, entry.what)
+        record and failure handling, in a fraction of its time. Async, the algorithm's prepared
+        run is only started here; its handle, or the next operation, completes it."""
+        run = entry.lean
+        if run is None:
+            return self._submit(entry.kind, entry, async_op, entry.what)
         flight = self._flight
-        flight.issue_running(entry.kind, entry.what)
+        seq = flight.issue_running(entry.kind, entry.what)
+        if async_op:
+            run.start()  # publishes and enters the barrier; never waits
+            handle = StartedHandle(entry, self._complete)
+            self._started = (handle, entry, seq)
+            return handle
         try:
-            entry.lean()
+            run()
         except (MismatchError, TypeError, ValueError) as err:
-            flight.last().end(f"failed: {type(err).__name__}")  # alike on every rank: not broken
+            flight.take(seq).end(f"failed: {type(err).__name__}")  # alike everywhere: not broken
             raise
         except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
-            failure = self._fail(entry.kind, err, flight.last())
+            failure = self._fail(entry.kind, err, flight.take(seq))
             if failure is err:
                 raise
             raise failure from err
         finally:
-            flight.finished()
+            flight.finished(seq)
         return entry.result
+
+    def _complete(self, block: bool) -> bool:
+        """Complete the prepared call started with ``async_op=True``, if one is (waiting for the
+        peers if ``block``); whether none is left. Its error goes to its handle."""
+        started = self._started
+        if started is None:
+            return True
+        handle, entry, seq = started
+        with handle.lock:
+            if self._started is not started:
+                return True  # another thread completed it meanwhile
+            assert entry.lean is not None  # only prepared runs are started
+            error: BaseException | None = None
+            try:
+                if not entry.lean.complete(block):
+                    return False
+            except (MismatchError, TypeError, ValueError) as err:
+                self._flight.take(seq).end(f"failed: {type(err).__name__}")
+                error = err
+            except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
+                error = self._fail(entry.kind, err, self._flight.take(seq))
+            self._started = None
+            self._flight.finished(seq)
+            handle.settle(None if error else entry.result, error)
+        return True
+
+    def _drain(self) -> None:
+        """Finish everything issued so far: the queue, and a started prepared call."""
+        self._executor.drain()
+        if self._broken is None:
+            self._complete(True)
 
     def _submit(self, name: str, run: Any, async_op: bool, what: Any = None) -> Any:
         """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
@@ -620,6 +662,8 @@ class Communicator:
                        "" if what is None else "%s[%d] %s" % what, " async" if async_op else "")
 
         def guarded() -> Any:
+            if self._started is not None:
+                self._complete(True)  # issued before this one: it finishes first
             if self._broken:
                 entry.end("not run: communicator broken")
                 raise self._broken_error(name)
@@ -810,7 +854,10 @@ class Persistent:
         """Start the operation on the communicator's progress thread; returns its Handle (also
         what ``wait``/``test`` follow). Raises CollectiveError while the previous start is active."""
         self._check_idle()
-        self._handle = self.comm._submit(self.kind, self._entry, True, self._entry.what)
+        if self._entry.lean is not None and self.comm._may_repeat():
+            self._handle = self.comm._repeat(self._entry, async_op=True)
+        else:
+            self._handle = self.comm._submit(self.kind, self._entry, True, self._entry.what)
         return self._handle
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -831,9 +878,11 @@ class Persistent:
         return self.comm._submit(self.kind, self._entry, False, self._entry.what)
 
     def _check_idle(self) -> None:
-        if self._handle is not None and not self._handle.done:
-            raise CollectiveError(f"persistent {self.kind}: started again before the previous start "
-                               f"finished (wait() for it first)")
+        handle = self._handle
+        if handle is not None and not (handle.settled if isinstance(handle, StartedHandle)
+                                       else handle.done):  # as MPI_Start: wait or test first
+            raise CollectiveError(f"persistent {self.kind}: started again before the previous "
+                                  f"start finished (wait() for it first)")
         if self._pointer is not None and _torch_pointer(self._entry.result) != self._pointer:
             raise ValueError(f"persistent {self.kind}: the tensor's storage changed since init "
                              f"(resized or replaced); prepare a new one with {self.kind}_init")

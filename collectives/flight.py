@@ -80,26 +80,31 @@ class FlightRecorder:
         self._entries.append(entry)
         return entry
 
-    def issue_running(self, name: str, what: Any = None) -> None:
+    def issue_running(self, name: str, what: Any = None) -> int:
         """Record an operation that starts at once on the calling thread, in a few hundred
-        nanoseconds (a repeated small call): a tuple that ``entries``, ``summary`` and ``last``
-        expand into a FlightEntry, ``running`` until ``finished`` says otherwise."""
+        nanoseconds (a repeated small call): a tuple that ``entries``, ``summary`` and ``take``
+        expand into a FlightEntry, ``running`` until ``finished`` says otherwise. Its number."""
         self._seq += 1
         self._running = self._seq
         self._entries.append((self._seq, name, what, time.monotonic()))  # type: ignore[arg-type]
+        return self._seq
 
-    def finished(self) -> None:
-        """The operation ``issue_running`` recorded is done."""
-        self._running = 0
+    def finished(self, seq: int) -> None:
+        """The operation ``issue_running`` recorded as ``seq`` is done (or ended as ``take``'s
+        entry says)."""
+        if self._running == seq:
+            self._running = 0
 
-    def last(self) -> FlightEntry:
-        """The newest entry as a FlightEntry (one recorded by ``issue_running`` becomes a
-        running one, to end with the state its operation reached)."""
-        entry = self._entries[-1]
-        if isinstance(entry, tuple):
-            entry = self._expand(entry)
-            self._entries[-1] = entry
-        return entry
+    def take(self, seq: int) -> FlightEntry:
+        """Operation ``seq`` as a FlightEntry, to end with the state it reached (one recorded by
+        ``issue_running`` is expanded in place; one no longer remembered, a detached entry)."""
+        for i in range(len(self._entries) - 1, -1, -1):
+            entry = self._entries[i]
+            if entry.seq == seq if not isinstance(entry, tuple) else entry[0] == seq:
+                full = self._expand(entry)
+                self._entries[i] = full
+                return full
+        return FlightEntry(seq, "forgotten", None)
 
     def entries(self) -> list[dict[str, Any]]:
         """Every remembered operation as plain data, oldest first."""

@@ -10,10 +10,15 @@ The cross-rank agreement is not skipped: it runs inside the prepared run's own b
 """
 from __future__ import annotations
 
+import os
+import threading
+import time
 import weakref
 from typing import Any, Callable
 
 import numpy as np
+
+from .errors import CollectiveTimeoutError
 
 PREPARED_MAX_BYTES = 64 << 10
 """Largest input (and output) a prepared call is kept for: larger calls gain little from
@@ -31,14 +36,14 @@ class Prepared:
 
     def __init__(self, kind: str, args: tuple[Any, ...], check: bool, x: np.ndarray | None,
                  out: np.ndarray | None, x_written: bool, what: Any, result: Any,
-                 run: Callable[[], Any], lean: Callable[[], None] | None) -> None:
+                 run: Callable[[], Any], lean: Any) -> None:
         self.kind = kind
         self.args = args
         self.check = check
         self.what = what          # the flight record's (dtype, count, algorithm)
         self.result = result      # what the call returns (its output array)
         self.run = run            # the general run (OpContext, agreement, algorithm)
-        self.lean = lean          # the algorithm's prepared run, where it has one
+        self.lean = lean          # the algorithm's prepared run (start, complete), or None
         self._x = weakref.ref(x) if x is not None else lambda: None  # None: a persistent call's
         self._out = weakref.ref(out) if out is not None else None   # (never looked up)
         self._x_form = _form(x) if x is not None else ()
@@ -105,3 +110,87 @@ def keepable(x: Any, out: Any, result: Any) -> bool:
 
 def _form(a: np.ndarray) -> tuple[Any, ...]:
     return (a.shape, a.dtype, a.strides)
+
+
+class StartedHandle:
+    """The handle of a prepared call started inline with ``async_op=True``: its part is
+    published and its barrier entered (no thread hop, nothing blocks); ``wait``, ``test`` and
+    the communicator's next operation complete it, in issue order. The interface of
+    ``handle.Handle``."""
+
+    def __init__(self, entry: Prepared, finish: Callable[[bool], bool]) -> None:
+        self.name = entry.kind
+        self._finish = finish          # the communicator's completion (Communicator._complete)
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any], None]] = []
+        self._lock = threading.Lock()  # wait() and the communicator's next call may race
+
+    @property
+    def done(self) -> bool:
+        """True once the operation finished (checks, without waiting, whether it can)."""
+        return self._done or self._finish(False)
+
+    def test(self) -> bool:
+        """Non-blocking: whether the operation has finished."""
+        return self.done
+
+    @property
+    def settled(self) -> bool:
+        """Whether ``wait``, ``test`` or a later operation has completed it (no progress made)."""
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Complete the operation (waiting for the peers) and return its result, or raise its
+        error; with ``timeout``, a CollectiveTimeoutError once that many seconds passed (the
+        operation itself stays bound by the communicator's timeout)."""
+        if self._done:
+            pass
+        elif timeout is None:
+            self._finish(True)
+        else:
+            end = time.monotonic() + timeout
+            while not self._finish(False):
+                if time.monotonic() > end:
+                    raise CollectiveTimeoutError(
+                        f"{self.name}: not finished after waiting {timeout:g} s")
+                os.sched_yield()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def result(self) -> Any:
+        """Same as ``wait()``."""
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once done (None if it succeeded or is still running)."""
+        return self._error
+
+    def ensure_waitable(self) -> None:
+        """Waiting on a started call can always end (no thread has to finish it)."""
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(handle)`` once done (at once if already done), from the finishing thread."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def settle(self, result: Any, error: BaseException | None) -> None:
+        """Record the outcome (called once, by the communicator, under ``lock``), then run
+        the callbacks."""
+        self._result, self._error, self._done = result, error, True
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while the operation completes."""
+        return self._lock
+
+    def __repr__(self) -> str:
+        return f"<Handle {self.name} {'done' if self._done else 'started'}>"

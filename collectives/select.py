@@ -50,11 +50,12 @@ AGREES_IN_FIRST_BARRIER = frozenset({"shm", "shm_or_native"})
 """Algorithms that take the communicator's signature check into their own first barrier
 (``Call.agreement``): one shared-memory barrier per call fewer when checking is on."""
 
-PREPARERS: dict[str, Callable[[Backend, OpContext, Call], Callable[[], None] | None]] = {
+PREPARERS: dict[str, Callable[[Backend, OpContext, Call], "shm.Run | None"]] = {
     "shm": shm.prepare}
 """Algorithms that can make a call ready to repeat (``prepare(backend, ctx, call)``: a run with
-its views and choices worked out once, or None where it can't): repeated small calls and
-persistent collectives run that instead of the general algorithm."""
+its views and choices worked out once, in two halves (``shm.Run``: start, complete), or None where
+it can't): repeated small calls and persistent collectives run that instead of the general
+algorithm, and an async repeat starts it inline and completes it in ``wait``."""
 
 READS_SOURCE = frozenset({"shm", "shm_or_native"})
 """All-reduce algorithms that read an out-of-place input themselves (``Call.source``): the

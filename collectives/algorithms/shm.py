@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..backends.base import Backend
-from ..backends.shm import SharedArena
+from ..backends.shm import ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
 from ..dtypes import finish_avg, reducer
@@ -96,7 +96,7 @@ def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
     _run(b, ctx, call, fallback=None)
 
 
-def prepare(b: Backend, ctx: OpContext, call: Call) -> Callable[[], None] | None:
+def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     """The run of a small ``call`` made ready for repeating (the communicator's prepared and
     persistent calls): what ``_run`` would do, one step through the slots, with every view, bound
     and reducer worked out here, so a run only publishes, syncs once (checking ``call.agreement``
@@ -119,24 +119,51 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> Callable[[], None] | None
     sig_bytes = sig.tobytes() if sig is not None else b""
     mine_words, every_words = arena.signature_words(len(sig) if sig is not None else 0)
 
-    def run() -> None:
+    state = [0, 0, 0]  # the started run's (arena mark, half, publication area)
+
+    def start() -> None:
         ctx.deadline = None
-        mark = arena.mark()
-        half = arena.flip()
-        at = arena.next_area()
+        state[0] = arena.mark()
+        half = state[1] = arena.flip()
+        at = state[2] = arena.next_area()
         if check is not None:
             mine_words[at][:] = sig_bytes
         if writes:
             publish[half][:] = source
-        arena.sync(ctx)
-        if check is not None:
-            for words in every_words[at]:
-                if words != sig_bytes:
-                    arena.rewind(mark)
-                    check(*arena.agreed(len(sig_bytes) // 8))  # raises, naming the field
-        done(half)
+        arena.arrive()
 
-    return run
+    def complete(block: bool) -> bool:
+        if not arena.arrived():
+            if not block:
+                return False
+            arena.wait(ctx)
+        elif not ORDERED_STORES:
+            arena.wait(ctx)  # the fence after the flags
+        if check is not None:
+            for words in every_words[state[2]]:
+                if words != sig_bytes:
+                    arena.rewind(state[0])
+                    check(*arena.agreed(len(sig_bytes) // 8))  # raises, naming the field
+        done(state[1])
+        return True
+
+    return Run(start, complete)
+
+
+class Run:
+    """A prepared run in two halves: ``start`` publishes this rank's part and never waits;
+    ``complete(block)`` finishes it once every rank has arrived (False: not yet, where
+    ``block`` is False). Calling the run does both."""
+
+    __slots__ = ("start", "complete")
+
+    def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool]) -> None:
+        self.start = start
+        self.complete = complete
+
+    def __call__(self) -> None:
+        self.start()
+        self.complete(True)
 
 
 def _finish_reduce(b: Backend, call: Call, typed: list[list[np.ndarray]],

@@ -133,10 +133,19 @@ class SharedArena:
         A peer that does not arrive before ``ctx``'s deadline raises CollectiveTimeoutError naming
         the operation and the peer; the arena is then unusable.
         """
+        self.arrive()
+        self.wait(ctx)
+
+    def arrive(self) -> None:
+        """The first half of ``sync``: publish this rank's writes and raise its flag, without
+        waiting (a started operation completes later with ``wait``)."""
         self._epoch += 1
         if not ORDERED_STORES:
             self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
         self._flag_words[self.rank][0] = self._epoch
+
+    def wait(self, ctx: OpContext) -> None:
+        """The second half of ``sync``: wait until every rank has arrived."""
         if not self._arrived():
             try:
                 ctx.poll(self._arrived, self._missing)
@@ -145,6 +154,10 @@ class SharedArena:
                 raise
         if not ORDERED_STORES:
             self._win.Sync()  # peers' data loads after their flags
+
+    def arrived(self) -> bool:
+        """Whether every rank has arrived at the barrier this rank last entered."""
+        return self._arrived()
 
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,

@@ -151,6 +151,50 @@ def ordering_with_async_and_threads(c):
     assert errors and "belongs to another thread" in errors[0], errors
 
 
+def async_repeats(c):
+    """Async repeats start inline and complete in wait(), test() or the next operation, in
+    issue order; errors reach the handle, on every rank."""
+    p = c.size
+    x = np.zeros(5, np.float64)
+    g = np.empty(5 * p, np.float64)
+    for step in range(6):
+        x[...] = step + c.rank
+        h = c.all_reduce(x, async_op=True)
+        if step % 3 == 0:
+            while not h.test():
+                pass
+        assert h.wait() is x and np.all(x == sum(step + q for q in range(p))), step
+        assert h.done and h.exception() is None
+        if step and p > 1:  # repeats start inline (white-box: not the progress thread's Handle)
+            assert type(h).__name__ == "StartedHandle", type(h)
+    # completed by the next operation (a different one, on the general path), without wait()
+    x[...] = 1
+    h = c.all_reduce(x, async_op=True)
+    got = c.all_gather(np.full(2, c.rank, np.int32))   # new arrays: the general path
+    assert np.array_equal(got, np.repeat(np.arange(p, dtype=np.int32), 2))
+    assert h.done and np.all(x == p)
+    # a chain of async repeats, waited at the end (the bench's pattern)
+    seen = []
+    handles = []
+    for k in range(5):
+        x[...] = 1
+        handles.append(c.all_gather(x, out=g, async_op=True))
+        handles[-1].add_done_callback(lambda h, k=k: seen.append(k))
+    for h in handles:
+        assert h.wait() is g
+    assert np.all(g == 1) and seen == list(range(5)), seen
+    if p > 1:  # a divergent async repeat fails at wait() on every rank
+        for _ in range(2):
+            c.all_reduce(x, async_op=True).wait()
+        last = p - 1
+        y = np.zeros(6, np.float64)
+        h = c.all_reduce(y if c.rank == last else x, async_op=True)
+        expect_raises(MismatchError, h.wait, "element count")
+        assert isinstance(h.exception(), MismatchError)
+        x[...] = 1
+        assert np.all(c.all_reduce(x, async_op=True).wait() == p)
+
+
 def flight_record_counts_repeats(c):
     x = np.ones(2, np.float32)
     for _ in range(5):
@@ -178,6 +222,20 @@ def timeout_on_a_repeat(c):
     WORLD.Barrier()
 
 
+def async_timeout(c):
+    """An async repeat whose peer never comes: wait() raises the timeout naming the operation."""
+    c3 = collectives.init(timeout=1.0)
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        c3.all_reduce(x, async_op=True).wait()
+    absent = c3.size - 1
+    if c3.rank != absent:
+        h = c3.all_reduce(x, async_op=True)
+        expect_raises(CollectiveTimeoutError, h.wait, "all_reduce", f"rank {absent}")
+        expect_raises(CommunicatorBrokenError, lambda: c3.all_reduce(x), "earlier failure")
+    WORLD.Barrier()
+
+
 def persistent_runs_prepared(c):
     x = np.zeros(3, np.float32)
     p = c.all_reduce_init(x)
@@ -197,10 +255,12 @@ def body():
     if c.size > 1:
         divergence_fails_everywhere(c)
     ordering_with_async_and_threads(c)
+    async_repeats(c)
     flight_record_counts_repeats(c)
     persistent_runs_prepared(c)
     if c.size > 1:
         timeout_on_a_repeat(c)
+        async_timeout(c)
     if c.rank == 0:
         print("prepared calls: all checks passed", flush=True)
 
