@@ -28,11 +28,11 @@ from ..backends.base import Backend
 from ..backends.shm import ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
-from ..dtypes import finish_avg, reducer
+from ..dtypes import finish_avg, host_ufunc, reducer
 from . import native
 from .rotate import rotate as rotate_p2p
 
-REGISTERED_FROM = 64 << 10
+REGISTERED_FROM = 128 << 10
 """Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
 two barriers cost more than the slots' copies, so every rank goes through the slots at once."""
 
@@ -105,7 +105,8 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
     moved = call.kind in ("all_gather", "broadcast", "rotate")  # one step, not combined
     finish = _FINISH.get(call.kind)
-    if arena is None or finish is None or call.send.nbytes >= REGISTERED_FROM or \
+    if arena is None or finish is None or \
+            (call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate") or \
             call.send.nbytes > (arena.slot_bytes if moved else
                                 one_shot_bytes(call.kind, b.size, arena)):
         return None
@@ -119,17 +120,15 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     sig_bytes = sig.tobytes() if sig is not None else b""
     mine_words, every_words = arena.signature_words(len(sig) if sig is not None else 0)
 
-    state = [0, 0, 0]  # the started run's (arena mark, half, publication area)
+    state = [0, 0, 0]  # the started run's (arena mark, half, publication area): arena.begin()
 
     def start() -> None:
         ctx.deadline = None
-        state[0] = arena.mark()
-        half = state[1] = arena.flip()
-        at = state[2] = arena.next_area()
+        state[:] = arena.begin()
         if check is not None:
-            mine_words[at][:] = sig_bytes
+            mine_words[state[2]][:] = sig_bytes
         if writes:
-            publish[half][:] = source
+            publish[state[1]][:] = source
         arena.arrive()
 
     def complete(block: bool) -> bool:
@@ -175,14 +174,16 @@ def _finish_reduce(b: Backend, call: Call, typed: list[list[np.ndarray]],
     lo, hi = call.bounds[r] if call.kind == "reduce_scatter" else (0, n)
     out = call.recv if call.kind == "reduce_scatter" else call.send
     assert out is not None  # reduce_scatter always has an output
-    combine, avg = reducer(call.dtype, call.op or "sum"), call.op == "avg"
+    combine, avg = host_ufunc(call.dtype, call.op or "sum"), call.op == "avg"
+    if combine is None:
+        combine = reducer(call.dtype, call.op or "sum")
     ins = [[half[q][lo:hi] for q in range(p)] for half in typed]
 
     def finish(half: int) -> None:
         slots = ins[half]
         combine(slots[0], slots[1], out=out)  # never reads out: safe in place
         for q in range(2, p):
-            combine(out, slots[q])
+            combine(out, slots[q], out=out)
         if avg:
             finish_avg(call.dtype, out, p)
     return finish

@@ -146,9 +146,9 @@ class SharedArena:
 
     def wait(self, ctx: OpContext) -> None:
         """The second half of ``sync``: wait until every rank has arrived."""
-        if not self._arrived():
+        if not self.arrived():
             try:
-                ctx.poll(self._arrived, self._missing)
+                ctx.poll(self.arrived, self._missing)
             except CollectiveTimeoutError:
                 self._broken = True
                 raise
@@ -157,7 +157,19 @@ class SharedArena:
 
     def arrived(self) -> bool:
         """Whether every rank has arrived at the barrier this rank last entered."""
-        return self._arrived()
+        epoch = self._epoch
+        for flag in self._flag_words:
+            if flag[0] < epoch:
+                return False
+        return True
+
+    def begin(self) -> tuple[int, int, int]:
+        """``mark``, ``flip`` and ``next_area`` in one call, for a prepared run: the step to
+        rewind to, the half it uses and its publication area."""
+        mark = self._step
+        self._step += 1
+        self._published += 1
+        return mark, self._step % 2, self._published % 2
 
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,
@@ -300,15 +312,6 @@ class SharedArena:
                 win.Free()
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
-
-    def _arrived(self) -> bool:
-        """Whether every rank's flag has reached this barrier (a loop: small calls feel a
-        generator's cost)."""
-        epoch = self._epoch
-        for flag in self._flag_words:
-            if flag[0] < epoch:
-                return False
-        return True
 
     def _missing(self) -> str:
         late = [q for q, f in enumerate(self._flag_words) if f[0] < self._epoch]
