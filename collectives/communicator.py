@@ -272,19 +272,19 @@ class Communicator:
         return self._launch(call, buf, algo, async_op, target.user, timeout,
                             keep=(out, given))
 
-    def rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
-               timeout: float | None = None) -> Any:
+    def rotate(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
+               async_op: bool = False, timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
         into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
-        prepared = self._prepared_call("rotate", x, out, (shift, async_op, timeout))
+        prepared = self._prepared_call("rotate", x, out, (shift, algo, async_op, timeout))
         if prepared is not None:
             return self._repeat(prepared, async_op)
-        return self._rotate(x, out, shift, async_op, timeout)
+        return self._rotate(x, out, shift, algo, async_op, timeout)
 
     @rejected_together
-    def _rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
-                timeout: float | None = None) -> Any:
-        given = (shift, async_op, timeout)
+    def _rotate(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
+                async_op: bool = False, timeout: float | None = None) -> Any:
+        given = (shift, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         if not isinstance(shift, (int, np.integer)):
             raise TypeError(f"shift must be an int, got {type(shift).__name__}")
@@ -294,7 +294,7 @@ class Communicator:
         staged = recv if not shares_memory(recv, buf.flat()) else empty_like(recv)
         call = Call("rotate", buf.dtype, buf.flat(), staged, shift=shift)
         copy_out = (recv, staged) if staged is not recv else None
-        return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out,
+        return self._launch(call, buf, algo, async_op, target.user, timeout, copy_out=copy_out,
                             keep=(out, given))
 
     @rejected_together
@@ -336,10 +336,10 @@ class Communicator:
         """Prepare ``all_to_all(x, out, algo)`` once."""
         return self._init(self.all_to_all, x, out=out, algo=algo, timeout=timeout)
 
-    def rotate_init(self, x: Any, out: Any = None, shift: int = 1,
+    def rotate_init(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
                     timeout: float | None = None) -> "Persistent":
-        """Prepare ``rotate(x, out, shift)`` once (``out`` is allocated if None)."""
-        return self._init(self.rotate, x, out=out, shift=shift, timeout=timeout)
+        """Prepare ``rotate(x, out, shift, algo)`` once (``out`` is allocated if None)."""
+        return self._init(self.rotate, x, out=out, shift=shift, algo=algo, timeout=timeout)
 
     def _init(self, method: Any, *args: Any, **kwargs: Any) -> "Persistent":
         self._local.persistent = True  # _launch hands back the prepared call instead of running
