@@ -2,10 +2,12 @@
 its argument checks, algorithm choice and set-up, done once on its first call, and runs the form
 its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
 
-An entry is kept per collective and input array (a few of each, small arrays only: an entry
-holds its arrays alive). Each reuse re-checks, in a few hundred nanoseconds, what could have
-changed since: the very same array objects (a weak reference, so a new array at a recycled
-address never matches), their shape, dtype, strides and writability, and every argument.
+Entries are kept per collective and input array (numpy arrays and CPU torch tensors, a few
+calls each, small ones only: an entry holds its arrays alive). Each reuse re-checks, in a few
+hundred nanoseconds, what could have changed since: the very same array objects (a weak
+reference, so a new array at a recycled address never matches), their shape, dtype, strides
+and writability (a tensor's data pointer too: ``set_`` swaps storage under the same object), and
+every argument.
 The cross-rank agreement is not skipped: it runs inside the prepared run's own barrier.
 """
 from __future__ import annotations
@@ -25,7 +27,10 @@ PREPARED_MAX_BYTES = 64 << 10
 skipping the checks, and an entry keeps its arrays alive."""
 
 PREPARED_PER_COLLECTIVE = 16
-"""Entries kept per collective; the oldest goes first."""
+"""Arrays whose calls are kept, per collective; the oldest goes first."""
+
+PREPARED_PER_ARRAY = 4
+"""Calls kept per array and collective (e.g. a broadcast from each of a few roots)."""
 
 
 class Prepared:
@@ -34,8 +39,8 @@ class Prepared:
     __slots__ = ("kind", "args", "check", "what", "result", "lean", "run", "_x", "_out",
                  "_x_form", "_out_form", "_x_written")
 
-    def __init__(self, kind: str, args: tuple[Any, ...], check: bool, x: np.ndarray | None,
-                 out: np.ndarray | None, x_written: bool, what: Any, result: Any,
+    def __init__(self, kind: str, args: tuple[Any, ...], check: bool, x: Any,
+                 out: Any, x_written: bool, what: Any, result: Any,
                  run: Callable[[], Any], lean: Any) -> None:
         self.kind = kind
         self.args = args
@@ -52,13 +57,13 @@ class Prepared:
 
     def fits(self, x: Any, out: Any, args: tuple[Any, ...]) -> bool:
         """Whether a call with ``x``, ``out`` and ``args`` is this one, with nothing changed."""
-        if args != self.args or (x.shape, x.dtype, x.strides) != self._x_form or \
-                (self._x_written and not x.flags.writeable) or self._x() is not x:
+        if args != self.args or _form(x) != self._x_form or \
+                (self._x_written and not _writable(x)) or self._x() is not x:
             return False
         if self._out is None:
             return out is None
-        return out is not None and (out.shape, out.dtype, out.strides) == self._out_form and \
-            out.flags.writeable and self._out() is out
+        return out is not None and _form(out) == self._out_form and _writable(out) and \
+            self._out() is out
 
     def __call__(self) -> Any:
         """Run it once (on whichever thread runs the communicator's operations) and return
@@ -70,28 +75,29 @@ class Prepared:
 
 
 class PreparedCalls:
-    """A communicator's prepared calls, by collective and input array."""
+    """A communicator's prepared calls, by collective and input array (a few per array: a
+    buffer broadcast from each root in turn, say)."""
 
     def __init__(self) -> None:
-        self._by_kind: dict[str, dict[int, Prepared]] = {}
+        self._by_kind: dict[str, dict[int, list[Prepared]]] = {}
 
     def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...]) -> Prepared | None:
         """The prepared call that ``kind(x, out=out, *args)`` repeats, if any."""
         entries = self._by_kind.get(kind)
         if entries is None:
             return None
-        entry = entries.get(id(x))
-        if entry is None or not entry.fits(x, out, args):
-            return None
-        return entry
+        for entry in entries.get(id(x), ()):
+            if entry.fits(x, out, args):
+                return entry
+        return None
 
-    def add(self, entry: Prepared, x: np.ndarray) -> None:
-        """Keep ``entry`` for input ``x`` (replacing one kept for the same array)."""
+    def add(self, entry: Prepared, x: Any) -> None:
+        """Keep ``entry`` for input ``x`` (replacing the oldest beyond the limits)."""
         entries = self._by_kind.setdefault(entry.kind, {})
-        entries.pop(id(x), None)
+        same = [e for e in entries.pop(id(x), []) if e._x() is x][-(PREPARED_PER_ARRAY - 1):]
         if len(entries) >= PREPARED_PER_COLLECTIVE:
             entries.pop(next(iter(entries)))
-        entries[id(x)] = entry
+        entries[id(x)] = same + [entry]
 
     def clear(self) -> None:
         """Forget every entry (the communicator closed or broke)."""
@@ -100,16 +106,42 @@ class PreparedCalls:
 
 def keepable(x: Any, out: Any, result: Any) -> bool:
     """Whether a call on ``x`` (and ``out``) returning ``result`` may be kept prepared: numpy
-    arrays, small, and a result that is the caller's own array (not one allocated per call)."""
-    if type(x) is not np.ndarray or x.nbytes > PREPARED_MAX_BYTES:
+    arrays or CPU torch tensors, small, and a result that is the caller's own array (not one
+    allocated per call)."""
+    if _nbytes(x) > PREPARED_MAX_BYTES:
         return False
-    if out is not None and (type(out) is not np.ndarray or out.nbytes > 16 * PREPARED_MAX_BYTES):
+    if out is not None and _nbytes(out) > 16 * PREPARED_MAX_BYTES:
         return False
     return result is x or (out is not None and result is out)
 
 
-def _form(a: np.ndarray) -> tuple[Any, ...]:
-    return (a.shape, a.dtype, a.strides)
+def _nbytes(a: Any) -> int:
+    """Bytes of a numpy array or a CPU torch tensor; a huge number for anything else."""
+    if type(a) is np.ndarray:
+        return a.nbytes
+    if type(a).__module__.startswith("torch") and getattr(a, "is_cpu", False) and \
+            a.layout is _torch_strided():
+        return a.numel() * a.element_size()
+    return 1 << 62
+
+
+def _form(a: Any) -> tuple[Any, ...]:
+    """What a repeat must find unchanged in an array: its layout (and a tensor's storage,
+    which ``set_`` can swap under the same object)."""
+    if type(a) is np.ndarray:
+        return (a.shape, a.dtype, a.strides)
+    return (a.shape, a.dtype, a.stride(), a.data_ptr())
+
+
+def _writable(a: Any) -> bool:
+    """A numpy array's flag (a tensor has none: collectives write into any CPU tensor)."""
+    return a.flags.writeable if type(a) is np.ndarray else True
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided
 
 
 class StartedHandle:

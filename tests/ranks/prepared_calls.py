@@ -27,7 +27,8 @@ def same_everywhere(arr, what):
 def kept(c, kind):
     """How many prepared calls the communicator keeps for ``kind`` with the algorithm's own
     prepared run (white-box, to prove the repeats really took the prepared path)."""
-    return sum(e.lean is not None for e in c._prepared._by_kind.get(kind, {}).values())
+    return sum(e.lean is not None for entries in c._prepared._by_kind.get(kind, {}).values()
+               for e in entries)
 
 
 def repeats_stay_exact(c):
@@ -97,6 +98,35 @@ def changes_are_noticed(c):
         z = np.full(6, c.rank, np.int64)
         c.all_reduce(z)
         assert np.all(z == sum(range(c.size)))
+
+
+def torch_tensors_repeat(c):
+    """CPU tensors are kept too; a tensor given other storage under the same object is
+    noticed (its data pointer), and so is another shape."""
+    import torch
+
+    p = c.size
+    t = torch.zeros(7, dtype=torch.float32)
+    for step in range(4):
+        t.fill_(step + c.rank)
+        assert c.all_reduce(t) is t
+        assert torch.all(t == sum(step + q for q in range(p))), step
+    if p > 1:
+        assert kept(c, "all_reduce") > 0
+    t.set_(torch.full((7,), 1.0))             # same object and shape, another storage
+    assert torch.all(c.all_reduce(t) == p)
+    t.set_(torch.full((9,), 2.0))             # and another shape
+    assert t.shape == (9,) and torch.all(c.all_reduce(t) == 2 * p)
+
+
+def several_roots(c):
+    """One buffer broadcast from each root in turn: a kept call per root."""
+    bufs = [np.empty(3), np.empty(3)]
+    for step in range(3 * c.size):
+        root = step % c.size
+        b = bufs[step % 2]
+        b[...] = c.rank
+        assert np.all(c.broadcast(b, root=root) == root), (step, root)
 
 
 def divergence_fails_everywhere(c):
@@ -252,6 +282,8 @@ def body():
     c = collectives.init(timeout=20)
     repeats_stay_exact(c)
     changes_are_noticed(c)
+    torch_tensors_repeat(c)
+    several_roots(c)
     if c.size > 1:
         divergence_fails_everywhere(c)
     ordering_with_async_and_threads(c)
