@@ -6,7 +6,7 @@ weight gradients are the mean over ranks (DDP's), i.e. the dense gradient of mea
 RTP's input gradients are p times the dense ones.
 """
 import _common  # noqa: F401
-from _common import rank_main
+from _common import dense_grads, rank_main
 
 import torch
 import torch.nn as nn
@@ -15,19 +15,6 @@ from topocoll import collectives
 from topocoll import rtp
 
 E, HEADS, MICRO, TGT, SRC = 12, 3, 2, 5, 7  # 3 heads: uneven over 2 and 4 ranks, none on one
-
-
-def grads_state(module):
-    """The dense-layout gradients of an RTP module: its state dict with grads in place of data."""
-    params = list(module.parameters())
-    kept = [p.data for p in params]
-    for p in params:
-        p.data = p.grad
-    try:
-        return module.state_dict()
-    finally:
-        for p, d in zip(params, kept):
-            p.data = d
 
 
 def close(a, b, what, tol=1e-10):
@@ -82,7 +69,7 @@ def case(world, name, kw, inputs, call):
     for k, t in local_in.items():
         if t.grad is not None or dense_in[k].grad is not None:
             close(t.grad, p * dense_in[k].grad[mine], f"{name}: d/d{k}")
-    got = grads_state(layer)
+    got = dense_grads(layer)
     for k, g in dense.named_parameters():
         close(got[k], g.grad, f"{name}: gradient of {k}")
     moved = max(g.grad.abs().max().item() for g in dense.parameters())

@@ -5,7 +5,7 @@ made per call, also after a parameter gets new storage or the model a new dtype.
 import sys
 
 import _common  # noqa: F401
-from _common import rank_main
+from _common import dense_grads, rank_main
 
 import torch
 import torch.nn as nn
@@ -37,19 +37,6 @@ class Reuser(nn.Module):
         z = x + self.cross(h, mk, mv, need_weights=False)[0]
         g = self.ln(z)
         return self.down(F.gelu(self.up(g))) + self.fc(g) + self.again(self.fc(h))
-
-
-def grads_state(module):
-    """Dense-layout gradients: the state dict with grads in place of data (gathers shards)."""
-    params = list(module.parameters())
-    kept = [p.data for p in params]
-    for p in params:
-        p.data = p.grad
-    try:
-        return module.state_dict()
-    finally:
-        for p, d in zip(params, kept):
-            p.data = d
 
 
 def inputs(world, step):
@@ -93,7 +80,7 @@ def reuse():
         assert err < 1e-10, f"step {step}: output off by {err:.3g}"
         o_rtp.zero_grad()
         F.mse_loss(local, target[mine]).backward()
-        grads = grads_state(model.module)
+        grads = dense_grads(model.module)
         for k, prm in dense.named_parameters():
             gerr = (grads[k] - prm.grad).abs().max().item()
             assert gerr < 1e-10, f"step {step}: gradient of {k} off by {gerr:.3g}"
