@@ -2,6 +2,7 @@
 
     TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 TOPOCOLL_LINKS="inter=50us:200MB/s" \\
         mpiexec -n 4 topocoll bench paro --accum 1,4 --plot docs/figures/paro.png
+    mpiexec -n 4 topocoll bench paro --peak ...     # peak memory, with FSDP2 (bench/paro_peak.py)
 
 All strategies train copies of one MLP on the same data; each round times ``--steps`` optimizer
 steps of every strategy in turn (the order rotates per round), so a noisy machine slows them all
@@ -20,7 +21,13 @@ from typing import Any, Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; rank 0 prints the table (and writes --json / --plot). Returns 0."""
+    """Run the benchmark; rank 0 prints the table (and writes --json / --plot). Returns 0.
+    With ``--peak`` measure peak memory instead (bench/paro_peak.py)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--peak" in argv:
+        from . import paro_peak
+
+        return paro_peak.main([a for a in argv if a != "--peak"])
     args = _parse(argv)
     import torch
     from mpi4py import MPI
@@ -37,14 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         models: dict[str, Any] = {}
         for s in args.strategies:
             torch.manual_seed(0)
-            net = _mlp(args.width, args.layers)
+            net = mlp(args.width, args.layers)
             models[s] = paro.ParoDataParallel(
                 net, s, comm, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
                 accumulation_steps=k)
         torch.manual_seed(0)
-        models[LOCAL] = _Local(_mlp(args.width, args.layers), k)
-        numel = sum(p.numel() for p in _mlp(args.width, args.layers).parameters())
-        data = _batches(args, k, comm.rank)
+        models[LOCAL] = _Local(mlp(args.width, args.layers), k)
+        numel = sum(p.numel() for p in mlp(args.width, args.layers).parameters())
+        data = batches(args, k, comm.rank)
         names = [*args.strategies, LOCAL]
         times: dict[str, list[float]] = {s: [] for s in names}
         for r in range(args.warmup + args.rounds):
@@ -56,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "step_s": statistics.median(times[LOCAL]), "min_s": min(times[LOCAL])})
         for s in args.strategies:
             mem = models[s].memory()
-            want = paro.expected_memory(s, numel, g, comm.size, 4, 2)
+            want = paro.expected_memory(s, models[s].bucket_numels, g, comm.size, 4, 2)
             assert all(mem[x] == want[x] for x in ("params", "grads", "optimizer")), (s, mem)
             predicted = paro.step_time(s, numel, topo, 4, k)
             results.append({"strategy": s, "accumulation_steps": k, "params": numel,
@@ -127,10 +134,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", default=None, help="write results as JSON here (rank 0)")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here (rank 0)")
+    p.add_argument("--peak", action="store_true", help="measure peak memory per rank of every "
+                   "strategy and FSDP2 instead (bench/paro_peak.py; --peak --help lists its flags)")
     return p.parse_args(list(argv) if argv is not None else None)
 
 
-def _mlp(width: int, layers: int) -> Any:
+def mlp(width: int, layers: int) -> Any:
+    """The benchmark's model: ``layers`` blocks of Linear, LayerNorm, GELU, and a Linear head."""
     import torch
 
     blocks: list[Any] = []
@@ -139,7 +149,8 @@ def _mlp(width: int, layers: int) -> Any:
     return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 1))
 
 
-def _batches(args: argparse.Namespace, k: int, rank: int) -> list[tuple[Any, Any]]:
+def batches(args: argparse.Namespace, k: int, rank: int) -> list[tuple[Any, Any]]:
+    """``k`` micro-batches of this rank's random data (inputs, targets)."""
     import torch
 
     gen = torch.Generator().manual_seed(rank)

@@ -11,6 +11,11 @@ Per bucket (``Mp`` = its element count padded to a multiple of the world size), 
 ``full`` is the unit's whole padded buffer; the module's parameters are views of it. When P
 shards parameters its storage is resized to nothing between uses (the views stay valid and see
 the data again once it is gathered back), the way FSDP frees gathered parameters.
+
+Buffers that live only while a collective runs (``full``, a micro-batch's gradients, the
+optimizer-level gradient, the update's source) reach the collective as an alias (``_alias``), and
+are freed here by resizing once it has landed: freed at once, on this thread, whoever still holds
+the alias.
 """
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ class Bucket:
         self.opt_grad: torch.Tensor | None = None   # summed gradients at level O, for the update
         self._gather: Any = None                    # handle of the gather in flight
         self._boundary: Any = None                  # handle of the boundary reduction
+        self._update: tuple[Any, torch.Tensor] | None = None   # the update's gather and source
         self._init_buffers()
 
     # -- parameters ------------------------------------------------------------------------------
@@ -63,7 +69,7 @@ class Bucket:
             return
         self.full.untyped_storage().resize_(self.layout.padded * self.full.element_size())
         comm, algo = self.groups.use(self.groups.level_comm(self.strategy.params))
-        self._gather = comm.all_gather(_raw(self.shard), out=_raw(self.full), algo=algo,
+        self._gather = comm.all_gather(self.shard, out=_alias(self.full), algo=algo,
                                        async_op=True)
 
     def ready(self) -> None:
@@ -90,7 +96,7 @@ class Bucket:
             view.copy_(grad) if first_micro else view.add_(grad)
         else:
             if self.micro is None:
-                self.micro = torch.empty(self.layout.padded, dtype=self.dtype)
+                self.micro = _new(self.layout.padded, self.dtype)
                 self.micro[self.numel:].zero_()
             self.views(self.micro)[i].copy_(grad)
         self.folded[i] = True
@@ -99,7 +105,8 @@ class Bucket:
     def fill_missing(self, first_micro: bool) -> None:
         """Zero the gradients backward did not deliver (parameters the forward did not use)."""
         if self.strategy.grads != "N" and self.micro is None:
-            self.micro = torch.zeros(self.layout.padded, dtype=self.dtype)
+            self.micro = _new(self.layout.padded, self.dtype)
+            self.micro.zero_()
         target = self.acc if self.strategy.grads == "N" else self.micro
         assert target is not None  # made just above
         if self.strategy.grads != "N" or first_micro:
@@ -121,11 +128,13 @@ class Bucket:
             lo, hi = self.layout.range_of(level)
             self.micro[lo:hi].add_(self.acc)
         comm, algo = self.groups.use(self.groups.level_comm(level))
-        return comm.reduce_scatter(self.micro, out=self.acc, algo=algo, async_op=True)
+        return comm.reduce_scatter(_alias(self.micro), out=self.acc, algo=algo, async_op=True)
 
     def drop_micro(self) -> None:
         """Free the micro-batch's gradient buffer (its reduction has landed)."""
-        self.micro = None
+        if self.micro is not None:
+            _free(self.micro)
+            self.micro = None
         self.folded = [False] * len(self.named)
 
     def reduce_boundary(self) -> None:
@@ -141,8 +150,8 @@ class Bucket:
         else:                                                  # N -> G (global), I -> G (rail)
             which = "global" if s.grads == "N" else "rail"
             comm, algo = self.groups.use(which)
-            self.opt_grad = torch.empty(self.layout.length(s.states), dtype=self.dtype)
-            self._boundary = comm.reduce_scatter(self.acc, out=self.opt_grad, algo=algo,
+            self.opt_grad = _new(self.layout.length(s.states), self.dtype)
+            self._boundary = comm.reduce_scatter(self.acc, out=_alias(self.opt_grad), algo=algo,
                                                  async_op=True)
 
     def take_opt_grad(self, scale: float) -> torch.Tensor:
@@ -157,26 +166,36 @@ class Bucket:
         return grad.mul_(scale)
 
     def drop_opt_grad(self) -> None:
-        """Forget the step's optimizer gradient (a temporary unless it is ``acc`` itself)."""
+        """Free the step's optimizer gradient (unless it is ``acc`` itself)."""
+        if self.opt_grad is not None and self.opt_grad is not self.acc:
+            _free(self.opt_grad)
         self.opt_grad = None
 
     # -- the update --------------------------------------------------------------------------------
-    def propagate(self) -> Any:
-        """Start bringing the updated ``opt`` shard up to the parameter level; the handle in
-        flight, or None."""
+    def propagate(self) -> None:
+        """Start bringing the updated ``opt`` shard up to the parameter level (``settle`` waits)."""
         s = self.strategy
         if s.states == s.params:                             # opt is the shard (or its master)
             if self.mixed:
                 self.shard.copy_(self.opt.detach())
-            return None
-        src = self.opt.detach().to(self.dtype, copy=True)    # a gather's input must not be its output
+            return
+        src = _new(self.opt.numel(), self.dtype)             # a gather's input must not be its
+        src.copy_(self.opt.detach())                         # own output
         if s.params == "I":                                  # G -> I on the rail
             comm, algo = self.groups.use("rail")
             out = self.shard
         else:                                                # I -> N in the group, G -> N
             comm, algo = self.groups.use("group" if s.states == "I" else "global")
             out = self.full
-        return comm.all_gather(src, out=out, algo=algo, async_op=True)
+        self._update = (comm.all_gather(_alias(src), out=out, algo=algo, async_op=True), src)
+
+    def settle(self) -> None:
+        """Wait for the update started by ``propagate`` and free its source."""
+        if self._update is not None:
+            handle, src = self._update
+            handle.wait()
+            _free(src)
+            self._update = None
 
     # -- layout --------------------------------------------------------------------------------------
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
@@ -222,13 +241,25 @@ class Bucket:
             self.full.untyped_storage().resize_(0)
 
 
-def _raw(t: torch.Tensor) -> np.ndarray:
-    """A numpy array over ``t``'s memory, for a collective that only moves bytes.
+def _new(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised 1-D buffer that ``_free`` can free."""
+    return torch.empty(numel, dtype=dtype)
 
-    ``Tensor.numpy()`` would mark the storage as never resizable again, and ``full`` is freed
-    and re-allocated by resizing. The caller keeps ``t`` alive until the collective is done."""
-    dtype = np.dtype(f"u{t.element_size()}")                # the bits, as unsigned ints
+
+def _alias(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over ``t``'s memory with a storage of its own, to hand to a collective.
+
+    Collectives read torch tensors through ``Tensor.numpy()``, which marks the storage as never
+    resizable again, and the communicator's thread may hold the tensor after the collective has
+    finished. The alias takes both; ``t`` stays resizable and owns its memory, which the caller
+    keeps until the collective has landed."""
     nbytes = t.numel() * t.element_size()
     if not nbytes:
-        return np.empty(0, dtype)
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), dtype)
+        return torch.empty(t.shape, dtype=t.dtype)
+    raw = np.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), np.uint8)
+    return torch.from_numpy(raw).view(t.dtype).view(t.shape)
+
+
+def _free(t: torch.Tensor) -> None:
+    """Free ``t``'s memory now (its collectives have landed)."""
+    t.untyped_storage().resize_(0)

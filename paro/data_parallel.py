@@ -139,9 +139,10 @@ class ParoDataParallel(torch.nn.Module):
         for b in self.buckets:
             b.opt.grad = None
             b.drop_opt_grad()
-        for handle in [b.propagate() for b in self.buckets]:
-            if handle is not None:
-                handle.wait()
+        for b in self.buckets:
+            b.propagate()
+        for b in self.buckets:
+            b.settle()
         return True
 
     # -- inspection -----------------------------------------------------------------------------

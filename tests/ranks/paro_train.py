@@ -87,14 +87,35 @@ def train(strategy, comm, opt_name, k, steps, dtype, units, inflight):
     model = paro.ParoDataParallel(net, strategy, comm, optimizer=OPTIMIZERS[opt_name][0],
                                   accumulation_steps=k, units=UNITS[units](net),
                                   max_inflight=inflight)
+    most = watch_gathered(model)
     updates = 0
     for step in range(steps):
         for micro in range(k):
             x, y = batch(step, micro, comm.rank, dtype)
             torch.nn.functional.mse_loss(model(x), y).backward()
             updates += model.step()
+            if model.strategy.params != "N":
+                assert not any(b.gathered for b in model.buckets), \
+                    f"{strategy}: parameters still gathered after a micro-batch"
     assert updates == steps, f"{strategy}: {updates} updates in {steps} steps"
+    if model.strategy.params != "N":     # per unit, never the whole model (4 or 2 buckets)
+        assert most["forward"] <= 2 and most["backward"] <= 3, f"{strategy}: gathered {most}"
     return model, start
+
+
+def watch_gathered(model):
+    """The most buckets gathered at once in forward (as a unit starts) and backward (as a
+    gradient is folded); the wrapper's own hooks run first, having gathered and prefetched."""
+    most = {"forward": 0, "backward": 0}
+
+    def count(phase, *_):
+        most[phase] = max(most[phase], sum(b.gathered for b in model.buckets))
+
+    for b in model.buckets:
+        b.unit.register_forward_pre_hook(lambda *a: count("forward"))
+        for _, p in b.named:
+            p.register_post_accumulate_grad_hook(lambda *a: count("backward"))
+    return most
 
 
 def check_same_on_all_ranks(params, what):
