@@ -90,6 +90,7 @@ class Schedule:
         self._enter_backward()
         if b.index in self._begun:
             return
+        self._drain(self.max_inflight)       # free landed buffers before gathering more
         self._begun.add(b.index)
         if b.index not in self._reduced:
             b.ready()
@@ -100,6 +101,8 @@ class Schedule:
         self._enter_backward()
         grad, p.grad = p.grad, None
         assert grad is not None  # autograd accumulated it just now
+        if b.micro is None:
+            self._drain(self.max_inflight)   # free landed buffers before making another
         if b.fold(i, grad, self.first_micro):
             self._reduce(b)
 
