@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import json
 import statistics
 import sys
 from typing import Any, Callable, Sequence
@@ -67,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                  for n in names}
         print(_header(args, comm))
         print(table(worst, formula))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"header": _header(args, comm), "formula": formula,
+                           "runs": {n: {"kept": k, "peak": p} for n, (k, p) in worst.items()}},
+                          f, indent=1)
     dist.destroy_process_group()
     comm.close()
     MPI.COMM_WORLD.Barrier()
@@ -186,6 +192,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="measured rounds (median)")
     p.add_argument("--mixed", action="store_true",
                    help="bf16 parameters and gradients, fp32 master weights and AdamW states")
+    p.add_argument("--json", default=None,
+                   help="write kept and peak bytes (the worst rank's) as JSON here (rank 0)")
     return p.parse_args(list(argv) if argv is not None else None)
 
 

@@ -197,7 +197,7 @@ class Bucket:
             _free(src)
             self._update = None
 
-    # -- layout --------------------------------------------------------------------------------------
+    # -- layout ---------------------------------------------------------------------------------
     def views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """The parameters' shapes as views of a full flat buffer."""
         out, off = [], 0
@@ -256,7 +256,8 @@ def _alias(t: torch.Tensor) -> torch.Tensor:
     nbytes = t.numel() * t.element_size()
     if not nbytes:
         return torch.empty(t.shape, dtype=t.dtype)
-    raw = np.frombuffer((ctypes.c_char * nbytes).from_address(t.data_ptr()), np.uint8)
+    memory = (ctypes.c_char * nbytes).from_address(t.data_ptr())
+    raw = np.frombuffer(memoryview(memory), np.uint8)
     return torch.from_numpy(raw).view(t.dtype).view(t.shape)
 
 

@@ -39,7 +39,7 @@ class Groups:
     """Collectives issued per communicator: ``group``, ``rail`` (crosses groups), ``global``."""
 
     def use(self, which: str) -> tuple[Any, str]:
-        """The ``group``, ``rail`` or ``global`` communicator and its algorithm, counting the call."""
+        """The ``group``, ``rail`` or ``global`` communicator and its algorithm; counts the call."""
         self.calls[which] += 1
         if which == "global":
             return self.glob, self.global_algo

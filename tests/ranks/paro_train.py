@@ -146,9 +146,11 @@ def check_calls(model, strategy, k, steps, spare_alone):
             glob += 1
     nb = len(model.bucket_numels)
     want = {"group": group * steps * nb, "rail": rail * steps * nb, "global": glob * steps * nb}
-    if spare_alone and s.params != "N":     # the spare unit never runs: its gathers are never made, but for one
-        which = "group" if s.params == "I" else "global"   # prefetch by the first forward,
-        want[which] -= gathers[which == "global"] * k * steps - 1   # which guesses module order
+    if spare_alone and s.params != "N":
+        # the spare unit never runs, so it is never gathered, but for one prefetch by the first
+        # forward, which guesses module order
+        which = "group" if s.params == "I" else "global"
+        want[which] -= gathers[which == "global"] * k * steps - 1
     got = {key: model.calls[key] for key in want}
     assert got == want, f"{strategy} k={k}: collectives per communicator {got}, expected {want}"
 
