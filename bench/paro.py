@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             net = mlp(args.width, args.layers)
             models[s] = paro.ParoDataParallel(
                 net, s, comm, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
-                accumulation_steps=k)
+                accumulation_steps=k, units=units(net, args.units))
         torch.manual_seed(0)
         models[LOCAL] = _Local(mlp(args.width, args.layers), k)
         numel = sum(p.numel() for p in mlp(args.width, args.layers).parameters())
@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if comm.rank == 0:
         header = (f"paro bench: {comm.size} ranks, topology {topo.num_nodes}x{g}, links "
                   f"intra {topo.links['intra']} inter {topo.links['inter']}, emulate "
-                  f"{topo.emulate}; MLP width {args.width} x {args.layers} layers; batch "
+                  f"{topo.emulate}; MLP width {args.width} x {args.layers} blocks, units "
+                  f"{args.units}; batch "
                   f"{args.batch}/rank/micro-step; AdamW fp32; {args.rounds} rounds x "
                   f"{args.steps} steps (median)")
         print(header)
@@ -129,6 +130,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=500, help="MLP hidden width")
     p.add_argument("--layers", type=int, default=4, help="Linear+LayerNorm blocks")
     p.add_argument("--batch", type=int, default=8, help="samples per rank per micro-batch")
+    p.add_argument("--units", choices=("blocks", "layers"), default="blocks",
+                   help="gather each block (Linear, LayerNorm, GELU) as one unit, or each layer")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per timed sample")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
@@ -143,10 +146,15 @@ def mlp(width: int, layers: int) -> Any:
     """The benchmark's model: ``layers`` blocks of Linear, LayerNorm, GELU, and a Linear head."""
     import torch
 
-    blocks: list[Any] = []
-    for _ in range(layers):
-        blocks += [torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.GELU()]
+    blocks = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width),
+                                  torch.nn.GELU()) for _ in range(layers)]
     return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 1))
+
+
+def units(net: Any, kind: str) -> Any:
+    """The units ParoDataParallel gathers: ``layers`` (its default: each Linear and LayerNorm)
+    or ``blocks`` (each block; the head in the root's bucket)."""
+    return None if kind == "layers" else list(net)[:-1]
 
 
 def batches(args: argparse.Namespace, k: int, rank: int) -> list[tuple[Any, Any]]:
