@@ -148,23 +148,12 @@ def _paro(strategy: str, args: argparse.Namespace, comm: Any
 def _fsdp(args: argparse.Namespace) -> tuple[Callable[[Any], None], Callable[[], None]]:
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from topocoll.paro.units import plan_units
     from .paro import mlp
 
     torch.manual_seed(0)
     net = mlp(args.width, args.layers)
-    group = dist.new_group(backend="topocoll")        # its communicator counts, as paro's do
-    mesh = DeviceMesh.from_group(group, "cpu")
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
-                                  output_dtype=torch.float32) if args.mixed else \
-        MixedPrecisionPolicy()
-    for unit, _ in plan_units(net):                    # the units ParoDataParallel gathers
-        if unit is not net:
-            fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(net, mesh=mesh, mp_policy=policy)
+    group = fully_shard_units(net, None, args.mixed)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
 
     def step(data: Any) -> None:
@@ -177,6 +166,28 @@ def _fsdp(args: argparse.Namespace) -> tuple[Callable[[Any], None], Callable[[],
         dist.destroy_process_group(group)
 
     return step, finish
+
+
+def fully_shard_units(net: Any, units: Any, mixed: bool) -> Any:
+    """Apply FSDP2's ``fully_shard`` to the units ParoDataParallel would gather (``units`` as it
+    takes them), then to ``net``, over a new ``topocoll`` group (returned, to destroy)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from topocoll.paro.units import plan_units
+
+    group = dist.new_group(backend="topocoll")        # its communicator counts, as paro's do
+    mesh = DeviceMesh.from_group(group, "cpu")
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
+                                  output_dtype=torch.float32) if mixed else \
+        MixedPrecisionPolicy()
+    for unit, _ in plan_units(net, units):
+        if unit is not net:
+            fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(net, mesh=mesh, mp_policy=policy)
+    return group
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
