@@ -6,7 +6,9 @@ threads and queued async calls behave as on the general path."""
 import _common  # noqa: F401
 from _common import expect_raises, rank_data, rank_main, reference
 
+import gc
 import threading
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -168,6 +170,12 @@ def ordering_with_async_and_threads(c):
     assert np.all(x == c.size)
     for i, h in enumerate(handles):
         assert np.all(h.wait() == i * c.size)
+    big = np.ones(1 << 15)              # 256 KiB: never kept prepared
+    gone = weakref.ref(big)
+    c.all_reduce(big, async_op=True).wait()
+    del big
+    gc.collect()
+    assert gone() is None, "an async operation's array outlived it (the progress thread kept it)"
     errors = []
 
     def other():
