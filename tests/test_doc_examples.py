@@ -169,10 +169,13 @@ TRAIN_PY = """
 """The reader's training script where a page launches one."""
 
 SHELL_RUN: dict[str, Shell] = {
-    "README.md#sh1": Shell("the emulated sweep cut to 64-256 KiB (16 MiB over 100 MB/s links "
-                           "takes minutes)",
+    "README.md#sh1": Shell("sweeps cut: the emulated one to 64-256 KiB (16 MiB over 100 MB/s "
+                           "links takes minutes), the first to 1 MiB",
                            edits=(("-b 1M -e 16M -f 4 --algo ring,hier,ho_ring",
-                                   "-b 64K -e 256K -f 4 --algo ring,hier,ho_ring"),)),
+                                   "-b 64K -e 256K -f 4 --algo ring,hier,ho_ring"),
+                                  ("-e 64M -f 4", "-e 1M -f 4"))),
+    "docs/bench.md#sh0": Shell("sweeps cut to 1 MiB (the shim cuts the iterations)", edits=(
+        ("-e 64M -f 2", "-e 1M -f 8"), ("-e 16M -f 4", "-e 1M -f 4"))),
     "docs/algorithms.md#sh0": Shell("sizes cut to 64-256 KiB: 16 MiB over emulated 100 MB/s links "
                                     "takes minutes", edits=(("-b 256K -e 16M", "-b 64K -e 256K"),)),
     "docs/collectives.md#sh0": Shell("the reader's train.py: one 32-byte all_reduce", files={
@@ -185,11 +188,13 @@ SHELL_RUN: dict[str, Shell] = {
     "docs/cost-model.md#sh1": Shell("sizes cut to 1 MiB: 16 MiB over emulated 100 MB/s links "
                                     "takes minutes", edits=(("-b 1M -e 16M", "-b 1M -e 1M"),)),
     "docs/packaging.md#sh0": Shell("`cluster up` needs root (network namespaces): its --help runs "
-                                   "instead", edits=(("topocoll cluster up --hosts 4 --leaves 2 "
-                                                      "--host-rate 200mbit", "topocoll cluster up "
-                                                      "--help"),)),
+                                   "instead; the sweep is cut to 1 MiB",
+                                   edits=(("topocoll cluster up --hosts 4 --leaves 2 --host-rate "
+                                           "200mbit", "topocoll cluster up --help"),
+                                          ("-e 64M -f 2", "-e 1M -f 8"))),
     "docs/primepar.md#sh0": Shell("the bracketed options are a synopsis", edits=((
         " [--topology 4x8|file.json] [--links intra=..] [--flops 100e12]", ""),)),
+    "docs/shm.md#sh0": Shell("twelve sweeps: cut to 8 B-64 KiB", edits=(("-e 16M", "-e 64K"),)),
     "docs/topology.md#sh0": Shell("the reader's topo.json", files={
         "topo.json": '{"version": 1, "spec": "2x2"}'}),
     "docs/torch.md#sh0": Shell("the reader's train.py", files={"train.py": TRAIN_PY}),
