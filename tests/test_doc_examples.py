@@ -38,6 +38,10 @@ and its variables work as written, not how fast it is. A block is one of:
   many minutes);
 - in neither list: executed as it stands.
 
+SHELL_SLOW names the blocks that take most of this file's time even shortened (many ranks each
+importing torch on 2 cores): they run with ``TOPOCOLL_DOC_EXAMPLES=full``, as the torch suite's
+whole run does with ``TOPOCOLL_TORCH_SUITE=full``, and are skipped, saying so, otherwise.
+
 ```json blocks parse, and those in JSON_LOADERS load with the package's own loader.
 """
 from __future__ import annotations
@@ -233,6 +237,14 @@ SHELL_NOT_RUN: dict[str, str] = {
                          "minutes; tests/test_torch_suite.py runs its CI selection",
 }
 
+SHELL_SLOW: dict[str, str] = {
+    "docs/tesseract.md#sh0": "four launches of 4 and 8 ranks, each importing torch: ~110 s here",
+    "README.md#sh1": "nine tools, the model benchmarks among them: ~75 s here",
+    "docs/shm.md#sh0": "twelve sweeps: ~60 s here",
+    "docs/torch.md#sh4": "two FSDP2 runs: ~40 s here",
+}
+FULL = os.environ.get("TOPOCOLL_DOC_EXAMPLES", "").lower() == "full"
+
 SHORTEN: dict[str, list[str]] = {
     "bench <collective>": ["-n", "2", "-w", "1", "--repeats", "1", "--min-time", "0"],
     "bench overlap": ["--repeats", "1", "--size", "1M"],
@@ -326,7 +338,7 @@ def _free_names(src: str, filename: str) -> set[str]:
 
 
 def _imports(src: str) -> set[str]:
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(ast.parse(src)):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
@@ -376,6 +388,8 @@ def test_the_lists_name_existing_blocks():
     stale = sorted((set(SHELL_RUN) | set(SHELL_NOT_RUN)) - set(SHELL_IDS))
     assert not stale, f"listed shell blocks that no longer exist: {stale}; found {SHELL_IDS}"
     assert not set(SHELL_RUN) & set(SHELL_NOT_RUN), sorted(set(SHELL_RUN) & set(SHELL_NOT_RUN))
+    assert not set(SHELL_SLOW) - set(SHELL_IDS) and not set(SHELL_SLOW) & set(SHELL_NOT_RUN), \
+        sorted(SHELL_SLOW)
     assert len(SHELL) >= 20, SHELL_IDS
     assert not sorted(set(JSON_LOADERS) - set(JSON_IDS)), (sorted(JSON_LOADERS), JSON_IDS)
 
@@ -481,6 +495,8 @@ def _shell_script(key: str, src: str, transcript: bool) -> str:
 @pytest.mark.parametrize("key,page,line,src,transcript",
                          [pytest.param(*b, id=b[0]) for b in SHELL if b[0] not in SHELL_NOT_RUN])
 def test_shell_example_runs(key, page, line, src, transcript, tmp_path):
+    if key in SHELL_SLOW and not FULL:
+        pytest.skip(f"{SHELL_SLOW[key]}; TOPOCOLL_DOC_EXAMPLES=full runs it")
     script = _shell_script(key, src, transcript)
     assert script.strip(), f"{key}: no command found"
     shim = tmp_path / ".shim"
