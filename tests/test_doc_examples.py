@@ -231,7 +231,9 @@ SHELL_NOT_RUN: dict[str, str] = {
     "docs/cluster.md#sh5": "runs the cluster test files, minutes, as root",
     "docs/nccl.md#sh0": "needs one GPU per rank, CuPy and NCCL; tests/test_nccl_units.py runs "
                         "the part that needs no GPU",
-    "docs/paro.md#sh0": "the PaRO benchmark takes minutes on 4 emulated ranks and writes "
+    "docs/paro.md#sh0": "the peak-memory benchmark (8 strategies and FSDP2 on 4 ranks) takes "
+                        "minutes; tests/test_paro_peak.py checks what the page claims of it",
+    "docs/paro.md#sh1": "the PaRO benchmark takes minutes on 4 emulated ranks and writes "
                         "docs/figures/paro.png",
     "docs/torch.md#sh2": "PyTorch's whole distributed suite, three ways on 2 and 4 ranks: 10-25 "
                          "minutes; tests/test_torch_suite.py runs its CI selection",
