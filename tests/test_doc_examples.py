@@ -208,7 +208,12 @@ SHELL_RUN: dict[str, Shell] = {
                                            "200mbit", "topocoll cluster up --help"),
                                           ("-e 64M -f 2", "-e 1M -f 8"))),
     "docs/primepar.md#sh0": Shell("the bracketed options are a synopsis", edits=((
-        " [--topology 4x8|file.json] [--links intra=..] [--flops 100e12]", ""),)),
+        " [--topology 4x8|file.json] [--links-file links.json] \\\n"
+        "    [--links inter=20us:1.25GB/s] [--flops 100e12]", ""),)),
+    "docs/primepar.md#sh1": Shell("the bracketed option is a synopsis", edits=((
+        " [--links inter=20us:1.25GB/s]", ""),)),
+    "docs/rtp.md#sh1": Shell("the plot goes to the run's directory, not the repository's",
+                             edits=(("docs/figures/rtp_bench.png", "rtp_bench.png"),)),
     "docs/shm.md#sh0": Shell("twelve sweeps: cut to 8 B-64 KiB", edits=(("-e 16M", "-e 64K"),)),
     "docs/topology.md#sh0": Shell("the reader's topo.json", files={
         "topo.json": '{"version": 1, "spec": "2x2"}'}),
