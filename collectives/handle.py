@@ -1,12 +1,18 @@
 """Async handles and the per-communicator progress thread that runs operations in issue order."""
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from typing import Any, Callable
 
 from .context import spin
 from .errors import CollectiveError, CollectiveTimeoutError
+
+EXIT_WAIT_SECONDS = 2.0
+"""At interpreter exit, how long a progress thread may take to finish what is queued before it is
+left behind (a hung operation must not hang the exit)."""
 
 HANDOFF_SPIN_SECONDS = 100e-6
 """How long a waiter (or the idle progress thread) polls before blocking: a thread woken from a
@@ -116,6 +122,9 @@ class Executor:
                 self._thread = threading.Thread(target=self._run, name=f"topocoll-{self._name}",
                                                 daemon=True)
                 self._thread.start()
+                _with_thread.add(self)
+                if not _exit_hook:
+                    _exit_hook.append(atexit.register(_stop_at_exit))
         self._queue.put((handle, fn))
         return handle
 
@@ -165,6 +174,25 @@ class Executor:
             self._queue.put(None)
             thread.join()
 
+    def stop_at_exit(self, wait: float) -> None:
+        """Stop the progress thread once its queue is empty, waiting at most ``wait`` seconds.
+
+        A daemon thread still dropping its last arrays while Python finalises aborts the process
+        ("terminate called without an active exception" when a torch tensor is freed), so exit
+        joins it; a thread still busy after ``wait`` (a hung peer) is left to the process's end."""
+        with self._idle:
+            self._draining += 1
+            try:
+                self._idle.wait_for(lambda: not self._pending, wait)
+            finally:
+                self._draining -= 1
+            thread = self._thread
+            if thread is None or self._pending:
+                return
+            self._thread = None
+        self._queue.put(None)
+        thread.join(wait)
+
     def _release(self) -> None:
         with self._lock:
             self._pending -= 1
@@ -187,6 +215,17 @@ class Executor:
             handle._finish(result, error)
             self._release()
             del item, handle, fn, result, error  # don't keep the last operation's arrays alive
+
+
+_with_thread: "weakref.WeakSet[Executor]" = weakref.WeakSet()
+_exit_hook: list[Callable[[], None]] = []
+
+
+def _stop_at_exit() -> None:
+    """Registered with atexit once a progress thread starts (after mpi4py registered its
+    MPI_Finalize, so this runs first): stop every communicator's idle progress thread."""
+    for executor in list(_with_thread):
+        executor.stop_at_exit(EXIT_WAIT_SECONDS)
 
 
 _ON_WORKER = ("{what} from a done-callback would deadlock: callbacks run on the communicator's "

@@ -32,3 +32,9 @@ def test_absent_peer_times_out_naming_the_operation(n, algo):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_async_handles_keep_order_and_overlap(n):
     run_ranks("collectives_async.py", n, timeout=120)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_exit_after_async_calls_stops_the_progress_thread(n):
+    out = run_ranks("exit_after_async.py", n, timeout=120)
+    assert out.count("EXIT: no progress thread left") == n, out
