@@ -32,7 +32,7 @@ from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import Executor
 from .log import TRACE, logger, tracing
 
-RING_ORDERED = ("ring", "hier", "ho_ring")
+RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
 
 DEFAULT_TIMEOUT = 300.0

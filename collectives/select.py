@@ -19,7 +19,8 @@ Algorithm = Callable[[Backend, OpContext, Call], None]
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce,
-                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_reduce,
+                   "hier": hier.hier, "hier_native": hier.hier_native,
+                   "ho_ring": ho_ring.ho_ring, "shm": shm.all_reduce,
                    "shm_or_native": shm.registered_or_native},
     "all_gather": {"ring": ring.all_gather, "native": native.all_gather,
                    "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_gather,

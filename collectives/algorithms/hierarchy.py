@@ -111,10 +111,11 @@ def release(b: Backend, broken: bool) -> None:
 
 
 def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
-        chunks: Any) -> None:
+        chunks: Any, native: bool = False) -> None:
     """Run ``call.kind`` hierarchically where the topology allows, else on the flat ring.
 
-    ``chunks(kind, total_bytes, topology)`` gives the pipeline chunk count.
+    ``chunks(kind, total_bytes, topology)`` gives the pipeline chunk count; ``native``: the rail
+    all-reduce is the backend's own (one group only; where it can reduce the dtype and op).
     """
     plan = plan_for(b, ctx, call.topology, switch_aware, name)
     if plan is None:  # call.ring is already the topology's flat ring (Communicator._launch)
@@ -126,12 +127,21 @@ def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
     else:
         total = call.send.nbytes
     k = chunks(call.kind, total, call.topology)
-    run_stages(ctx, k, _HIERARCHICAL[call.kind](b, call, plan, k), can_test(*plan.backends()))
+    if call.kind == "all_reduce":
+        native = native and plan.groups == 1 and \
+            plan.leaf.native_supports(call.dtype, _base(call.op))
+        stages = all_reduce(b, call, plan, k, native)
+    else:
+        stages = _HIERARCHICAL[call.kind](b, call, plan, k)
+    run_stages(ctx, k, stages, can_test(*plan.backends()))
 
 
-def all_reduce(b: Backend, call: Call, plan: Plan, chunks: int) -> list[Stage]:
+def all_reduce(b: Backend, call: Call, plan: Plan, chunks: int,
+               native: bool = False) -> list[Stage]:
     """Intra-node reduce-scatter -> leaf reduce-scatter -> spine all-reduce -> leaf all-gather
-    -> intra-node all-gather, chunk by chunk."""
+    -> intra-node all-gather, chunk by chunk. ``native`` (one group): the rail's all-reduce is
+    one call of the backend's own instead of the leaf lanes (MPI's algorithm, no Python steps,
+    which wins where latency dominates)."""
     buf, base = call.send, _base(call.op)
     H, S = plan.group_size, plan.groups
     me, h_me = plan.node.rank, plan.leaf.rank
@@ -179,11 +189,18 @@ def all_reduce(b: Backend, call: Call, plan: Plan, chunks: int) -> list[Stage]:
         yield from ring.all_gather_steps(plan.leaf, shard(k), parts(k), list(range(H)),
                                          TAG_LEAF_AG)
 
+    def rail_native(k: int, ctx: OpContext) -> None:
+        own = shard(k)
+        plan.leaf.native("all_reduce", ctx, buf=own, dtype=call.dtype, op=base)
+        finish(own)
+
     def intra_ag(k: int, ctx: OpContext) -> None:
         lo, hi = pieces[k]
         intra_all_gather(plan.node, ctx, buf[lo:hi], shard_bounds[k])
 
     stages: list[Stage] = [(SYNC, intra_rs)]
+    if native:
+        return stages + [(SYNC, rail_native), (SYNC, intra_ag)]
     stages += [("leaf_rs", leaf_rs)] if H > 1 else []
     stages += [("spine", spine_ar)] if S > 1 else []
     stages += [("leaf_ag", leaf_ag)] if H > 1 else []
@@ -398,5 +415,4 @@ def _warn_once(msg: str) -> None:
 
 _FLAT = {"all_reduce": ring.all_reduce, "reduce_scatter": ring.reduce_scatter,
          "all_gather": ring.all_gather}
-_HIERARCHICAL = {"all_reduce": all_reduce, "reduce_scatter": reduce_scatter,
-                 "all_gather": all_gather}
+_HIERARCHICAL = {"reduce_scatter": reduce_scatter, "all_gather": all_gather}
