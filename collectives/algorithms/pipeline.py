@@ -26,12 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from topocoll.topology.cost import SYNC  # the cost model replays this module's order
+
 from ..backends.base import Backend
 from ..context import OpContext
 from .ring import Steps, drive
 
-SYNC = "sync"
-"""The lane name of stages that run on the calling thread (blocking work, in a fixed order)."""
+__all__ = ["SYNC", "Stage", "run_stages", "can_test"]
 
 Stage = tuple[str, Callable[[int, OpContext], Any]]
 """``(lane, run)``: ``run(k, ctx)`` does chunk ``k``'s work (``SYNC``; its waits go through
