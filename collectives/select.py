@@ -111,9 +111,9 @@ def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
     if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD and not hierarchical(topology):
         return "ring", f"{nbytes} B >= RING_THRESHOLD ({RING_THRESHOLD} B): bandwidth-bound"
     if "native" in table:
-        limit = ("HIERARCHICAL_THRESHOLD", HIERARCHICAL_THRESHOLD) if hierarchical(topology) \
+        below = ("HIERARCHICAL_THRESHOLD", HIERARCHICAL_THRESHOLD) if hierarchical(topology) \
             else ("RING_THRESHOLD", RING_THRESHOLD)
-        return "native", (f"{nbytes} B < {limit[0]} ({limit[1]} B): latency-bound"
+        return "native", (f"{nbytes} B < {below[0]} ({below[1]} B): latency-bound"
                           if "ring" in table and size > 1 else "the backend's own collective")
     name = next(iter(table))
     return name, f"the only algorithm for {kind}"

@@ -274,6 +274,7 @@ def all_gather(b: Backend, call: Call, plan: Plan, chunks: int) -> list[Stage]:
         copyto(block[a + pa:a + pz], call.send[mine[k][0]:mine[k][1]])
 
     def spine_ag(k: int, ctx: OpContext) -> ring.Steps:
+        assert plan.spine is not None  # a spine stage exists only with S > 1
         place(k)
         a, z = layout.parts(k, i_me)[h_me]
         region = layout.block(staging, k, i_me)[a:z]
