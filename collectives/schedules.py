@@ -158,8 +158,10 @@ def predict(kind: str, algo: str, nbytes: float, model: CostModel) -> float | No
     if algo in ("hier", "hier_native", "ho_ring") and topo.has_rails():
         if algo == "ho_ring":
             return _chunk_plan(kind, nbytes, model)[1]
-        return hierarchical_time(kind, nbytes, model, 1, switch_aware=False,
-                                 native=algo == "hier_native")
+        if algo == "hier_native":
+            return hierarchical_time(kind, nbytes, model, 1, switch_aware=False, native=True)
+        chunks = least_chunks(kind, nbytes, Rails.of(topo, False))
+        return hierarchical_time(kind, nbytes, model, chunks, switch_aware=False, overlap=False)
     order = flat_ring(topo)
     p = topo.world_size
     pairs = _ring_pairs(order)
@@ -172,13 +174,17 @@ def predict(kind: str, algo: str, nbytes: float, model: CostModel) -> float | No
 
 
 def hierarchical_time(kind: str, nbytes: float, model: CostModel, chunks: int,
-                      switch_aware: bool = True, native: bool = False) -> float:
+                      switch_aware: bool = True, native: bool = False,
+                      overlap: bool = True) -> float:
     """Predicted time of the hierarchical schedule (``algorithms/hierarchy.py``) with
-    ``chunks`` chunks; ``switch_aware``: HO-Ring's rails, grouped by leaf switch."""
+    ``chunks`` chunks; ``switch_aware``: HO-Ring's rails, grouped by leaf switch; without
+    ``overlap`` the chunks run one after the other (``hier``)."""
     rails = Rails.of(model.topology, switch_aware)
     stages = _stages(kind, rails, model.intra_shared_memory, native)
     piece = nbytes / chunks
     row = [model.demand(build(piece)) for _, build in stages]
+    if not overlap:
+        return chunks * sum(d.seconds for d in row)
     return schedule_time([row] * chunks, [lane for lane, _ in stages])
 
 
@@ -186,6 +192,12 @@ def best_chunks(kind: str, nbytes: int, topology: Topology) -> int:
     """The pipeline chunk count HO-Ring uses on ``topology`` (decided once per size)."""
     return decide(topology, ("chunks", kind, int(nbytes)),
                   lambda: _chunk_plan(kind, nbytes, model_for(topology))[0])
+
+
+def hier_chunks(kind: str, nbytes: int, topology: Topology) -> int:
+    """How many chunks ``hier`` runs one after the other (``least_chunks`` of its rails)."""
+    return decide(topology, ("hier chunks", kind, int(nbytes)),
+                  lambda: least_chunks(kind, nbytes, Rails.of(topology, False)))
 
 
 PIPELINE_GAIN = 0.95
@@ -199,24 +211,29 @@ MIN_CHUNK_BYTES = 64 * 1024
 """Smallest chunk HO-Ring cuts (of the whole buffer; each rank's rail piece is a fraction)."""
 
 MAX_STEP_BYTES = 1 << 20
-"""Largest message HO-Ring's rail rings send in one step, chunks permitting. Measured on the
-2-host cluster (docs/cluster.md): with two rails sharing each host link, 16 MiB all-reduces in
-one chunk (4 MiB messages) ran 10-20% slower than in four (1 MiB), run one after the other or
-overlapped alike, where the alpha-beta model sees no difference; a message that size holds a
-shared link long enough for its flows' TCP windows to lose their pace."""
+"""Largest message the rail rings of ``hier`` and HO-Ring send in one step, chunks permitting.
+Measured on the 2-host cluster (docs/cluster.md): with two rails sharing each host link, 16 MiB
+all-reduces in one chunk (4 MiB messages) ran 5-20% slower than in four or more (1 MiB or
+less), run one after the other or overlapped alike, where the alpha-beta model sees no
+difference."""
 
 
 def _chunk_plan(kind: str, nbytes: float, model: CostModel) -> tuple[int, float]:
     """HO-Ring's chunk count under ``model`` and its predicted time: the fewest chunks that
     keep messages within ``MAX_STEP_BYTES``, more where the model predicts a real gain."""
-    rails = Rails.of(model.topology, True)
-    choices = chunk_choices(nbytes)
-    must = [k for k in choices if _step_bytes(kind, nbytes / k, rails) <= MAX_STEP_BYTES]
-    least = must[0] if must else choices[-1]
-    times = {k: hierarchical_time(kind, nbytes, model, k) for k in choices if k >= least}
+    least = least_chunks(kind, nbytes, Rails.of(model.topology, True))
+    times = {k: hierarchical_time(kind, nbytes, model, k) for k in chunk_choices(nbytes)
+             if k >= least}
     best = min(times, key=times.__getitem__)
     return (best, times[best]) if times[best] <= PIPELINE_GAIN * times[least] \
         else (least, times[least])
+
+
+def least_chunks(kind: str, nbytes: float, rails: Rails) -> int:
+    """The fewest chunks (of ``chunk_choices``) whose ring messages fit ``MAX_STEP_BYTES``."""
+    choices = chunk_choices(nbytes)
+    return next((k for k in choices if _step_bytes(kind, nbytes / k, rails) <= MAX_STEP_BYTES),
+                choices[-1])
 
 
 def _step_bytes(kind: str, chunk: float, rails: Rails) -> float:

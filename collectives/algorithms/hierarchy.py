@@ -111,11 +111,12 @@ def release(b: Backend, broken: bool) -> None:
 
 
 def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
-        chunks: Any, native: bool = False) -> None:
+        chunks: Any, native: bool = False, overlap: bool = True) -> None:
     """Run ``call.kind`` hierarchically where the topology allows, else on the flat ring.
 
-    ``chunks(kind, total_bytes, topology)`` gives the pipeline chunk count; ``native``: the rail
-    all-reduce is the backend's own (one group only; where it can reduce the dtype and op).
+    ``chunks(kind, total_bytes, topology)`` gives the chunk count; with ``overlap`` their stages
+    run concurrently, else chunk after chunk; ``native``: the rail all-reduce is the backend's
+    own (one group only; where it can reduce the dtype and op).
     """
     plan = plan_for(b, ctx, call.topology, switch_aware, name)
     if plan is None:  # call.ring is already the topology's flat ring (Communicator._launch)
@@ -133,7 +134,7 @@ def run(b: Backend, ctx: OpContext, call: Call, name: str, switch_aware: bool,
         stages = all_reduce(b, call, plan, k, native)
     else:
         stages = _HIERARCHICAL[call.kind](b, call, plan, k)
-    run_stages(ctx, k, stages, can_test(*plan.backends()))
+    run_stages(ctx, k, stages, overlap and can_test(*plan.backends()))
 
 
 def all_reduce(b: Backend, call: Call, plan: Plan, chunks: int,
