@@ -41,8 +41,9 @@ Stage = tuple[str, Callable[[int, OpContext], Any]]
 
 def run_stages(ctx: OpContext, chunks: int, stages: Sequence[Stage], concurrent: bool) -> None:
     """Push chunks ``0..chunks-1`` through ``stages`` in order; with ``concurrent`` (every
-    backend involved can test requests, ``can_test``) the stages of different chunks overlap."""
-    if not concurrent or chunks == 0 or all(lane == SYNC for lane, _ in stages):
+    backend involved can test requests, ``can_test``) the stages of different chunks overlap
+    (one chunk's stages run in order either way, with no scheduling to pay for)."""
+    if not concurrent or chunks <= 1 or all(lane == SYNC for lane, _ in stages):
         for k in range(chunks):
             for lane, run in stages:
                 if lane == SYNC:
