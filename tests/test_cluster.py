@@ -285,7 +285,11 @@ FAULT_CASES = [("link", "ofi", "ring"), ("link", "ucx", "ring"), ("kill", "ofi",
                ("kill", "ofi", "hier")]
 if FULL:
     FAULT_CASES += [("link", "ofi", "hier"), ("link", "ofi", "auto"), ("kill", "ofi", "auto"),
-                    ("kill", "ofi", "native"), ("link", "ucx", "hier")]
+                    ("kill", "ofi", "native"), ("link", "ucx", "hier"), ("kill", "ofi", "ho_ring"),
+                    ("link", "ofi", "ho_ring")]
+CHUNKED = {"TOPOCOLL_HORING_CHUNK": str(256 << 10)}
+"""HO-Ring in 4 chunks of the 1 MiB all-reduces: their stages in flight at once when the fault
+hits (the lanes of pipeline.run_stages)."""
 
 
 @needs_root
@@ -303,7 +307,8 @@ def test_faults_on_real_hosts(fault, netmod, algo, make_cluster, tmp_path):
     proc = subprocess.Popen(_cli_argv(
         "run", "--state-dir", str(c.state.path), "--netmod", netmod, "--disable-auto-cleanup",
         "--", sys.executable, "-u", str(RANKS_DIR / SCRIPT), "loop", algo, str(out), str(T)),
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=_env(CHUNKED if algo == "ho_ring" else None), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
         start_new_session=True, cwd=ROOT)
     try:
         _wait_for(lambda: len(list(out.glob("running-*"))) == 4, 90, "all ranks running", proc)

@@ -146,7 +146,7 @@ class _Schedule:
             if lane.exchange is not None:
                 b, reqs, peers = lane.exchange
                 names += [p for r, p in zip(reqs, peers) if not b.test([r], self.ctx, (p,))]
-        return ", ".join(names) or "the other ranks"
+        return ", ".join(dict.fromkeys(names)) or "the other ranks"  # once each, in order
 
     def _abandon(self) -> None:
         """After a failure: hand every exchange still in flight to its backend's wait, which
