@@ -11,7 +11,8 @@ from typing import Sequence
 from .colls import SPECS
 from .options import launcher_rank
 
-INTERNAL = {"__init__", "__main__", "baseline", "colls", "micro", "options", "report", "sizes"}
+INTERNAL = {"__init__", "__main__", "baseline", "colls", "micro", "options", "paro_peak", "report",
+            "sizes"}
 """Modules of this package that are parts of the microbenchmark, not tools."""
 
 

@@ -2,6 +2,7 @@
 
     TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 TOPOCOLL_LINKS="inter=50us:200MB/s" \\
         mpiexec -n 4 topocoll bench paro --accum 1,4 --plot docs/figures/paro.png
+    mpiexec -n 4 topocoll bench paro --peak ...     # peak memory, with FSDP2 (bench/paro_peak.py)
 
 All strategies train copies of one MLP on the same data; each round times ``--steps`` optimizer
 steps of every strategy in turn (the order rotates per round), so a noisy machine slows them all
@@ -20,7 +21,13 @@ from typing import Any, Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; rank 0 prints the table (and writes --json / --plot). Returns 0."""
+    """Run the benchmark; rank 0 prints the table (and writes --json / --plot). Returns 0.
+    With ``--peak`` measure peak memory instead (bench/paro_peak.py)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--peak" in argv:
+        from . import paro_peak
+
+        return paro_peak.main([a for a in argv if a != "--peak"])
     args = _parse(argv)
     import torch
     from mpi4py import MPI
@@ -30,6 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     comm = collectives.init()
+    if args.fsdp:
+        import torch.distributed as dist
+
+        import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
+
+        dist.init_process_group("topocoll")
     topo = comm.topology
     g = topo.node_sizes()[0]
     results: list[dict[str, Any]] = []
@@ -37,26 +50,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         models: dict[str, Any] = {}
         for s in args.strategies:
             torch.manual_seed(0)
-            net = _mlp(args.width, args.layers)
+            net = mlp(args.width, args.layers)
             models[s] = paro.ParoDataParallel(
                 net, s, comm, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
-                accumulation_steps=k)
+                accumulation_steps=k, units=_units(net, args.units))
         torch.manual_seed(0)
-        models[LOCAL] = _Local(_mlp(args.width, args.layers), k)
-        numel = sum(p.numel() for p in _mlp(args.width, args.layers).parameters())
-        data = _batches(args, k, comm.rank)
-        names = [*args.strategies, LOCAL]
+        models[LOCAL] = _Local(mlp(args.width, args.layers), k)
+        if args.fsdp:
+            torch.manual_seed(0)
+            models[FSDP] = _Local(mlp(args.width, args.layers), k, args.units)
+        numel = sum(p.numel() for p in mlp(args.width, args.layers).parameters())
+        data = batches(args, k, comm.rank)
+        names = [*args.strategies, LOCAL, *([FSDP] if args.fsdp else [])]
         times: dict[str, list[float]] = {s: [] for s in names}
         for r in range(args.warmup + args.rounds):
             for s in names[r % len(names):] + names[:r % len(names)]:
                 dt = _time_steps(models[s], data, args.steps, comm)
                 if r >= args.warmup:
                     times[s].append(dt / args.steps)
-        results.append({"strategy": LOCAL, "accumulation_steps": k, "params": numel,
-                        "step_s": statistics.median(times[LOCAL]), "min_s": min(times[LOCAL])})
+        results.append(_row(LOCAL, k, numel, times[LOCAL]))
         for s in args.strategies:
             mem = models[s].memory()
-            want = paro.expected_memory(s, numel, g, comm.size, 4, 2)
+            want = paro.expected_memory(s, models[s].bucket_numels, g, comm.size, 4, 2)
             assert all(mem[x] == want[x] for x in ("params", "grads", "optimizer")), (s, mem)
             predicted = paro.step_time(s, numel, topo, 4, k)
             results.append({"strategy": s, "accumulation_steps": k, "params": numel,
@@ -67,12 +82,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "inter_calls_per_step": (models[s].calls["rail"] +
                                                      models[s].calls["global"]) /
                             ((args.warmup + args.rounds) * args.steps)})
-        for s in args.strategies:
-            models[s].close()
+        if args.fsdp:
+            results.append(_row(FSDP, k, numel, times[FSDP]))
+        for name in names:
+            models[name].close()
     if comm.rank == 0:
         header = (f"paro bench: {comm.size} ranks, topology {topo.num_nodes}x{g}, links "
                   f"intra {topo.links['intra']} inter {topo.links['inter']}, emulate "
-                  f"{topo.emulate}; MLP width {args.width} x {args.layers} layers; batch "
+                  f"{topo.emulate}; MLP width {args.width} x {args.layers} blocks, units "
+                  f"{args.units}; batch "
                   f"{args.batch}/rank/micro-step; AdamW fp32; {args.rounds} rounds x "
                   f"{args.steps} steps (median)")
         print(header)
@@ -82,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 json.dump({"header": header, "results": results}, f, indent=1)
         if args.plot:
             _plot(results, args.plot, header)
+    if args.fsdp:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
     comm.close()
     MPI.COMM_WORLD.Barrier()
     return 0
@@ -90,14 +112,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 LOCAL = "local"
 """Baseline row: the same training on one rank's data with no communication at all."""
 
+FSDP = "FSDP2"
+"""Row of torch's FSDP2 (``fully_shard`` on the same units) over the topocoll torch backend."""
+
 
 class _Local:
-    """Plain single-rank training with the wrapper's call/step interface (the compute floor)."""
+    """Training with the wrapper's call/step interface: plain and single-rank (the compute
+    floor), or with ``units`` given, FSDP2 on those units over a new ``topocoll`` group."""
 
-    def __init__(self, net: Any, k: int) -> None:
+    def __init__(self, net: Any, k: int, units: str | None = None) -> None:
         import torch
 
+        from .paro_peak import fully_shard_units
+
         self.net, self.k, self.micro = net, k, 0
+        self.group = None if units is None else \
+            fully_shard_units(net, _units(net, units), mixed=False)
         self.opt = torch.optim.AdamW(net.parameters(), lr=1e-3)
 
     def __call__(self, x: Any) -> Any:
@@ -112,6 +142,18 @@ class _Local:
         self.opt.zero_grad()
         return True
 
+    def close(self) -> None:
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.destroy_process_group(self.group)
+
+
+def _row(name: str, k: int, numel: int, times: list[float]) -> dict[str, Any]:
+    """A result row with times only (the baseline and FSDP2)."""
+    return {"strategy": name, "accumulation_steps": k, "params": numel,
+            "step_s": statistics.median(times), "min_s": min(times)}
+
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="topocoll bench paro", description=__doc__.splitlines()[0])
@@ -122,24 +164,37 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--width", type=int, default=500, help="MLP hidden width")
     p.add_argument("--layers", type=int, default=4, help="Linear+LayerNorm blocks")
     p.add_argument("--batch", type=int, default=8, help="samples per rank per micro-batch")
+    p.add_argument("--units", choices=("blocks", "layers"), default="blocks",
+                   help="gather each block (Linear, LayerNorm, GELU) as one unit, or each layer")
+    p.add_argument("--fsdp", action="store_true",
+                   help="add a row of FSDP2 on the same units over the topocoll torch backend")
     p.add_argument("--steps", type=int, default=2, help="optimizer steps per timed sample")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", default=None, help="write results as JSON here (rank 0)")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here (rank 0)")
+    p.add_argument("--peak", action="store_true", help="measure peak memory per rank of every "
+                   "strategy and FSDP2 instead (bench/paro_peak.py; --peak --help lists its flags)")
     return p.parse_args(list(argv) if argv is not None else None)
 
 
-def _mlp(width: int, layers: int) -> Any:
+def mlp(width: int, layers: int) -> Any:
+    """The benchmark's model: ``layers`` blocks of Linear, LayerNorm, GELU, and a Linear head."""
     import torch
 
-    blocks: list[Any] = []
-    for _ in range(layers):
-        blocks += [torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.GELU()]
+    blocks = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width),
+                                  torch.nn.GELU()) for _ in range(layers)]
     return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 1))
 
 
-def _batches(args: argparse.Namespace, k: int, rank: int) -> list[tuple[Any, Any]]:
+def _units(net: Any, kind: str) -> Any:
+    """The units ParoDataParallel gathers: ``layers`` (its default: each Linear and LayerNorm)
+    or ``blocks`` (each block; the head in the root's bucket)."""
+    return None if kind == "layers" else list(net)[:-1]
+
+
+def batches(args: argparse.Namespace, k: int, rank: int) -> list[tuple[Any, Any]]:
+    """``k`` micro-batches of this rank's random data (inputs, targets)."""
     import torch
 
     gen = torch.Generator().manual_seed(rank)
@@ -171,9 +226,11 @@ def _table(results: list[dict[str, Any]]) -> str:
     for r in results:
         k = r["accumulation_steps"]
         rel = f"{r['step_s'] / base[k]:.2f}x" if k in base else "-"
-        if r["strategy"] == LOCAL:
-            rows.append(f"| {LOCAL} (no communication) | {k} | {r['step_s'] * 1e3:.1f} | {rel} "
-                        f"| - | - | - | - | 0 | 0 |")
+        if r["strategy"] in (LOCAL, FSDP):
+            what = "local (no communication)" if r["strategy"] == LOCAL else "FSDP2 (fully_shard)"
+            rows.append(f"| {what} | {k} | {r['step_s'] * 1e3:.1f} | {rel} | - | - | - | - | "
+                        f"{0 if r['strategy'] == LOCAL else '-'} | "
+                        f"{0 if r['strategy'] == LOCAL else '-'} |")
             continue
         m = r["memory"]
         rows.append(f"| {r['strategy']} | {k} | {r['step_s'] * 1e3:.1f} | {rel} | "
@@ -190,7 +247,7 @@ def _plot(results: list[dict[str, Any]], path: str, title: str) -> None:
 
     ks = sorted({r["accumulation_steps"] for r in results})
     local = {r["accumulation_steps"]: r["step_s"] for r in results if r["strategy"] == LOCAL}
-    results = [r for r in results if r["strategy"] != LOCAL]
+    results = [r for r in results if r["strategy"] not in (LOCAL, FSDP)]
     names = [r["strategy"] for r in results if r["accumulation_steps"] == ks[0]]
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / len(ks)

@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from topocoll import collectives
     from topocoll.primepar import PrimeLinear
     from topocoll.primepar.cost import Costs, Hardware
-    from topocoll.primepar.search import Model, baselines, search
+    from topocoll.primepar import Model, baselines, search
 
     comm = collectives.init()
     P = comm.size
@@ -109,7 +109,7 @@ def _calibrate(comm) -> float:
 def _predicted_at_scale(args) -> None:
     from topocoll.primepar.__main__ import compare, format_plan
     from topocoll.primepar.cost import Costs, default_topology
-    from topocoll.primepar.search import Model, baselines, search
+    from topocoll.primepar import Model, baselines, search
 
     big = Model(24, 4096, 32, 2048, 8)
     for devices in args.scale:

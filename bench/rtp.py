@@ -70,17 +70,21 @@ def build_fsdp(cfg: dict, comm: Any) -> torch.nn.Module:
     return cast(torch.nn.Module, fully_shard(model))  # the same module, its class now FSDP's
 
 
-def build_rtp(cfg: dict, comm: Any, overlap: bool = True) -> torch.nn.Module:
+def build_rtp(cfg: dict, comm: Any, overlap: bool = True,
+              persistent: bool = True) -> torch.nn.Module:
     """GPT built on meta, converted to RTP (flyweight init)."""
     torch.manual_seed(0)
     with torch.device("meta"):
         model = GPT(**cfg)
-    return rtp.RotatedTensorParallel(model, comm=comm, overlap=overlap, check_inputs=False)
+    return rtp.RotatedTensorParallel(model, comm=comm, overlap=overlap, check_inputs=False,
+                                     persistent=persistent)
 
 
 BUILDERS: dict[str, Callable[[dict, Any], torch.nn.Module]] = {
     "ddp": build_ddp, "fsdp": build_fsdp, "rtp": build_rtp,
     "rtp-no-overlap": lambda cfg, comm: build_rtp(cfg, comm, overlap=False),
+    # rotation buffers made and rotations prepared at every call instead of once
+    "rtp-per-call": lambda cfg, comm: build_rtp(cfg, comm, persistent=False),
 }
 
 

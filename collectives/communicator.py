@@ -14,6 +14,7 @@ import numbers
 import os
 import threading
 import zlib
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from .flight import FlightEntry, FlightRecorder
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import Executor
 from .log import TRACE, logger, tracing
+from .prepared import Prepared, PreparedCalls, StartedHandle, keepable
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
@@ -64,7 +66,8 @@ def rejected_together(method: Any) -> Any:
                 async_op = given.get("async_op", False)
                 if takes_opts:                   # torch says it in opts.asyncOp (default: async)
                     async_op = getattr(given.get("opts"), "asyncOp", True)
-                comm._reject(method.__name__, given.get("timeout"), bool(async_op), err)
+                comm._reject(method.__name__.lstrip("_"), given.get("timeout"), bool(async_op),
+                             err)
             raise
     return checked
 
@@ -87,6 +90,8 @@ class Communicator:
         self._flight = FlightRecorder()
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
+        self._prepared = PreparedCalls()  # small calls kept ready to repeat
+        self._started: tuple[StartedHandle, Prepared, int] | None = None  # started async repeat
         self._local = threading.local()  # .submitted: this thread's call reached _submit
 
     # -- identity --
@@ -124,7 +129,7 @@ class Communicator:
                                 f"there says why), so no rank splits; this rank (rank "
                                 f"{self.rank}) passed valid ones.")
         key = self.rank if key is None else key
-        self._executor.drain()
+        self._drain()
         sub = self.backend.split(int(color), int(key))
         if sub is None:
             return None
@@ -133,13 +138,21 @@ class Communicator:
                             name=f"{self.name}.{int(color)}", topology=topo)
 
     # -- collectives --
-    @rejected_together
     def all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
                    out: Any = None, timeout: float | None = None) -> Any:
         """Reduce ``x`` over all ranks with ``op``; the result replaces ``x`` (or fills ``out``).
 
         Returns the result array, or a Handle whose ``wait()`` returns it if ``async_op``.
         """
+        prepared = self._prepared_call("all_reduce", x, out, (op, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared, async_op)
+        return self._all_reduce(x, op, algo, async_op, out, timeout)
+
+    @rejected_together
+    def _all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
+                    out: Any = None, timeout: float | None = None) -> Any:
+        given = (op, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         op = parse_op(op)
         check_reducible(buf.dtype, op)
@@ -151,48 +164,84 @@ class Communicator:
         call = Call("all_reduce", buf.dtype, target.flat(), op=op,
                     bounds=split_bounds(buf.flat().size, self.size))
         copy_in = None if target is buf else (target.flat(), buf.flat())
-        return self._launch(call, buf, algo, async_op, target.user, timeout, copy_in=copy_in)
+        return self._launch(call, buf, algo, async_op, target.user, timeout, copy_in=copy_in,
+                            keep=(out, given))
 
-    @rejected_together
     def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
+        prepared = self._prepared_call("all_gather", x, out, (algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared, async_op)
+        return self._all_gather(x, out, algo, async_op, timeout)
+
+    @rejected_together
+    def _all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
+                    timeout: float | None = None) -> Any:
+        given = (algo, async_op, timeout)
         buf = as_buffer(x, "x")
         shape = (self.size * buf.shape[0], *buf.shape[1:]) if buf.shape else (self.size,)
         target = self._out(out, buf, shape, "all_gather")
         n = buf.flat().size
         call = Call("all_gather", buf.dtype, buf.flat(), target.flat(),
                     bounds=[(r * n, (r + 1) * n) for r in range(self.size)])
-        return self._launch(call, buf, algo, async_op, target.user, timeout)
+        return self._launch(call, buf, algo, async_op, target.user, timeout,
+                            keep=(out, given))
 
-    @rejected_together
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
                        async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
         ``numpy.array_split`` (the first ``len(x) % size`` parts have one more row)."""
+        prepared = self._prepared_call("reduce_scatter", x, out, (op, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared, async_op)
+        return self._reduce_scatter(x, out, op, algo, async_op, timeout)
+
+    @rejected_together
+    def _reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
+                        async_op: bool = False, timeout: float | None = None) -> Any:
+        given = (op, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         op = parse_op(op)
         check_reducible(buf.dtype, op)
         rows, bounds = self._split_rows(buf, "reduce_scatter")
         target = self._out(out, buf, (rows, *buf.shape[1:]), "reduce_scatter")
         call = Call("reduce_scatter", buf.dtype, buf.flat(), target.flat(), op=op, bounds=bounds)
-        return self._launch(call, buf, algo, async_op, target.user, timeout)
+        return self._launch(call, buf, algo, async_op, target.user, timeout,
+                            keep=(out, given))
 
-    @rejected_together
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
+        prepared = self._prepared_call("broadcast", x, None, (root, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared, async_op)
+        return self._broadcast(x, root, algo, async_op, timeout)
+
+    @rejected_together
+    def _broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
+                   timeout: float | None = None) -> Any:
+        given = (root, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         root = self._peer(root, "root")
         if self.rank != root:
             check_writable(buf, "x")
         call = Call("broadcast", buf.dtype, buf.flat(), root=root)
-        return self._launch(call, buf, algo, async_op, buf.user, timeout)
+        return self._launch(call, buf, algo, async_op, buf.user, timeout,
+                            keep=(None, given))
 
-    @rejected_together
     def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
+        prepared = self._prepared_call("reduce", x, None, (root, op, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared, async_op)
+        return self._reduce(x, root, op, algo, async_op, timeout)
+
+    @rejected_together
+    def _reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
+                async_op: bool = False, timeout: float | None = None) -> Any:
+        given = (root, op, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         root = self._peer(root, "root")
         op = parse_op(op)
@@ -200,24 +249,42 @@ class Communicator:
         if self.rank == root:
             check_writable(buf, "x")
         call = Call("reduce", buf.dtype, buf.flat(), op=op, root=root)
-        return self._launch(call, buf, algo, async_op, buf.user, timeout)
+        return self._launch(call, buf, algo, async_op, buf.user, timeout,
+                            keep=(None, given))
 
-    @rejected_together
     def all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
         ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
+        prepared = self._prepared_call("all_to_all", x, out, (algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared, async_op)
+        return self._all_to_all(x, out, algo, async_op, timeout)
+
+    @rejected_together
+    def _all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
+                    timeout: float | None = None) -> Any:
+        given = (algo, async_op, timeout)
         buf = as_buffer(x, "x")
         mine, bounds = self._split_rows(buf, "all_to_all")
         target = self._out(out, buf, (self.size * mine, *buf.shape[1:]), "all_to_all")
         call = Call("all_to_all", buf.dtype, buf.flat(), target.flat(), bounds=bounds)
-        return self._launch(call, buf, algo, async_op, target.user, timeout)
+        return self._launch(call, buf, algo, async_op, target.user, timeout,
+                            keep=(out, given))
 
-    @rejected_together
-    def rotate(self, x: Any, out: Any = None, shift: int = 1, async_op: bool = False,
-               timeout: float | None = None) -> Any:
+    def rotate(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
+               async_op: bool = False, timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
         into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
+        prepared = self._prepared_call("rotate", x, out, (shift, algo, async_op, timeout))
+        if prepared is not None:
+            return self._repeat(prepared, async_op)
+        return self._rotate(x, out, shift, algo, async_op, timeout)
+
+    @rejected_together
+    def _rotate(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
+                async_op: bool = False, timeout: float | None = None) -> Any:
+        given = (shift, algo, async_op, timeout)
         buf = as_buffer(x, "x")
         if not isinstance(shift, (int, np.integer)):
             raise TypeError(f"shift must be an int, got {type(shift).__name__}")
@@ -227,7 +294,8 @@ class Communicator:
         staged = recv if not shares_memory(recv, buf.flat()) else empty_like(recv)
         call = Call("rotate", buf.dtype, buf.flat(), staged, shift=shift)
         copy_out = (recv, staged) if staged is not recv else None
-        return self._launch(call, buf, "auto", async_op, target.user, timeout, copy_out=copy_out)
+        return self._launch(call, buf, algo, async_op, target.user, timeout, copy_out=copy_out,
+                            keep=(out, given))
 
     @rejected_together
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
@@ -268,10 +336,10 @@ class Communicator:
         """Prepare ``all_to_all(x, out, algo)`` once."""
         return self._init(self.all_to_all, x, out=out, algo=algo, timeout=timeout)
 
-    def rotate_init(self, x: Any, out: Any = None, shift: int = 1,
+    def rotate_init(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
                     timeout: float | None = None) -> "Persistent":
-        """Prepare ``rotate(x, out, shift)`` once (``out`` is allocated if None)."""
-        return self._init(self.rotate, x, out=out, shift=shift, timeout=timeout)
+        """Prepare ``rotate(x, out, shift, algo)`` once (``out`` is allocated if None)."""
+        return self._init(self.rotate, x, out=out, shift=shift, algo=algo, timeout=timeout)
 
     def _init(self, method: Any, *args: Any, **kwargs: Any) -> "Persistent":
         self._local.persistent = True  # _launch hands back the prepared call instead of running
@@ -327,7 +395,7 @@ class Communicator:
         nodes, ``TOPOCOLL_SHM=0``, one rank) the array is ordinary memory. Valid until ``free``
         or ``close``."""
         self._usable("alloc")
-        self._executor.drain()  # the window is allocated on this thread, over the same ranks
+        self._drain()  # the window is allocated on this thread, over the same ranks
         arena = self.backend.arena()
         try:
             torch_dtype = dtype if type(dtype).__module__ == "torch" else None
@@ -357,7 +425,7 @@ class Communicator:
         """Collectively release a registered array from ``alloc`` (the same call on every rank);
         the array must not be used afterwards. Ordinary arrays are left to the garbage collector."""
         self._usable("free")
-        self._executor.drain()
+        self._drain()
         arena = self.backend.arena()
         if arena is not None:
             try:
@@ -408,7 +476,7 @@ class Communicator:
 
     def drain(self) -> None:
         """Block until every operation queued so far has finished (successfully or not)."""
-        self._executor.drain()
+        self._drain()
 
     def close(self) -> None:
         """Finish queued operations and free the communicator's resources. Afterwards every
@@ -417,6 +485,8 @@ class Communicator:
         if self._closed:
             return
         self._closed = True
+        self._prepared.clear()
+        self._drain()
         self._executor.close()
         hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
@@ -429,8 +499,10 @@ class Communicator:
     # -- helpers --
     def _launch(self, call: Call, buf: Buffer, algo: str, async_op: bool, result: Any,
                 timeout: float | None, copy_in: tuple[np.ndarray, np.ndarray] | None = None,
-                copy_out: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
-        """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread."""
+                copy_out: tuple[np.ndarray, np.ndarray] | None = None,
+                keep: tuple[Any, tuple[Any, ...]] | None = None) -> Any:
+        """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread.
+        ``keep``: the caller's ``out`` and arguments, to keep the call prepared for repeats."""
         kind = call.kind
         check_memory(buf, self.backend, "x")
         chosen = self.algorithm_for(kind, buf.nbytes, algo)
@@ -466,21 +538,116 @@ class Communicator:
                 copyto(*copy_out)
             return result
 
+        def prepare() -> Any:
+            """The algorithm's prepared run of this call, or None (run it the general way)."""
+            preparer = select.PREPARERS.get(chosen)
+            if preparer is None or not moves or copy_in is not None or copy_out is not None:
+                return None
+            ctx = OpContext(kind, None)
+            ctx.timeout = limit  # armed at the first wait of each run
+            agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields)) \
+                if agree else None
+            return preparer(self.backend, ctx, replace(call, agreement=agreement, source=source))
+
         if getattr(self._local, "persistent", False):
             self._local.persistent = False
-            return self._persistent(kind, run, what, buf, sig, fields, limit)
+            entry = Prepared(kind, (), self.check, None, None, False, what, result, run,
+                             prepare())
+            return self._persistent(entry, buf, sig, fields, limit)
+        if keep is not None and keepable(buf.user, keep[0], result):
+            self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
+                                        result is buf.user, what, result, run, prepare()),
+                               buf.user)
         return self._submit(kind, run, async_op, what)
 
-    def _persistent(self, kind: str, run: Any, what: Any, buf: Buffer, sig: Any,
+    def _persistent(self, entry: Prepared, buf: Buffer, sig: Any,
                     fields: list[tuple[str, Any]], limit: float) -> "Persistent":
         """The prepared call as a Persistent operation, after the ranks agreed on it once (the
         init is collective, so a mismatch or a rejection raises there on every rank)."""
+        kind = entry.kind
         if sig is not None:
             def agree() -> None:
                 ctx = OpContext(f"{kind}_init", limit)
                 self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             self._submit(f"{kind}_init", agree, async_op=False)
-        return Persistent(self, kind, run, what, buf.user)
+        return Persistent(self, entry)
+
+    def _prepared_call(self, kind: str, x: Any, out: Any,
+                       args: tuple[Any, ...]) -> Prepared | None:
+        """The prepared call that this one repeats, where it may run at once: the calling thread
+        owns the communicator, nothing is queued, broken or closed, and calls aren't traced."""
+        if not self._may_repeat():
+            return None
+        entry = self._prepared.find(kind, x, out, args)
+        if entry is None or entry.check != self.check:
+            return None
+        return entry
+
+    def _may_repeat(self) -> bool:
+        """Whether a prepared call may run inline now (see ``_prepared_call``); a started one
+        that can complete without waiting completes here."""
+        return self._broken is None and not self._closed and not self._executor._pending and \
+            threading.get_ident() == self._owner and not tracing() and \
+            (self._started is None or self._complete(False))
+
+    def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
+        """Run a prepared call inline (``_prepared_call`` found it): the general path's flight
+        record and failure handling, in a fraction of its time. Async, the algorithm's prepared
+        run is only started here; its handle, or the next operation, completes it."""
+        run = entry.lean
+        if run is None:
+            return self._submit(entry.kind, entry, async_op, entry.what)
+        flight = self._flight
+        seq = flight.issue_running(entry.kind, entry.what)
+        if async_op:
+            run.start()  # publishes and enters the barrier; never waits
+            handle = StartedHandle(entry, self._complete)
+            self._started = (handle, entry, seq)
+            return handle
+        try:
+            run()
+        except (MismatchError, TypeError, ValueError) as err:
+            flight.take(seq).end(f"failed: {type(err).__name__}")  # alike everywhere: not broken
+            raise
+        except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
+            failure = self._fail(entry.kind, err, flight.take(seq))
+            if failure is err:
+                raise
+            raise failure from err
+        finally:
+            flight.finished(seq)
+        return entry.result
+
+    def _complete(self, block: bool) -> bool:
+        """Complete the prepared call started with ``async_op=True``, if one is (waiting for the
+        peers if ``block``); whether none is left. Its error goes to its handle."""
+        started = self._started
+        if started is None:
+            return True
+        handle, entry, seq = started
+        with handle.lock:
+            if self._started is not started:
+                return True  # another thread completed it meanwhile
+            assert entry.lean is not None  # only prepared runs are started
+            error: BaseException | None = None
+            try:
+                if not entry.lean.complete(block):
+                    return False
+            except (MismatchError, TypeError, ValueError) as err:
+                self._flight.take(seq).end(f"failed: {type(err).__name__}")
+                error = err
+            except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
+                error = self._fail(entry.kind, err, self._flight.take(seq))
+            self._started = None
+            self._flight.finished(seq)
+            handle.settle(None if error else entry.result, error)
+        return True
+
+    def _drain(self) -> None:
+        """Finish everything issued so far: the queue, and a started prepared call."""
+        self._executor.drain()
+        if self._broken is None:
+            self._complete(True)
 
     def _submit(self, name: str, run: Any, async_op: bool, what: Any = None) -> Any:
         """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
@@ -495,6 +662,8 @@ class Communicator:
                        "" if what is None else "%s[%d] %s" % what, " async" if async_op else "")
 
         def guarded() -> Any:
+            if self._started is not None:
+                self._complete(True)  # issued before this one: it finishes first
             if self._broken:
                 entry.end("not run: communicator broken")
                 raise self._broken_error(name)
@@ -674,20 +843,21 @@ class Persistent:
     persistent operations in the same order, like any collective.
     """
 
-    def __init__(self, comm: Communicator, kind: str, run: Any, what: Any, result: Any) -> None:
+    def __init__(self, comm: Communicator, entry: Prepared) -> None:
         self.comm = comm
-        self.kind = kind
-        self._run = run
-        self._what = what
-        self._result = result
-        self._pointer = _torch_pointer(result)
+        self.kind = entry.kind
+        self._entry = entry
+        self._pointer = _torch_pointer(entry.result)
         self._handle: Any = None
 
     def start(self) -> Any:
         """Start the operation on the communicator's progress thread; returns its Handle (also
         what ``wait``/``test`` follow). Raises CollectiveError while the previous start is active."""
         self._check_idle()
-        self._handle = self.comm._submit(self.kind, self._run, True, self._what)
+        if self._entry.lean is not None and self.comm._may_repeat():
+            self._handle = self.comm._repeat(self._entry, async_op=True)
+        else:
+            self._handle = self.comm._submit(self.kind, self._entry, True, self._entry.what)
         return self._handle
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -703,13 +873,17 @@ class Persistent:
     def __call__(self) -> Any:
         """Run it now, blocking, on the calling thread (no thread hop); returns the result."""
         self._check_idle()
-        return self.comm._submit(self.kind, self._run, False, self._what)
+        if self.comm._may_repeat():
+            return self.comm._repeat(self._entry)
+        return self.comm._submit(self.kind, self._entry, False, self._entry.what)
 
     def _check_idle(self) -> None:
-        if self._handle is not None and not self._handle.done:
-            raise CollectiveError(f"persistent {self.kind}: started again before the previous start "
-                               f"finished (wait() for it first)")
-        if self._pointer is not None and _torch_pointer(self._result) != self._pointer:
+        handle = self._handle
+        if handle is not None and not (handle.settled if isinstance(handle, StartedHandle)
+                                       else handle.done):  # as MPI_Start: wait or test first
+            raise CollectiveError(f"persistent {self.kind}: started again before the previous "
+                                  f"start finished (wait() for it first)")
+        if self._pointer is not None and _torch_pointer(self._entry.result) != self._pointer:
             raise ValueError(f"persistent {self.kind}: the tensor's storage changed since init "
                              f"(resized or replaced); prepare a new one with {self.kind}_init")
 

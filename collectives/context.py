@@ -41,7 +41,10 @@ RECENT_WAITS = _RecentWaits()
 
 @dataclass
 class OpContext:
-    """One collective call: ``name`` appears in errors; ``deadline`` bounds every wait inside it."""
+    """One collective call: ``name`` appears in errors; ``deadline`` bounds every wait inside it.
+
+    A context made with ``timeout=None`` and given its ``timeout`` afterwards (a prepared call's,
+    reused run after run with ``deadline`` reset to None) arms its deadline at its first wait."""
 
     name: str
     timeout: float | None
@@ -63,6 +66,8 @@ class OpContext:
         if done():
             return
         start = time.monotonic()
+        if self.deadline is None and self.timeout is not None:
+            self.deadline = start + self.timeout  # a prepared call's context, armed lazily
         if spin(done, RECENT_WAITS.budget()):
             RECENT_WAITS.record(time.monotonic() - start)
             return

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -80,6 +80,15 @@ def check_reducible(dtype: DType, op: str) -> None:
 
 
 @functools.lru_cache(maxsize=256)
+def host_ufunc(dtype: DType, op: str) -> Any:
+    """The numpy ufunc that ``reducer`` calls for ``op`` on host arrays of ``dtype`` (called
+    directly by prepared runs, skipping the wrapper), or None where it calls something else."""
+    if dtype.name == "bfloat16":
+        return None
+    return {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
+            "max": np.maximum}.get(op)
+
+
 def reducer(dtype: DType, op: str) -> Reducer:
     """The in-place combine function for ``op`` on ``dtype`` ('avg' combines like 'sum');
     GPU (CuPy) storage views are combined on the GPU by ``gpu.combine``. Made once per pair."""

@@ -80,18 +80,23 @@ def _exit_without_finalize() -> None:
 def unlink_mpich_segments(maps: str = "/proc/self/maps") -> list[str]:
     """Unlink the MPICH shared-memory files (``/dev/shm/mpich_shm_*``) this process maps, which
     MPI_Finalize would otherwise have removed; return their paths. Linux only; elsewhere none."""
+    removed = []
+    for path in mapped_mpich_segments(maps):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:  # another rank of this host removed it first
+            pass
+    return removed
+
+
+def mapped_mpich_segments(maps: str = "/proc/self/maps") -> list[str]:
+    """The MPICH shared-memory files in /dev/shm that this process maps (from ``maps``)."""
     try:
         with open(maps, encoding="utf-8", errors="replace") as lines:
             fields = [line.split(None, 5) for line in lines]
     except OSError:
         return []
     paths = {parts[5].strip() for parts in fields if len(parts) == 6}
-    removed = []
-    for path in sorted(paths):
-        if os.path.dirname(path) == "/dev/shm" and os.path.basename(path).startswith("mpich_shm_"):
-            try:
-                os.unlink(path)
-                removed.append(path)
-            except OSError:  # another rank of this host removed it first
-                pass
-    return removed
+    return sorted(path for path in paths if os.path.dirname(path) == "/dev/shm"
+                  and os.path.basename(path).startswith("mpich_shm_"))

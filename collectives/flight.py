@@ -71,6 +71,7 @@ class FlightRecorder:
     def __init__(self, size: int = FLIGHT_RECORD_SIZE) -> None:
         self._entries: deque[FlightEntry] = deque(maxlen=size)
         self._seq = 0
+        self._running = 0  # the sequence number of an ``issue_running`` operation not finished
 
     def issue(self, name: str, what: Any = None) -> FlightEntry:
         """Record a newly issued operation and return its entry."""
@@ -79,18 +80,58 @@ class FlightRecorder:
         self._entries.append(entry)
         return entry
 
+    def issue_running(self, name: str, what: Any = None) -> int:
+        """Record an operation that starts at once on the calling thread, in a few hundred
+        nanoseconds (a repeated small call): a tuple that ``entries``, ``summary`` and ``take``
+        expand into a FlightEntry, ``running`` until ``finished`` says otherwise. Its number."""
+        self._seq += 1
+        self._running = self._seq
+        self._entries.append((self._seq, name, what, time.monotonic()))  # type: ignore[arg-type]
+        return self._seq
+
+    def finished(self, seq: int) -> None:
+        """The operation ``issue_running`` recorded as ``seq`` is done (or ended as ``take``'s
+        entry says)."""
+        if self._running == seq:
+            self._running = 0
+
+    def take(self, seq: int) -> FlightEntry:
+        """Operation ``seq`` as a FlightEntry, to end with the state it reached (one recorded by
+        ``issue_running`` is expanded in place; one no longer remembered, a detached entry)."""
+        for i in range(len(self._entries) - 1, -1, -1):
+            entry = self._entries[i]
+            if entry.seq == seq if not isinstance(entry, tuple) else entry[0] == seq:
+                full = self._expand(entry)
+                self._entries[i] = full
+                return full
+        return FlightEntry(seq, "forgotten", None)
+
     def entries(self) -> list[dict[str, Any]]:
         """Every remembered operation as plain data, oldest first."""
-        return [e.as_dict() for e in list(self._entries)]
+        return [self._expand(e).as_dict() for e in list(self._entries)]
 
     def summary(self, rank: int, comm: str, last: int = SHOWN_IN_ERRORS) -> str:
         """A few lines for an error: the newest ``last`` operations and where each stands."""
         now = time.monotonic()
-        entries = list(self._entries)[-last:]
+        entries = [self._expand(e) for e in list(self._entries)[-last:]]
         lines = [f"Flight record of rank {rank} on communicator {comm} (newest last; compare "
                  f"the ranks' sequence numbers to see which rank is behind):"]
         lines += [f"  {e.describe(now)}" for e in entries]
         return "\n".join(lines)
+
+    def _expand(self, entry: Any) -> FlightEntry:
+        """A recorded operation as a FlightEntry (``issue_running``'s tuples, done unless it is
+        the one still running)."""
+        if not isinstance(entry, tuple):
+            return entry
+        seq, name, what, at = entry
+        full = FlightEntry(seq, name, what)
+        full.issued = full.started = at
+        if seq == self._running:
+            full.state = "running"
+        else:
+            full.state, full.ended = "done", at
+        return full
 
 
 def _duration(seconds: float) -> str:

@@ -186,6 +186,7 @@ class Executor:
                     result, error = None, err
             handle._finish(result, error)
             self._release()
+            del item, handle, fn, result, error  # don't keep the last operation's arrays alive
 
 
 _ON_WORKER = ("{what} from a done-callback would deadlock: callbacks run on the communicator's "

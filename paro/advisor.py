@@ -51,7 +51,7 @@ class Advice:
 
 def advise(model_params: int, topology: Any, memory_budget_bytes: float, *,
            bytes_per_param: int = 4, optimizer_states: int = 2,
-           accumulation_steps: int = 1) -> Advice:
+           accumulation_steps: int = 1, mixed_precision: bool = False) -> Advice:
     """The fastest strategy whose parameters, gradients and optimizer states fit the budget.
 
     Ranking: predicted communication seconds per optimizer step, then fewer bytes, then the
@@ -64,6 +64,8 @@ def advise(model_params: int, topology: Any, memory_budget_bytes: float, *,
         bytes_per_param: element size of parameters, gradients and states (4 for float32).
         optimizer_states: per-parameter state tensors (Adam/AdamW 2, SGD+momentum 1, SGD 0).
         accumulation_steps: micro-batches per optimizer step.
+        mixed_precision: bfloat16 parameters and gradients (2 bytes, also on the wire) with
+            master weights and states of ``bytes_per_param`` bytes (see ``expected_memory``).
 
     Raises:
         ValueError: bad arguments, or no strategy fits (the message gives the smallest need).
@@ -73,11 +75,12 @@ def advise(model_params: int, topology: Any, memory_budget_bytes: float, *,
     if memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes must be > 0, got {memory_budget_bytes}")
     g, world = _group_size(topology), topology.world_size
+    wire = 2 if mixed_precision else bytes_per_param
     estimates = []
     for name in STRATEGIES:
         mem = expected_memory(name, model_params, g, world, bytes_per_param,
-                              optimizer_states)["total"]
-        secs = step_time(name, model_params, topology, bytes_per_param, accumulation_steps)
+                              optimizer_states, mixed_precision)["total"]
+        secs = step_time(name, model_params, topology, wire, accumulation_steps)
         estimates.append(Estimate(name, secs, mem, mem <= memory_budget_bytes))
     estimates.sort(key=lambda e: (not e.fits, e.seconds, e.memory_bytes,
                                   STRATEGIES.index(e.strategy)))
@@ -91,7 +94,9 @@ def advise(model_params: int, topology: Any, memory_budget_bytes: float, *,
 
 def step_time(strategy: str, model_params: int, topology: Any, bytes_per_param: int = 4,
               accumulation_steps: int = 1) -> float:
-    """Predicted communication seconds of one optimizer step of ``strategy`` (alpha-beta)."""
+    """Predicted communication seconds of one optimizer step of ``strategy`` (alpha-beta).
+
+    ``bytes_per_param`` is the element size on the wire (2 with mixed precision)."""
     s = parse_strategy(strategy)
     if accumulation_steps < 1:
         raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
@@ -100,9 +105,9 @@ def step_time(strategy: str, model_params: int, topology: Any, bytes_per_param: 
     full, shard = cost.full, cost.i_shard
     per_micro = 0.0
     if s.params == "I":
-        per_micro += cost.intra(full)                       # gather params in the group
-    elif s.params == "G":
-        per_micro += cost.glob(full)                        # gather params over everyone
+        per_micro += 2 * cost.intra(full)                   # gather params in the group, for
+    elif s.params == "G":                                   # forward and again for backward
+        per_micro += 2 * cost.glob(full)                    # gather params over everyone
     if s.grads == "I":
         per_micro += cost.intra(full)                       # reduce-scatter in the group
     elif s.grads == "G":

@@ -1,31 +1,41 @@
 """ParoDataParallel: data-parallel training of a torch module under any PaRO strategy.
 
-One step, for strategy ``PGO`` (levels of parameters, gradients, optimizer states) and
-``accumulation_steps = k``:
+The module's trainable parameters are split into buckets, one per *unit* (by default the
+outermost modules that hold parameters: each Linear, LayerNorm, attention block; see
+``paro/units.py``). Each bucket is a flat buffer padded to a multiple of the world size, sharded at
+the levels of the strategy ``PGO`` (parameters, gradients, optimizer states). One optimizer step
+with ``accumulation_steps = k``:
 
-1. ``forward`` gathers the parameters to full size if they are sharded (I: all-gather in the
-   group; G: all-gather over everyone, HO-Ring) and points the module's parameters and gradients
-   at flat buffers, so backward accumulates straight into one buffer.
-2. ``step()`` after each backward folds the micro-batch's gradients into the gradients kept at
-   level G: N keeps them local (no communication), I reduce-scatters inside the group, G
-   reduce-scatters over everyone. Gathered parameters are dropped again.
-3. Every k-th ``step()`` finishes the reduction at the optimizer-state level (I->I: all-reduce on
-   the rail; I->G: reduce-scatter on the rail; N->G: global reduce-scatter), averages over ranks
-   and micro-batches, runs the optimizer on this rank's shard, and all-gathers the updated shard
-   up to the parameter level (G->I on the rail, I->N in the group, G->N over everyone).
+1. Forward and backward (``paro/schedule.py``): if P shards parameters, a unit's bucket is
+   gathered just before the unit runs and freed after it (I: all-gather in the group, G:
+   all-gather over everyone, HO-Ring), gathered again for its backward, the next unit's gather
+   prefetched meanwhile. As backward delivers a bucket's gradients they are folded into the kept
+   ones: N adds them locally, I reduce-scatters inside the group, G reduce-scatters over everyone,
+   each bucket's reduction in flight while backward goes on.
+2. On the last micro-batch, each bucket's once-per-step reduction to the optimizer level starts
+   as soon as the bucket is ready (I->I: all-reduce on the rail; I->G: reduce-scatter on the rail;
+   N->G: global reduce-scatter).
+3. ``step()`` then averages over ranks and micro-batches, runs the optimizer on this rank's
+   shards, and all-gathers the updated shards up to the parameter level (G->I on the rail, I->N in
+   the group, G->N over everyone).
 
 So an I-level gradient crosses groups once per k micro-batches (the paper's NIG trick), an N-level
-one once per step, and a G-level one every micro-batch.
+one once per step, and a G-level one every micro-batch; sharded parameters travel twice per
+micro-batch (forward and backward), and only one or two units' worth is ever gathered at once.
 """
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
+from torch.utils._pytree import tree_map
 
-from .groups import Groups, Layout, build_groups
-from .strategy import Strategy, padded_numel, parse_strategy
+from .bucket import Bucket
+from .groups import Groups, build_groups
+from .schedule import Schedule
+from .strategy import Strategy, parse_strategy
+from .units import plan_units
 
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -49,18 +59,26 @@ class ParoDataParallel(torch.nn.Module):
         strategy: one of :data:`paro.STRATEGIES` (case-insensitive).
         comm: a ``collectives`` communicator with a topology of equal-sized nodes; its nodes are
             the groups of the I level.
-        optimizer: called once with a list holding one flat parameter (this rank's optimizer
-            shard) and returning a torch optimizer. Elementwise optimizers (SGD, Adam, AdamW, ...)
-            then behave exactly as on the unsharded model; one set of hyper-parameters applies to
-            every weight.
+        optimizer: called once with a list of flat parameters (this rank's optimizer shard of
+            each bucket) and returning a torch optimizer. Elementwise optimizers (SGD, Adam,
+            AdamW, ...) then behave exactly as on the unsharded model; one set of
+            hyper-parameters applies to every weight.
         accumulation_steps: micro-batches per optimizer update; the optimizer sees gradients
             averaged over ranks and micro-batches.
+        units: the modules whose parameters are gathered together, just before each runs (see
+            ``paro/units.py``); default: the outermost modules holding parameters directly.
+        mixed_precision: keep parameters and gradients in bfloat16 and float32 master weights
+            beside the optimizer states (2 + 2 + 12 bytes per parameter with Adam, at the
+            strategy's levels). Floating inputs are cast to bfloat16 and floating outputs back to
+            the parameters' original dtype, which must be float32.
+        max_inflight: gradient reductions allowed in flight at once during backward (each holds
+            one bucket's gradients).
     """
 
-    _opt_param: torch.nn.Parameter  # set with object.__setattr__ (not a registered parameter)
-
     def __init__(self, module: torch.nn.Module, strategy: str, comm: Any,
-                 optimizer: OptimizerFactory, accumulation_steps: int = 1) -> None:
+                 optimizer: OptimizerFactory, accumulation_steps: int = 1,
+                 units: Iterable[torch.nn.Module] | None = None, mixed_precision: bool = False,
+                 max_inflight: int = 2) -> None:
         super().__init__()
         self.strategy: Strategy = parse_strategy(strategy)
         if not isinstance(module, torch.nn.Module):
@@ -68,73 +86,98 @@ class ParoDataParallel(torch.nn.Module):
         if not callable(optimizer) or isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer must be a callable that builds a torch optimizer from a "
                             "list of parameters, e.g. lambda ps: torch.optim.AdamW(ps, lr=1e-3)")
-        if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
-                or accumulation_steps < 1:
-            raise ValueError(f"accumulation_steps must be a positive int, got "
-                             f"{accumulation_steps!r}")
+        for name, value in (("accumulation_steps", accumulation_steps),
+                            ("max_inflight", max_inflight)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.module = module
         self.accumulation_steps = accumulation_steps
+        self.mixed_precision = bool(mixed_precision)
+        planned = plan_units(module, units)
+        self.dtype = _common_dtype([np for _, named in planned for np in named])
+        if self.mixed_precision and self.dtype != torch.float32:
+            raise TypeError(f"mixed_precision keeps float32 master weights: the module's "
+                            f"parameters must be float32, got {self.dtype}")
         self.groups: Groups = build_groups(comm)
-        self._named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.dtype = _common_dtype(self._named)
-        self._shapes = [p.shape for _, p in self._named]
-        numel = sum(p.numel() for _, p in self._named)
-        g = self.groups
-        self.layout = Layout(numel, padded_numel(numel, g.world_size), g.group_size,
-                             g.world_size, g.group_index, g.local_index)
+        self.buckets = [Bucket(i, unit, named, self.strategy, self.groups, self.dtype,
+                               self.mixed_precision) for i, (unit, named) in enumerate(planned)]
+        self._schedule = Schedule(self.buckets, max_inflight)
         self._micro = 0
-        self.calls: Counter[str] = Counter()
-        """Collectives issued per communicator: ``group``, ``rail`` (crosses groups), ``global``."""
-        self._full_params: torch.Tensor | None = None   # gathered, while P is sharded
-        self._micro_grads: torch.Tensor | None = None   # this micro-batch's, while G is sharded
-        self._init_buffers()
-        self.optimizer = optimizer([self._opt_param])
+        self.optimizer = optimizer([b.opt for b in self.buckets])
         if not isinstance(self.optimizer, torch.optim.Optimizer):
             raise TypeError(f"the optimizer factory returned {type(self.optimizer).__name__}, "
                             f"not a torch.optim.Optimizer")
 
     # -- training ---------------------------------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Gather the parameters if the strategy shards them, then run the module."""
-        self._materialize()
-        return self.module(*args, **kwargs)
+        """Run the module, each unit's parameters gathered just for its turn."""
+        k = self.accumulation_steps
+        self._schedule.begin_forward(self._micro == 0, self._micro == k - 1)
+        if self.mixed_precision:
+            args, kwargs = _cast_floats((args, kwargs), torch.bfloat16)
+        try:
+            out = self.module(*args, **kwargs)
+        finally:
+            self._schedule.end_forward()
+        return _cast_floats(out, self.dtype) if self.mixed_precision else out
 
     def step(self) -> bool:
-        """Reduce this micro-batch's gradients; every ``accumulation_steps``-th call also update
-        the weights. Returns True when the weights were updated. Call it on every rank."""
-        self._reduce_micro_batch()
+        """Count a micro-batch whose backward reduced the gradients; every
+        ``accumulation_steps``-th call also update the weights. Returns True when the weights
+        were updated. Call it on every rank."""
+        if not self._schedule.backward_seen:
+            raise RuntimeError("step() needs a forward and backward through this wrapper first")
+        self._schedule.backward_seen = False
         self._micro += 1
         if self._micro < self.accumulation_steps:
             return False
         self._micro = 0
-        grads = self._optimizer_grads()
-        grads.mul_(1.0 / (self.groups.world_size * self.accumulation_steps))
-        self._opt_param.grad = grads
+        scale = 1.0 / (self.groups.world_size * self.accumulation_steps)
+        for b in self.buckets:
+            b.opt.grad = b.take_opt_grad(scale)
         self.optimizer.step()
-        self._opt_param.grad = None
-        self._propagate_update()
-        self._grad_acc.zero_()
+        for b in self.buckets:
+            b.opt.grad = None
+            b.drop_opt_grad()
+        for b in self.buckets:
+            b.propagate()
+        for b in self.buckets:
+            b.settle()
         return True
 
     # -- inspection -----------------------------------------------------------------------------
+    @property
+    def calls(self) -> Counter[str]:
+        """Collectives issued per communicator: ``group``, ``rail`` (crosses groups), ``global``."""
+        return self.groups.calls
+
+    @property
+    def bucket_numels(self) -> list[int]:
+        """Trainable elements per bucket, in order (each is padded to a multiple of the world
+        size: ``paro.expected_memory`` takes this list)."""
+        return [b.numel for b in self.buckets]
+
     def memory(self) -> dict[str, int]:
         """Bytes this rank keeps between steps, measured from its tensors.
 
-        ``params``, ``grads``: the persistent parameter and gradient buffers; ``optimizer``: the
-        optimizer's per-element state tensors (created on the first update); ``other``: its
-        scalar bookkeeping (e.g. Adam's step count). Transient full-size buffers that exist only
-        during forward/backward (gathered parameters, a micro-batch's unreduced gradients) are
-        not counted.
+        ``params``, ``grads``: the kept parameter and gradient shards; ``optimizer``: the
+        optimizer's per-element state tensors (created on the first update) and, with mixed
+        precision, the float32 master weights; ``other``: its scalar bookkeeping (e.g. Adam's
+        step count). Buffers that exist only during forward, backward or ``step()`` (gathered
+        parameters, a bucket's unreduced gradients) are not counted.
         """
         per_elem, other = 0, 0
-        for state in self.optimizer.state.values():
-            for v in state.values():
+        for b in self.buckets:
+            if self.mixed_precision:
+                per_elem += _nbytes(b.opt)
+            for v in self.optimizer.state.get(b.opt, {}).values():
                 if torch.is_tensor(v):
-                    if v.numel() == self._opt_param.numel() and v.numel() > 1:
+                    if v.dim() > 0 and v.numel() == b.opt.numel():
                         per_elem += _nbytes(v)
                     else:
                         other += _nbytes(v)
-        held = {"params": _nbytes(self._param_shard), "grads": _nbytes(self._grad_acc),
+        held = {"params": sum(_nbytes(b.shard) for b in self.buckets),
+                "grads": sum(_nbytes(b.acc) for b in self.buckets),
                 "optimizer": per_elem}
         held["total"] = sum(held.values())
         held["other"] = other
@@ -142,141 +185,24 @@ class ParoDataParallel(torch.nn.Module):
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """A copy of every trainable parameter at full size, by name (collective: call it on
-        every rank)."""
-        flat = self._gather_full(self._param_shard)
-        return {name: t.clone() for (name, _), t in zip(self._named, self._views(flat))}
-
-    def close(self) -> None:
-        """Free the sub-communicators this wrapper created."""
-        self.groups.close()
-
-    # -- buffers ----------------------------------------------------------------------------------
-    def _init_buffers(self) -> None:
-        """Flatten rank 0's weights, keep this rank's parameter shard and zeroed gradients."""
-        lay, s = self.layout, self.strategy
-        flat = torch.zeros(lay.padded, dtype=self.dtype)
-        for t, (_, p) in zip(self._views(flat), self._named):
-            t.copy_(p.detach())
-        self.groups.world.broadcast(flat, root=0)
-        p_lo, p_hi = lay.range_of(s.params)
-        self._param_shard = flat if s.params == "N" else flat[p_lo:p_hi].clone()
-        self._grad_acc = torch.zeros(lay.length(s.grads), dtype=self.dtype)
-        o_lo, o_hi = lay.range_of(s.states)
-        # set around Module.__setattr__ so the shard is not registered as a module parameter
-        object.__setattr__(self, "_opt_param",
-                           torch.nn.Parameter(self._param_shard[o_lo - p_lo:o_hi - p_lo]))
-        if s.params == "N":
-            self._bind_params(flat)
-        else:
-            self._release_params()
-
-    def _materialize(self) -> None:
-        """Make full parameters and a gradient buffer available for forward/backward."""
-        s = self.strategy
-        if s.params != "N" and self._full_params is None:
-            self._full_params = self._gather_full(self._param_shard)
-            self._bind_params(self._full_params)
-        if s.grads != "N" and self._micro_grads is None:
-            self._micro_grads = torch.zeros(self.layout.padded, dtype=self.dtype)
-        grads = self._grad_acc if s.grads == "N" else self._micro_grads
-        assert grads is not None  # made just above
-        self._bind_grads(grads)
-
-    def _reduce_micro_batch(self) -> None:
-        """Fold this micro-batch's gradients into the kept ones; drop gathered parameters."""
-        s, g = self.strategy, self.groups
-        if s.params != "N" and self._full_params is None:
-            raise RuntimeError("step() needs a forward and backward through this wrapper first")
-        grads = self._grad_acc if s.grads == "N" else self._micro_grads
-        if grads is not None:
-            self._check_grads(grads)
-        if s.grads != "N" and grads is not None:
-            comm, algo = ((self._use("group"), "auto") if s.grads == "I" else
-                          (self._use("global"), g.global_algo))
-            first = self._micro == 0
-            out = self._grad_acc if first else torch.empty_like(self._grad_acc)
-            comm.reduce_scatter(grads, out=out, algo=algo)
-            if not first:
-                self._grad_acc.add_(out)
-            self._micro_grads = None
-            for _, p in self._named:
-                p.grad = None
-        if s.params != "N":
-            self._full_params = None
-            self._release_params()
-
-    def _optimizer_grads(self) -> torch.Tensor:
-        """The globally summed gradients of this rank's optimizer shard."""
-        s, g = self.strategy, self.groups
-        acc = self._grad_acc
-        if s.grads == s.states == "I":             # NII: group sums -> global sums
-            self._use("rail").all_reduce(acc)
-            return acc
-        if s.grads == "I":                         # I -> G: reduce-scatter on the rail
-            return self._use("rail").reduce_scatter(acc)
-        if s.grads == "N":                         # N -> G: global reduce-scatter
-            return self._use("global").reduce_scatter(acc, algo=g.global_algo)
-        return acc                                 # G: already summed over everyone
-
-    def _propagate_update(self) -> None:
-        """All-gather the updated optimizer shard up to the parameter level."""
-        s, g = self.strategy, self.groups
-        if s.states == s.params:
-            return
-        shard = self._opt_param.detach().clone()
-        if s.params == "I":                        # G -> I on the rail
-            self._use("rail").all_gather(shard, out=self._param_shard)
-        elif s.states == "I":                      # I -> N in the group
-            self._use("group").all_gather(shard, out=self._param_shard)
-        else:                                      # G -> N over everyone (HO-Ring)
-            self._use("global").all_gather(shard, out=self._param_shard, algo=g.global_algo)
-
-    def _gather_full(self, shard: torch.Tensor) -> torch.Tensor:
-        """The full flat parameter buffer from this rank's parameter shard."""
-        s, g = self.strategy, self.groups
-        if s.params == "N":
-            return shard
-        if s.params == "I":
-            return self._use("group").all_gather(shard)
-        return self._use("global").all_gather(shard, algo=g.global_algo)
-
-    def _use(self, which: str) -> Any:
-        """The ``group``, ``rail`` or ``global`` communicator, counting the call."""
-        self.calls[which] += 1
-        g = self.groups
-        return {"group": g.group, "rail": g.rail, "global": g.glob}[which]
-
-    # -- binding module tensors to flat buffers ----------------------------------------------
-    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        out, off = [], 0
-        for shape in self._shapes:
-            n = shape.numel()
-            out.append(flat[off:off + n].view(shape))
-            off += n
+        every rank). With mixed precision these are the float32 master weights."""
+        out: dict[str, torch.Tensor] = {}
+        for b in self.buckets:
+            for (name, _), value in zip(b.named, b.full_values(self._gather_level)):
+                out[name] = value
         return out
 
-    def _bind_params(self, flat: torch.Tensor) -> None:
-        for v, (_, p) in zip(self._views(flat), self._named):
-            p.data = v
+    def close(self) -> None:
+        """Remove the hooks and free the sub-communicators this wrapper created."""
+        self._schedule.remove()
+        self.groups.close()
 
-    def _release_params(self) -> None:
-        empty = torch.empty(0, dtype=self.dtype)
-        for _, p in self._named:
-            p.data = empty
-            p.grad = None
-
-    def _bind_grads(self, flat: torch.Tensor) -> None:
-        for v, (_, p) in zip(self._views(flat), self._named):
-            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
-                p.grad = v
-
-    def _check_grads(self, flat: torch.Tensor) -> None:
-        """Backward must have accumulated into our buffer; a replaced ``.grad`` would be lost."""
-        for v, (name, p) in zip(self._views(flat), self._named):
-            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
-                raise RuntimeError(f"the gradient of {name!r} was replaced or cleared between "
-                                   f"forward and step(); ParoDataParallel owns gradients, so "
-                                   f"don't call zero_grad() on the module (step() clears them)")
+    def _gather_level(self, shard: torch.Tensor, level: str) -> torch.Tensor:
+        """The full flat buffer from this rank's shard at ``level``."""
+        if level == "N":
+            return shard
+        comm, algo = self.groups.use(self.groups.level_comm(level))
+        return comm.all_gather(shard, algo=algo)
 
 
 def _common_dtype(named: list[tuple[str, torch.nn.Parameter]]) -> torch.dtype:
@@ -294,6 +220,12 @@ def _common_dtype(named: list[tuple[str, torch.nn.Parameter]]) -> torch.dtype:
             raise TypeError(f"parameter {name!r} is on {p.device}; paro runs on CPU tensors "
                             f"until the NCCL backend lands")
     return dtype
+
+
+def _cast_floats(tree: Any, dtype: torch.dtype) -> Any:
+    """``tree`` with every floating tensor cast to ``dtype`` (differentiably)."""
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and
+                    t.is_floating_point() else t, tree)
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -19,7 +19,8 @@ I-shard ``l`` (``Mp/g`` elements) belongs to local index ``l`` in every group; G
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -34,6 +35,19 @@ class Groups:
     group_index: int      # k
     local_index: int      # l
     global_algo: str      # algorithm for collectives on ``glob``
+    calls: Counter[str] = field(default_factory=Counter)
+    """Collectives issued per communicator: ``group``, ``rail`` (crosses groups), ``global``."""
+
+    def use(self, which: str) -> tuple[Any, str]:
+        """The ``group``, ``rail`` or ``global`` communicator and its algorithm; counts the call."""
+        self.calls[which] += 1
+        if which == "global":
+            return self.glob, self.global_algo
+        return {"group": self.group, "rail": self.rail}[which], "auto"
+
+    def level_comm(self, level: str) -> str:
+        """The communicator that spans one shard at ``level``: ``group`` (I) or ``global`` (G)."""
+        return {"I": "group", "G": "global"}[level]
 
     @property
     def group_size(self) -> int:

@@ -9,6 +9,7 @@ NNG/NGG/GGG and the partial-redundancy ones NII, NIG, IIG, IGG, ING.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 LEVELS = "NIG"
 """Sharding levels from coarsest (replicated) to finest (global)."""
@@ -75,20 +76,30 @@ def padded_numel(numel: int, world_size: int) -> int:
     return -(-numel // world_size) * world_size if numel else world_size
 
 
-def expected_memory(strategy: str | Strategy, numel: int, group_size: int, world_size: int,
-                    itemsize: int = 4, optimizer_states: int = 2) -> dict[str, int]:
+def expected_memory(strategy: str | Strategy, numel: int | Sequence[int], group_size: int,
+                    world_size: int, itemsize: int = 4, optimizer_states: int = 2,
+                    mixed_precision: bool = False) -> dict[str, int]:
     """Bytes per rank of parameters, gradients and optimizer states that ``strategy`` keeps.
 
-    With ``Mp`` = ``numel`` padded to a multiple of the world size ``W``, ``g`` ranks per group and
-    ``b`` bytes per element, a state at level N holds ``Mp * b``, at I ``Mp / g * b`` and at G
-    ``Mp / W * b`` per rank; optimizer states hold ``optimizer_states`` such tensors (Adam: 2,
-    SGD with momentum: 1, plain SGD: 0).
+    ``numel`` is the model's parameter count, or the element count of each bucket
+    (``ParoDataParallel.bucket_numels``): each bucket is padded to a multiple of the world size
+    ``W``; ``Mp`` is the padded total. With ``g`` ranks per group and ``b`` bytes per element, a
+    state at level N holds ``Mp * b``, at I ``Mp / g * b`` and at G ``Mp / W * b`` per rank;
+    optimizer states hold ``optimizer_states`` such tensors (Adam: 2, SGD with momentum: 1, plain
+    SGD: 0).
+
+    With ``mixed_precision`` parameters and gradients are bfloat16 (2 bytes) and the optimizer
+    level holds a master copy besides its states, ``itemsize`` bytes each: with Adam and float32
+    that is the paper's 2 + 2 + 12 bytes per parameter.
     """
     s = parse_strategy(strategy)
-    mp = padded_numel(numel, world_size)
-    held = {k: mp // shard_divisor(lvl, group_size, world_size) * itemsize
-            for k, lvl in (("params", s.params), ("grads", s.grads), ("optimizer", s.states))}
-    held["optimizer"] *= optimizer_states
+    sizes = [numel] if isinstance(numel, int) else list(numel)
+    mp = sum(padded_numel(n, world_size) for n in sizes)
+    per_level = {lvl: mp // shard_divisor(lvl, group_size, world_size) for lvl in LEVELS}
+    low = 2 if mixed_precision else itemsize
+    held = {"params": per_level[s.params] * low, "grads": per_level[s.grads] * low,
+            "optimizer": per_level[s.states] * itemsize *
+            (optimizer_states + (1 if mixed_precision else 0))}
     held["total"] = held["params"] + held["grads"] + held["optimizer"]
     return held
 

@@ -1,5 +1,7 @@
 """``topocoll primepar plan --layers 24 --hidden 4096 --heads 32 --seq 2048 --batch 8
---devices 32 --memory 40GB [--topology spec|file]``: the searched plan vs 1-D TP, RTP and DP."""
+--devices 32 --memory 40GB [--topology spec|file] [--links-file links.json] [--links ...]``: the
+searched plan vs 1-D TP, RTP and DP, priced on the topology's link alpha/beta (``--links-file``:
+those ``topocoll topology --probe`` measured)."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +11,7 @@ import time
 from typing import Any, Sequence
 
 from .cost import Costs, Hardware, default_topology
-from .search import Model, Plan, PlanError, baselines, search
+from .planner import Model, Plan, PlanError, baselines, search
 
 _UNITS = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10,
           "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -24,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         memory = parse_bytes(args.memory)
         model = Model(args.layers, args.hidden, args.heads, args.seq, args.batch, args.ffn)
-        topo = _topology(args.topology, args.devices, args.links)
+        topo = _topology(args.topology, args.devices, args.links, args.links_file)
     except ValueError as err:
         parser.error(str(err))
     costs = Costs(topo, Hardware(flops_per_s=args.flops))
@@ -38,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"model: {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq "
           f"{args.seq}, batch {args.batch}; {topo.world_size} devices "
           f"({topo.num_nodes} nodes), {args.flops / 1e12:g} TFLOP/s, budget {memory / 1e9:g} GB")
+    print("links: " + ", ".join(f"{k} {v}" for k, v in topo.links.items()))
     print(f"search took {took:.2f} s")
     print(format_plan(plan))
     print()
@@ -84,21 +87,32 @@ def parse_bytes(text: str) -> float:
     return value
 
 
-def _topology(spec: str | None, devices: int, links: str | None):
+def _topology(spec: str | None, devices: int, links: str | None, links_file: str | None):
+    """The topology to price on: --topology (else nodes of 8), its links overridden by the probe
+    file's, then by --links."""
     from topocoll.topology import TopologyError, load, parse_links, parse_spec
+    from topocoll.topology.detect import read_links_file
     from topocoll.topology.virtual import is_spec
 
     if devices < 1:
         raise ValueError(f"--devices must be >= 1, got {devices}")
-    kw: dict[str, Any] = {"links": parse_links(links)} if links else {}
+    override: dict[str, Any] = {}
+    try:
+        if links_file:
+            override.update(read_links_file(links_file) or {})
+    except TopologyError as err:
+        raise ValueError(f"--links-file: {err}") from None
+    if links:
+        override.update(parse_links(links))
     try:
         if spec is None:
-            return default_topology(devices, **kw)
-        topo = parse_spec(spec, devices, **kw) if is_spec(spec) else load(spec)
-        if kw:
-            topo = topo.with_(**kw)
+            topo = default_topology(devices)
+        else:
+            topo = parse_spec(spec, devices) if is_spec(spec) else load(spec)
     except (TopologyError, OSError) as err:
         raise ValueError(f"--topology {spec!r}: {err}") from None
+    if override:
+        topo = topo.with_(links={**topo.links, **override})
     if topo.world_size != devices:
         raise ValueError(f"--topology has {topo.world_size} ranks but --devices is {devices}")
     return topo
@@ -112,7 +126,10 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--memory", default="40GB", help="budget per device (40GB, 40GiB, 4e10)")
     p.add_argument("--topology", help="virtual spec (4x8) or topology file; default nodes of 8")
-    p.add_argument("--links", help="link override, e.g. intra=2us:150GB/s,inter=5us:25GB/s")
+    p.add_argument("--links-file", help="links file written by `topocoll topology --probe` "
+                                        "(measured alpha/beta per level)")
+    p.add_argument("--links", help="link override, e.g. intra=2us:150GB/s,inter=5us:25GB/s "
+                                   "(over --links-file)")
     p.add_argument("--flops", type=float, default=100e12, help="device FLOP/s (default 100e12)")
     return p
 

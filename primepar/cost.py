@@ -143,6 +143,33 @@ class Costs:
         return t1 - per_byte, per_byte
 
 
+def costs_for(costs: Costs | None = None, devices: int | None = None,
+              topology: Topology | None = None, hardware: Hardware | None = None) -> Costs:
+    """What to price a plan with: ``costs`` itself, else ``topology`` (its link alpha/beta per
+    level: probed, from a file, or a spec's), else ``devices`` in nodes of 8 with default links;
+    ``devices``, if given too, must match."""
+    if costs is not None:
+        if not isinstance(costs, Costs):
+            raise TypeError(f"costs must be a primepar Costs, got {type(costs).__name__}")
+        if topology is not None or hardware is not None:
+            raise ValueError("give costs= or topology=/hardware=, not both: a Costs already holds "
+                             "its topology and hardware")
+    elif topology is not None:
+        if not isinstance(topology, Topology):
+            raise TypeError(f"topology must be a topocoll Topology, got "
+                            f"{type(topology).__name__}")
+        costs = Costs(topology, hardware or Hardware())
+    elif devices is None:
+        raise TypeError("say what to plan for: devices=, topology= or costs=")
+    else:
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ValueError(f"devices must be a positive int, got {devices!r}")
+        costs = Costs(default_topology(devices), hardware or Hardware())
+    if devices is not None and devices != costs.P:
+        raise ValueError(f"devices={devices!r} but the topology has {costs.P} ranks")
+    return costs
+
+
 def default_topology(devices: int, per_node: int = 8, **kw: Any) -> Topology:
     """Nodes of ``per_node`` devices (fewer if ``devices`` is smaller) under one switch."""
     from topocoll.topology import parse_spec

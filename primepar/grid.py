@@ -2,7 +2,9 @@
 
 Ranks ``g*n .. g*n+n-1`` form ring ``g`` (consecutive ranks, so a ring stays inside a node when it
 can); ranks with the same ring position form a data-parallel group. M is split by data over the
-``dp`` groups first, then by the ring where the spec splits M.
+``dp`` groups first, then by the ring where the spec splits M, like ``torch.tensor_split``: an M
+that doesn't divide leaves the first ``M % parts`` blocks one row longer, and :func:`gather`
+puts such blocks back together.
 """
 from __future__ import annotations
 
@@ -61,7 +63,21 @@ def gather(local: torch.Tensor, spec: Spec, tensor: str, grid: Grid) -> torch.Te
     return out
 
 
+def lengths(comm: Any, n: int) -> list[int]:
+    """Every rank's ``n`` in rank order (collective): block lengths that may differ by rank."""
+    return [int(v) for v in comm.all_gather(torch.tensor([n], dtype=torch.int64)).tolist()]
+
+
 def _gather_along(comm: Any, x: torch.Tensor, axis: int) -> torch.Tensor:
+    """Every rank's ``x`` concatenated along ``axis`` in rank order; the blocks may differ in
+    length there (an M that doesn't divide), so they travel padded to the longest and are cut."""
     moved = x.movedim(axis, 0).contiguous()
+    sizes = lengths(comm, moved.shape[0])
+    longest = max(sizes)
+    if moved.shape[0] < longest:
+        pad = moved.new_zeros((longest - moved.shape[0], *moved.shape[1:]))
+        moved = torch.cat([moved, pad])
     whole = comm.all_gather(moved)
+    if min(sizes) < longest:
+        whole = torch.cat([whole[r * longest:r * longest + m] for r, m in enumerate(sizes)])
     return whole.movedim(0, axis).contiguous()

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .engine import Product, Trace, run
-from .grid import Grid, gather, shard
+from .grid import Grid, gather, lengths, shard
 from .spec import TENSORS, Spec, check_shapes, parse
 
 FORWARD = [Product("Y", ("M", "N"), "X", "W", "mk,kn->mn")]
@@ -83,7 +83,8 @@ class _Matmul(torch.autograd.Function):
 
 
 def _check_operands(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid) -> None:
-    """ValueError naming the mismatch unless ``x`` and ``w`` fit the spec's step loop."""
+    """ValueError naming the mismatch unless ``x`` and ``w`` fit the spec's step loop (collective
+    where the spec rotates x's row blocks: the ring compares their lengths)."""
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (rows, features) here, got shape {tuple(x.shape)}")
     kx, kw = _step_width(x.shape[1], "X", spec, grid), _step_width(w.shape[0], "W", spec, grid)
@@ -100,6 +101,14 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid) ->
             if spec.role(dims) == "both" and t.shape[dims.index(spec.time)] % n:
                 raise ValueError(f"{name} dim {spec.time}={t.shape[dims.index(spec.time)]} does "
                                  f"not split into {n} time blocks")
+    if spec.time == "M" and spec.role(TENSORS["X"]) == "time" and grid.n > 1:
+        # x's row blocks rotate, so every rank's must be as long; only the ring can tell (every
+        # rank asks, so every rank raises alike, before any block moves).
+        rows = lengths(grid.ring, x.shape[0])
+        if len(set(rows)) > 1:
+            raise ValueError(f"x dim M={sum(rows)} does not split into {grid.n} time blocks "
+                             f"(spec {spec.label()} rotates x's row blocks; the ring holds "
+                             f"{', '.join(map(str, rows))} rows)")
 
 
 def _step_width(k: int, tensor: str, spec: Spec, grid: Grid) -> int:

@@ -20,7 +20,8 @@ require("torch", "torch", "topocoll.rtp")
 from . import init, models
 from .blocks import MLP, TransformerBlock
 from .convert import RotatedTensorParallel, convert
-from .layers import Embedding, Linear, MultiheadAttention
+from .attention import MultiheadAttention
+from .layers import Embedding, Linear
 from .sync import sync_replicated
 
 __all__ = ["Linear", "Embedding", "MultiheadAttention", "MLP", "TransformerBlock",

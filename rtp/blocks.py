@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from .layers import Linear, MultiheadAttention
+from .attention import MultiheadAttention
+from .layers import Linear
 from .ring import ring_for
 from .sync import sync_replicated
 

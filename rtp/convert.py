@@ -5,7 +5,8 @@ counterparts; every other parameter stays replicated and has its gradient averag
 A model built on the meta device is initialised flyweight: modules are visited in registration
 order and each takes, from the default generator, the draws its dense init would, so the result
 equals, bit for bit, the dense model built on CPU from the same seed (for models whose init is
-their modules' own ``reset_parameters``).
+their modules' own ``reset_parameters``). A module used in several places (registered under
+several names, or called several times) becomes one RTP layer, as it was one dense module.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from typing import Any, Mapping
 import torch
 import torch.nn as nn
 
-from .layers import Embedding, Linear, MultiheadAttention
+from .attention import MultiheadAttention
+from .layers import Embedding, Linear
 from .ring import ring_for
 from .sync import sync_replicated
 
@@ -36,16 +38,18 @@ class RotatedTensorParallel(nn.Module):
         overlap: overlap each rotation with compute (False: wait for it first; for measuring).
         check_inputs: agree across ranks that every layer's input is valid (one small
             all-reduce per layer call), so bad input raises on every rank instead of hanging.
+        persistent: reuse rotation buffers and persistent rotations from step to step (False:
+            make them at every call; for measuring).
     """
 
     def __init__(self, model: nn.Module, comm: Any = None, overlap: bool = True,
-                 check_inputs: bool = True) -> None:
+                 check_inputs: bool = True, persistent: bool = True) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         self.ring = ring_for(comm)
         self.module = convert(model, comm=self.ring.user, overlap=overlap,
-                              check_inputs=check_inputs)
+                              check_inputs=check_inputs, persistent=persistent)
         self.replicated = sync_replicated(self.module, self.ring)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -71,13 +75,29 @@ class RotatedTensorParallel(nn.Module):
 
 def convert(model: nn.Module, comm: Any = None, **kw: Any) -> nn.Module:
     """Replace, in place and in registration order, the convertible submodules of ``model``;
-    materialise (``to_empty`` + ``reset_parameters``) the other meta ones. Returns the model."""
-    if type(model) in CONVERTERS:
-        return CONVERTERS[type(model)](model, comm=comm, **kw)
-    _materialise(model)
-    for name, child in list(model.named_children()):
-        setattr(model, name, convert(child, comm=comm, **kw))
-    return model
+    materialise (``to_empty`` + ``reset_parameters``) the other meta ones. Returns the model.
+    A module registered under several names (shared) is converted once and stays shared."""
+    return _convert(model, comm, kw, {})
+
+
+def _convert(module: nn.Module, comm: Any, kw: dict,
+             done: dict[int, tuple[nn.Module, nn.Module]]) -> nn.Module:
+    """``convert`` with ``done``: id -> (module, what it became), holding the originals so their
+    ids can't be reused."""
+    seen = done.get(id(module))
+    if seen is not None:
+        return seen[1]
+    if type(module) in CONVERTERS:
+        new = CONVERTERS[type(module)](module, comm=comm, **kw)
+    else:
+        _materialise(module)
+        new = module
+        # every name, not named_children(), which skips a child already seen under another name
+        for name, child in list(module._modules.items()):
+            if child is not None:
+                setattr(module, name, _convert(child, comm, kw, done))
+    done[id(module)] = (module, new)
+    return new
 
 
 def _materialise(module: nn.Module) -> None:

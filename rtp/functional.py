@@ -17,206 +17,235 @@ the first gradient block is computed) and ending with the rank's own block:
 So each block's gradient travels round the ring with it and reaches its owner (step p-1) summed
 over every rank's micro-batch: a ring reduce-scatter interleaved with backward. It is divided by p,
 the mean over ranks that DDP gives. The parameters themselves never move: rotations go through
-scratch buffers, so a forward without backward (eval, no_grad) leaves every rank its own block.
+scratch buffers (rtp.rotation: allocated once, rotated by persistent collectives), so a forward
+without backward (eval, no_grad) leaves every rank its own block.
+
+A layer may take several inputs and give several outputs from one rotation (attention's query,
+key and value through the q, k and v rows of the same block): the kernel says which input and
+which output each range of block rows works on.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 
-from .ring import Ring, RowShards
+from .ring import RowShards
+from .rotation import Rotation
+
+# the block received at step s lands in RECV[s % 2] and is sent on from there
+RECV = ("in", "own")
+# backward's gradient partial sums: block o's is computed in ACC[s % 2], rank r+1's arrives in gin
+ACC = ("acc0", "acc1")
+
+Tensors = Sequence[torch.Tensor]
 
 
 class Kernel:
     """What one row-sharded layer computes with block ``o`` (rows ``shards.bounds[o]``) of its
-    weight."""
+    weight (parts ``ws``, bias ``b``), from inputs ``xs`` into outputs ``ys``."""
 
     def __init__(self, shards: RowShards) -> None:
         self.shards = shards
 
-    def out_shape(self, x: torch.Tensor) -> tuple[int, ...]:
-        """Shape of the full output for input ``x``."""
+    def out_shapes(self, xs: Tensors) -> list[tuple[int, ...]]:
+        """Shapes of the full outputs for inputs ``xs``."""
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, o: int,
-                y: torch.Tensor) -> None:
-        """Fill the part of ``y`` that block ``o`` (weight ``w``, bias ``b``) gives."""
+    def forward(self, xs: Tensors, ws: Tensors, b: torch.Tensor | None, o: int,
+                ys: Tensors) -> None:
+        """Fill the part of ``ys`` that block ``o`` gives."""
         raise NotImplementedError
 
-    def weight_grad(self, x: torch.Tensor, gy: torch.Tensor, o: int, gw: torch.Tensor,
+    def weight_grad(self, xs: Tensors, gys: Tensors, o: int, gws: Tensors,
                     gb: torch.Tensor | None) -> None:
-        """This rank's contribution to block ``o``'s weight (and bias) gradient, into gw/gb."""
+        """This rank's contribution to block ``o``'s weight (and bias) gradient, into gws/gb."""
         raise NotImplementedError
 
-    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor,
-                   add: bool = True) -> None:
-        """Add block ``o``'s part of the input gradient into ``gx`` (``add=False``: overwrite
-        it, for the first block, so ``gx`` needs no zeroing)."""
+    def input_grad(self, gys: Tensors, ws: Tensors, o: int,
+                   gxs: Sequence[torch.Tensor | None], add: bool = True) -> None:
+        """Add block ``o``'s part of each input gradient into ``gxs`` (None: not wanted);
+        ``add=False`` overwrites them, for the first block, so they need no zeroing."""
         raise NotImplementedError
 
 
 class LinearKernel(Kernel):
-    """Rows are output features: block o fills output columns ``[lo, hi)``, or, given ``cols``,
-    the column ranges ``cols[o]`` = ``[(first output column, first block row, rows), ...]``
-    (attention writes q, k and v straight into their dense places). Each range is one matmul
-    writing into the output in place (``out=``), so nothing is copied."""
+    """Rows are output features. Block o computes the ranges ``ranges[o]``, each
+    ``(input i, output j, first column, part k, first block row, rows n)``: one matmul
+    ``ys[j][..., column:column + n] = xs[i] @ part_k[row:row + n].T (+ its bias)`` that writes
+    into the output in place (``out=``), so nothing is copied. By default one input and one
+    output, block o filling columns ``[lo, hi)``; attention writes q, k and v straight into their
+    dense places, from one input (self-attention) or from query, key and value."""
 
     def __init__(self, shards: RowShards,
-                 cols: list[list[tuple[int, int, int]]] | None = None) -> None:
+                 ranges: list[list[tuple[int, int, int, int, int, int]]] | None = None) -> None:
         super().__init__(shards)
-        self.cols = cols or [[(lo, 0, hi - lo)] for lo, hi in shards.bounds]
-        self.width = max((dst + n for ranges in self.cols for dst, _, n in ranges), default=0)
+        self.ranges = ranges if ranges is not None else [
+            [(0, 0, lo, 0, 0, hi - lo)] for lo, hi in shards.bounds]
+        outputs: dict[int, tuple[int, int]] = {}  # output -> (its input, width)
+        for block in self.ranges:
+            for i, j, col, _, _, n in block:
+                src, width = outputs.get(j, (i, 0))
+                if src != i:
+                    raise ValueError(f"output {j} of the kernel reads inputs {src} and {i}")
+                outputs[j] = (i, max(width, col + n))
+        self.outputs = [outputs[j] for j in sorted(outputs)]
 
-    def out_shape(self, x: torch.Tensor) -> tuple[int, ...]:
-        return (*x.shape[:-1], self.width)
+    def out_shapes(self, xs: Tensors) -> list[tuple[int, ...]]:
+        return [(*xs[i].shape[:-1], width) for i, width in self.outputs]
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, o: int,
-                y: torch.Tensor) -> None:
-        x2, y2 = x.reshape(-1, x.shape[-1]), y.view(-1, y.shape[-1])
-        for dst, src, n in self.cols[o]:
-            out, wt = y2[:, dst:dst + n], w[src:src + n].t()
+    def forward(self, xs: Tensors, ws: Tensors, b: torch.Tensor | None, o: int,
+                ys: Tensors) -> None:
+        x2, y2 = _rows(xs, reshape=True), _rows(ys)
+        for i, j, col, k, row, n in self.ranges[o]:
+            out, wt = y2[j][:, col:col + n], ws[k][row:row + n].t()
             if b is None:
-                torch.mm(x2, wt, out=out)
+                torch.mm(x2[i], wt, out=out)
             else:
-                torch.addmm(b[src:src + n], x2, wt, out=out)
+                first = k * ws[k].shape[0] + row  # the bias is part-major
+                torch.addmm(b[first:first + n], x2[i], wt, out=out)
 
-    def weight_grad(self, x: torch.Tensor, gy: torch.Tensor, o: int, gw: torch.Tensor,
+    def weight_grad(self, xs: Tensors, gys: Tensors, o: int, gws: Tensors,
                     gb: torch.Tensor | None) -> None:
-        x2, g2 = x.reshape(-1, x.shape[-1]), gy.view(-1, gy.shape[-1])
-        for dst, src, n in self.cols[o]:
-            g = g2[:, dst:dst + n]
-            torch.mm(g.t(), x2, out=gw[src:src + n])
+        x2, g2 = _rows(xs, reshape=True), _rows(gys)
+        for i, j, col, k, row, n in self.ranges[o]:
+            g = g2[j][:, col:col + n]
+            torch.mm(g.t(), x2[i], out=gws[k][row:row + n])
             if gb is not None:
-                torch.sum(g, 0, out=gb[src:src + n])
+                first = k * gws[k].shape[0] + row
+                torch.sum(g, 0, out=gb[first:first + n])
 
-    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor,
-                   add: bool = True) -> None:
-        g2, gx2 = gy.view(-1, gy.shape[-1]), gx.view(-1, gx.shape[-1])
-        if not add and not self.cols[o]:
-            gx.zero_()
-        for i, (dst, src, n) in enumerate(self.cols[o]):
-            if add or i:
-                gx2.addmm_(g2[:, dst:dst + n], w[src:src + n])
+    def input_grad(self, gys: Tensors, ws: Tensors, o: int,
+                   gxs: Sequence[torch.Tensor | None], add: bool = True) -> None:
+        g2 = _rows(gys)
+        started = [add or gx is None for gx in gxs]  # True: add into it (or it is not wanted)
+        for i, j, col, k, row, n in self.ranges[o]:
+            gx = gxs[i]
+            if gx is None:
+                continue
+            gx2 = gx.view(-1, gx.shape[-1])
+            if started[i]:
+                gx2.addmm_(g2[j][:, col:col + n], ws[k][row:row + n])
             else:
-                torch.mm(g2[:, dst:dst + n], w[src:src + n], out=gx2)
+                torch.mm(g2[j][:, col:col + n], ws[k][row:row + n], out=gx2)
+                started[i] = True
+        for gx, done in zip(gxs, started):
+            if not done:  # this block touches none of that input's columns
+                assert gx is not None
+                gx.zero_()
 
 
 class EmbeddingKernel(Kernel):
     """Rows are vocabulary entries: block o looks up the ids in ``[lo, hi)``."""
 
-    def out_shape(self, x: torch.Tensor) -> tuple[int, ...]:
-        return (*x.shape, self.shards.width)
+    def out_shapes(self, xs: Tensors) -> list[tuple[int, ...]]:
+        return [(*xs[0].shape, self.shards.widths[0])]
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, o: int,
-                y: torch.Tensor) -> None:
+    def forward(self, xs: Tensors, ws: Tensors, b: torch.Tensor | None, o: int,
+                ys: Tensors) -> None:
         lo, hi = self.shards.bounds[o]
+        x = xs[0]
         mask = (x >= lo) & (x < hi)
-        y[mask] = w[x[mask] - lo]
+        ys[0][mask] = ws[0][x[mask] - lo]
 
-    def weight_grad(self, x: torch.Tensor, gy: torch.Tensor, o: int, gw: torch.Tensor,
+    def weight_grad(self, xs: Tensors, gys: Tensors, o: int, gws: Tensors,
                     gb: torch.Tensor | None) -> None:
         lo, hi = self.shards.bounds[o]
+        x = xs[0]
         mask = (x >= lo) & (x < hi)
-        gw.zero_().index_add_(0, x[mask] - lo, gy[mask])
+        gws[0].zero_().index_add_(0, x[mask] - lo, gys[0][mask])
 
-    def input_grad(self, gy: torch.Tensor, w: torch.Tensor, o: int, gx: torch.Tensor,
-                   add: bool = True) -> None:
+    def input_grad(self, gys: Tensors, ws: Tensors, o: int,
+                   gxs: Sequence[torch.Tensor | None], add: bool = True) -> None:
         raise RuntimeError("embedding ids have no gradient")
 
 
+def rotated(rot: Rotation, kernel: Kernel, overlap: bool, xs: Tensors, ws: Tensors,
+            b: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """``kernel``'s outputs for inputs ``xs`` and this rank's weight parts ``ws`` and bias ``b``
+    (the whole weight, as its blocks rotate past); differentiable in xs, ws and b."""
+    out = Rotated.apply(rot, kernel, overlap, len(xs), *xs, *ws, b)
+    return out if isinstance(out, tuple) else (out,)
+
+
 class Rotated(torch.autograd.Function):
-    """``y = kernel(x, W)`` for a row-sharded W whose blocks rotate round ``ring``."""
+    """``ys = kernel(xs, W)`` for a row-sharded W whose blocks rotate round the ring (call it
+    through :func:`rotated`)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, ring: Ring,
-                shards: RowShards, kernel: Any, overlap: bool) -> torch.Tensor:
-        p, r = ring.size, ring.rank
+    def forward(ctx: Any, rot: Rotation, kernel: Kernel, overlap: bool, n_in: int,
+                *tensors: Any) -> Any:
+        xs, ws, b = tensors[:n_in], list(tensors[n_in:-1]), tensors[-1]
+        p, r, shards = rot.ring.size, rot.ring.rank, rot.shards
         # every output element is written by exactly one block, so no zeroing
-        y = torch.empty(kernel.out_shape(x), dtype=w.dtype)
-        # the block received at step s lands in bufs[s % 2] and is sent on from there
-        src, bufs = _rotation_buffers(shards, r, w, b, p) if p > 1 else (None, [])
+        ys = [torch.empty(shape, dtype=ws[0].dtype, device=ws[0].device)
+              for shape in kernel.out_shapes(xs)]
+        bufs = rot.buffers(ws[0])
+        send: str | torch.Tensor = bufs.own(r, ws, b) if p > 1 else ""
         for s in range(p):
             o = (r - s) % p
-            if s == 0:
-                wo, bo = w, b
-            else:
-                assert src is not None  # p > 1: _rotation_buffers made it
-                wo, bo = shards.views(src, o)
-            h = None
-            if s < p - 1:
-                out = bufs[s % 2]
-                assert src is not None and out is not None  # bufs[1] is None only when p == 2
-                h = _start(ring.rotate(src, out=out), overlap)
-            kernel.forward(x, wo, bo, o, y)
+            wo, bo = (ws, b) if s == 0 else shards.views(bufs[RECV[(s - 1) % 2]], o)
+            h = _start(bufs.rotate(send, RECV[s % 2], 1), overlap) if s < p - 1 else None
+            kernel.forward(xs, wo, bo, o, ys)
             if h is not None:
                 h.wait()
-                src = bufs[s % 2]
-        ctx.ring, ctx.shards, ctx.kernel, ctx.overlap = ring, shards, kernel, overlap
-        ctx.save_for_backward(x, w, b)
-        return y
+                send = RECV[s % 2]
+        ctx.rot, ctx.kernel, ctx.overlap, ctx.n_in = rot, kernel, overlap, n_in
+        ctx.save_for_backward(*xs, *ws, b)
+        return tuple(ys) if len(ys) > 1 else ys[0]
 
     @staticmethod
-    def backward(ctx: Any, gy: torch.Tensor) -> tuple[Any, ...]:
-        x, w, b = ctx.saved_tensors
-        ring, shards, kernel, overlap = ctx.ring, ctx.shards, ctx.kernel, ctx.overlap
-        p, r = ring.size, ring.rank
-        gy = gy.contiguous()
-        gx = torch.empty_like(x, memory_format=torch.contiguous_format) \
-            if ctx.needs_input_grad[0] else None  # the first block overwrites it
-        dt = w.dtype
+    def backward(ctx: Any, *gys_in: torch.Tensor) -> tuple[Any, ...]:
+        saved, n_in = ctx.saved_tensors, ctx.n_in
+        xs, ws, b = saved[:n_in], list(saved[n_in:-1]), saved[-1]
+        rot, kernel, overlap = ctx.rot, ctx.kernel, ctx.overlap
+        p, r, shards = rot.ring.size, rot.ring.rank, rot.shards
+        gys = [g.contiguous() for g in gys_in]
+        # the first block overwrites them; the tensors come after rot, kernel, overlap, n_in
+        gxs = [torch.empty_like(x, memory_format=torch.contiguous_format)
+               if ctx.needs_input_grad[4 + i] else None for i, x in enumerate(xs)]
+        wants_gx = any(g is not None for g in gxs)
         if p == 1:
-            gw, gb = torch.empty_like(w), (torch.empty_like(b) if b is not None else None)
-            kernel.weight_grad(x, gy, 0, gw, gb)
-            if gx is not None:
-                kernel.input_grad(gy, w, 0, gx, add=False)
-            return gx, gw, gb, None, None, None, None
-        # weights (only for the input gradient): block r+1 arrives in wbuf[0], then block r+1+s
-        # in wbuf[s % 2], sent on from there while the other buffer receives the next one
-        wbuf, hw = None, None
-        if gx is not None:
-            own, wbuf = _rotation_buffers(shards, r, w, b, p)
-            hw = _start(ring.rotate(own, out=wbuf[0], shift=-1), overlap)
-        # gradients: block o's partial sum is computed into accs[s % 2], the one from rank r+1
-        # arrives in gin
-        accs, gin, hg = [shards.empty(dt), shards.empty(dt)], shards.empty(dt), None
+            gws = [torch.empty_like(w) for w in ws]
+            gb = torch.empty_like(b) if b is not None else None
+            kernel.weight_grad(xs, gys, 0, gws, gb)
+            if wants_gx:
+                kernel.input_grad(gys, ws, 0, gxs, add=False)
+            return (None, None, None, None, *gxs, *gws, gb)
+        bufs = rot.buffers(ws[0])
+        # weights (only for the input gradient): block r+1 arrives in RECV[0], then block r+1+s
+        # in RECV[s % 2], sent on from there while the other slot receives the next one
+        hw = _start(bufs.rotate(bufs.own(r, ws, b), RECV[0], -1), overlap) if wants_gx else None
+        hg = None
         for s in range(p):
             o, last = (r + 1 + s) % p, s == p - 1
-            acc = accs[s % 2]
-            kernel.weight_grad(x, gy, o, *shards.views(acc, o))
+            acc = bufs[ACC[s % 2]]
+            kernel.weight_grad(xs, gys, o, *shards.views(acc, o))
             if hg is not None:
                 hg.wait()
-                acc.add_(gin)
+                acc.add_(bufs["gin"])
             if not last:
-                hg = _start(ring.rotate(acc, out=gin, shift=-1), overlap)
-            if wbuf is None:
+                hg = _start(bufs.rotate(ACC[s % 2], "gin", -1), overlap)
+            if not wants_gx:
                 continue
             if last:
-                wo = w
+                wo: Sequence[torch.Tensor] = ws
             else:
-                assert hw is not None  # started with wbuf
+                assert hw is not None  # started above: wants_gx
                 hw.wait()
                 if s < p - 2:
-                    hw = _start(ring.rotate(wbuf[s % 2], out=wbuf[(s + 1) % 2], shift=-1),
-                                overlap)
-                wo = shards.views(wbuf[s % 2], o)[0]
-            kernel.input_grad(gy, wo, o, gx, add=s > 0)
+                    hw = _start(bufs.rotate(RECV[s % 2], RECV[(s + 1) % 2], -1), overlap)
+                wo = shards.views(bufs[RECV[s % 2]], o)[0]
+            kernel.input_grad(gys, wo, o, gxs, add=s > 0)
         gwo, gbo = shards.views(acc, r)
-        gw = gwo / p
+        gws = [g / p for g in gwo]
         gb = gbo / p if gbo is not None else None
-        return gx, gw, gb, None, None, None, None
+        return (None, None, None, None, *gxs, *gws, gb)
 
 
-def _rotation_buffers(shards: RowShards, r: int, w: torch.Tensor, b: torch.Tensor | None,
-                      p: int) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """Rank r's block to send first (``shards.flat``: the parameter itself when it needs no
-    packing) and two receive buffers; a packed copy doubles as the second once sent, and the
-    second is only needed (and allocated) for p > 2. Never receives into the parameter."""
-    own = shards.flat(r, w, b)
-    copied = own.numel() > 0 and own.data_ptr() != w.data_ptr()
-    second = own if copied else (shards.empty(w.dtype) if p > 2 else None)
-    return own, [shards.empty(w.dtype), second]
+def _rows(ts: Tensors, reshape: bool = False) -> list[torch.Tensor]:
+    """Each tensor as ``[rows, last dim]`` (a view; ``reshape``: a copy where it must be)."""
+    return [t.reshape(-1, t.shape[-1]) if reshape else t.view(-1, t.shape[-1]) for t in ts]
 
 
 def _start(handle: Any, overlap: bool) -> Any:

@@ -3,22 +3,21 @@ full output as the blocks rotate past (see rtp.functional).
 
 ``Linear`` shards the output features (weight rows, with their bias entries): a block's output is
 a slice of columns, so no partial sums are ever added and the bias travels with its rows.
-``Embedding`` shards the vocabulary. ``MultiheadAttention`` shards the heads (its in_proj rows
-q|k|v per head) and the output projection's rows. ``state_dict()`` gathers the dense tensors
-(every rank must call it), and ``load_state_dict`` takes dense tensors and keeps this rank's rows.
+``Embedding`` shards the vocabulary (``MultiheadAttention``, in rtp.attention, shards the heads).
+``state_dict()`` gathers the dense tensors (every rank must call it), and ``load_state_dict``
+takes dense tensors and keeps this rank's rows.
 """
 from __future__ import annotations
 
-import math
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from . import init
-from .functional import EmbeddingKernel, LinearKernel, Rotated
+from .functional import EmbeddingKernel, LinearKernel, rotated
 from .ring import Ring, RowShards, ring_for, split_bounds
+from .rotation import Rotation
 
 
 class Linear(nn.Module):
@@ -32,7 +31,7 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, comm: Any = None,
                  dtype: torch.dtype | None = None, overlap: bool = True,
-                 check_inputs: bool = True) -> None:
+                 check_inputs: bool = True, persistent: bool = True) -> None:
         super().__init__()
         _positive_int(in_features, "in_features")
         _positive_int(out_features, "out_features")
@@ -51,6 +50,7 @@ class Linear(nn.Module):
                               dtype) if bias else None
         self.weight = _sharded(w)
         self.register_parameter("bias", _sharded(b) if b is not None else None)
+        self.rotation = Rotation(self.ring, self.shards, persistent)
         self.kernel = LinearKernel(self.shards)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,8 +61,8 @@ class Linear(nn.Module):
             self.ring.agree(ok, _bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
         elif not ok:
             raise ValueError(_bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
-        return Rotated.apply(x, self.weight, self.bias, self.ring, self.shards, self.kernel,
-                             self.overlap)
+        return rotated(self.rotation, self.kernel, self.overlap, (x,), (self.weight,),
+                       self.bias)[0]
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -70,7 +70,7 @@ class Linear(nn.Module):
                 f"rows={list(self.shards.bounds[self.ring.rank])}")
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        w, b = gather_rows(self.ring, self.shards, self.weight, self.bias)
+        (w,), b = gather_rows(self.ring, self.shards, [self.weight], self.bias)
         destination[prefix + "weight"] = w
         if b is not None:
             destination[prefix + "bias"] = b
@@ -93,7 +93,7 @@ class Embedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, comm: Any = None,
                  dtype: torch.dtype | None = None, overlap: bool = True,
-                 check_inputs: bool = True) -> None:
+                 check_inputs: bool = True, persistent: bool = True) -> None:
         super().__init__()
         _positive_int(num_embeddings, "num_embeddings")
         _positive_int(embedding_dim, "embedding_dim")
@@ -107,6 +107,7 @@ class Embedding(nn.Module):
         w = init.normal_range(num_embeddings * embedding_dim, lo * embedding_dim,
                               hi * embedding_dim, dtype=dtype or torch.get_default_dtype())
         self.weight = _sharded(w.view(hi - lo, embedding_dim))
+        self.rotation = Rotation(self.ring, self.shards, persistent)
         self.kernel = EmbeddingKernel(self.shards)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -122,14 +123,13 @@ class Embedding(nn.Module):
             self.ring.agree(ok, what)
         elif not ok:
             raise ValueError(what)
-        return Rotated.apply(ids, self.weight, None, self.ring, self.shards, self.kernel,
-                             self.overlap)
+        return rotated(self.rotation, self.kernel, self.overlap, (ids,), (self.weight,), None)[0]
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, ranks={self.ring.size}"
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        destination[prefix + "weight"] = gather_rows(self.ring, self.shards, self.weight)[0]
+        destination[prefix + "weight"] = gather_rows(self.ring, self.shards, [self.weight])[0][0]
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
         load_rows(state_dict, prefix, self, {"weight": [self.shards.bounds[self.ring.rank]]},
@@ -144,146 +144,15 @@ class Embedding(nn.Module):
         return _from_dense(cls, dense, (dense.num_embeddings, dense.embedding_dim), comm, kw)
 
 
-class MultiheadAttention(nn.Module):
-    """Self-attention like ``nn.MultiheadAttention(batch_first=True)``, heads sharded.
-
-    Rank r's in_proj block is the q, k and v rows of its heads; its out_proj block is a block of
-    output rows (an ``rtp.Linear``). Supported: ``forward(x, x, x, key_padding_mask, need_weights,
-    attn_mask, average_attn_weights, is_causal)`` with 2-D or 3-D masks.
-    """
-
-    _unshuffle: torch.Tensor  # a registered (non-persistent) buffer
-
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 batch_first: bool = True, comm: Any = None, dtype: torch.dtype | None = None,
-                 overlap: bool = True, check_inputs: bool = True) -> None:
-        super().__init__()
-        _positive_int(embed_dim, "embed_dim")
-        _positive_int(num_heads, "num_heads")
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
-        if batch_first is not True:
-            raise ValueError("rtp.MultiheadAttention supports batch_first=True only")
-        self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, float(dropout)
-        self.head_dim = embed_dim // num_heads
-        self.batch_first = True
-        self.ring = ring_for(comm)
-        self.overlap, self.check_inputs = overlap, check_inputs
-        self.ring.agree_on((embed_dim, num_heads, int(bias)),
-                           "rtp.MultiheadAttention(embed_dim, num_heads, bias)")
-        dtype = dtype or torch.get_default_dtype()
-        # same draws as nn.MultiheadAttention: out_proj's Linear init, then xavier on in_proj
-        self.out_proj = Linear(embed_dim, embed_dim, bias, comm=self.ring.user, dtype=dtype,
-                               overlap=overlap, check_inputs=False)
-        heads = split_bounds(num_heads, self.ring.size)
-        self.heads = heads[self.ring.rank]
-        d = self.head_dim
-        self.shards = RowShards(tuple(_cumulative([3 * d * (hi - lo) for lo, hi in heads])),
-                                (embed_dim,), bias)
-        self._rows = self._in_proj_rows(*self.heads)
-        w = init.uniform_rows((3 * embed_dim, embed_dim), self._rows,
-                              init.xavier_uniform_bound(embed_dim, 3 * embed_dim), dtype)
-        self.in_proj_weight = _sharded(w)
-        if bias:
-            self.in_proj_bias = _sharded(torch.zeros(w.shape[0], dtype=dtype))
-            with torch.no_grad():
-                assert self.out_proj.bias is not None  # built with the same bias flag
-                self.out_proj.bias.zero_()
-        else:
-            self.register_parameter("in_proj_bias", None)
-        # shard-ordered qkv rows -> dense q|k|v order (for state dicts)
-        order = torch.cat([torch.arange(lo, hi) for h in heads
-                           for lo, hi in self._in_proj_rows(*h)])
-        self.register_buffer("_unshuffle", torch.argsort(order), persistent=False)
-        # each block writes its heads' q, k and v columns straight into their dense places
-        self.kernel = LinearKernel(self.shards, [
-            [(dst, j * (hi - lo) * d, (hi - lo) * d)
-             for j, (dst, _) in enumerate(self._in_proj_rows(lo, hi))] for lo, hi in heads])
-
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
-                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
-                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Attention output ``[B, L, E]`` and (if ``need_weights``) the attention weights."""
-        x = query
-        ok = isinstance(x, torch.Tensor) and x.dim() == 3 and x.shape[-1] == self.embed_dim \
-            and x.dtype == self.in_proj_weight.dtype
-        if self.check_inputs:
-            self.ring.agree(ok, _bad_input(x, f"[batch, seq, {self.embed_dim}]",
-                                           self.in_proj_weight.dtype))
-        elif not ok:
-            raise ValueError(_bad_input(x, f"[batch, seq, {self.embed_dim}]",
-                                        self.in_proj_weight.dtype))
-        if key is not query or value is not query:
-            raise ValueError("rtp.MultiheadAttention supports self-attention only: pass the same "
-                             "tensor as query, key and value")
-        if is_causal and attn_mask is None:
-            raise ValueError("is_causal=True needs attn_mask (it is only a hint, as in torch)")
-        bsz, seq, e = x.shape
-        qkv = Rotated.apply(x, self.in_proj_weight, self.in_proj_bias, self.ring, self.shards,
-                            self.kernel, self.overlap)
-        q, k, v = (t.view(bsz, seq, self.num_heads, self.head_dim).transpose(1, 2)
-                   for t in qkv.split(e, dim=-1))
-        mask = _merge_masks(attn_mask, key_padding_mask, bsz, self.num_heads, seq, x.dtype)
-        drop = self.dropout if self.training else 0.0
-        if need_weights:
-            scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)
-            if mask is not None:
-                scores = scores + mask
-            weights = torch.softmax(scores, dim=-1)
-            out = F.dropout(weights, drop) @ v if drop else weights @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
-            weights = None
-        out = self.out_proj(out.transpose(1, 2).reshape(bsz, seq, e))
-        if weights is not None and average_attn_weights:
-            weights = weights.mean(dim=1)
-        return out, weights
-
-    def _in_proj_rows(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        """The dense in_proj rows of heads ``[lo, hi)``: their q, k and v rows."""
-        d, e = self.head_dim, self.embed_dim
-        return [(j * e + lo * d, j * e + hi * d) for j in range(3)] if hi > lo else []
-
-    def extra_repr(self) -> str:
-        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
-                f"ranks={self.ring.size}, heads={list(self.heads)}")
-
-    def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
-        w, b = gather_rows(self.ring, self.shards, self.in_proj_weight, self.in_proj_bias)
-        inv = self._unshuffle
-        destination[prefix + "in_proj_weight"] = w[inv]
-        if b is not None:
-            destination[prefix + "in_proj_bias"] = b[inv]
-
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any) -> None:
-        e = self.embed_dim
-        load_rows(state_dict, prefix, self, {"in_proj_weight": self._rows,
-                                             "in_proj_bias": self._rows},
-                  {"in_proj_weight": (3 * e, e), "in_proj_bias": (3 * e,)}, *args)
-
-    @classmethod
-    def from_dense(cls, dense: nn.MultiheadAttention, comm: Any = None,
-                   **kw: Any) -> "MultiheadAttention":
-        """Shard ``dense`` (materialised: keep its values; on meta: flyweight init)."""
-        if not dense.batch_first:
-            raise ValueError("rtp converts nn.MultiheadAttention(batch_first=True) only")
-        if not dense._qkv_same_embed_dim or dense.bias_k is not None or dense.add_zero_attn:
-            raise ValueError("rtp.MultiheadAttention supports kdim=vdim=embed_dim, "
-                             "add_bias_kv=False, add_zero_attn=False only")
-        return _from_dense(cls, dense, (dense.embed_dim, dense.num_heads, dense.dropout,
-                                        dense.in_proj_bias is not None), comm, kw)
-
-
-def gather_rows(ring: Ring, shards: RowShards, w: torch.Tensor,
-                b: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The dense weight (and bias), rows of every rank's block in rank order."""
-    mine = shards.pack(ring.rank, w, b, shards.empty(w.dtype))
+def gather_rows(ring: Ring, shards: RowShards, ws: Sequence[torch.Tensor],
+                b: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The dense weight parts (and bias), rows of every rank's block in rank order."""
+    mine = shards.pack(ring.rank, ws, b, torch.empty(shards.numel, dtype=ws[0].dtype))
     every = ring.comm.all_gather(mine).view(ring.size, shards.numel)
-    parts = [shards.views(every[o], o) for o in range(ring.size)]
-    dense_w = torch.cat([pw for pw, _ in parts])
-    dense_b = torch.cat([pb for _, pb in parts if pb is not None]) if b is not None else None
-    return dense_w, dense_b
+    blocks = [shards.views(every[o], o) for o in range(ring.size)]
+    dense_ws = [torch.cat([pw[k] for pw, _ in blocks]) for k in range(len(ws))]
+    dense_b = torch.cat([pb for _, pb in blocks if pb is not None]) if b is not None else None
+    return dense_ws, dense_b
 
 
 def load_rows(state_dict: dict, prefix: str, module: nn.Module,
@@ -326,42 +195,6 @@ def _sharded(t: torch.Tensor) -> nn.Parameter:
     p = nn.Parameter(t.contiguous())
     p._rtp_sharded = True  # type: ignore[attr-defined]  # summed gradient: never average it again
     return p
-
-
-def _cumulative(sizes: list[int]) -> list[tuple[int, int]]:
-    out, lo = [], 0
-    for n in sizes:
-        out.append((lo, lo + n))
-        lo += n
-    return out
-
-
-def _merge_masks(attn_mask: torch.Tensor | None, key_padding_mask: torch.Tensor | None,
-                 bsz: int, heads: int, seq: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """One additive float mask ``[B, H or 1, L, S]`` from torch-MHA-style masks (True = masked)."""
-    mask = None
-    if attn_mask is not None:
-        m = _additive(attn_mask, dtype)
-        if m.dim() == 2:
-            m = m.view(1, 1, *m.shape)
-        elif m.dim() == 3:
-            m = m.view(bsz, heads, *m.shape[1:])
-        else:
-            raise ValueError(f"attn_mask must be 2-D or 3-D, got shape {list(attn_mask.shape)}")
-        mask = m
-    if key_padding_mask is not None:
-        if tuple(key_padding_mask.shape) != (bsz, seq):
-            raise ValueError(f"key_padding_mask must have shape [{bsz}, {seq}], got "
-                             f"{list(key_padding_mask.shape)}")
-        kp = _additive(key_padding_mask, dtype).view(bsz, 1, 1, seq)
-        mask = kp if mask is None else mask + kp
-    return mask
-
-
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype).masked_fill_(mask, float("-inf"))
-    return mask.to(dtype)
 
 
 def _bad_input(x: Any, want: str, dtype: torch.dtype) -> str:

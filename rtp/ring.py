@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ class Ring:
         self.comm = comm
         self.size, self.rank = self.comm.size, self.comm.rank
         self.replicated: Any = None  # set by rtp.sync.ReplicatedGrads
+        self.pool: Any = None  # set by rtp.rotation.pool_for
 
     def rotate(self, x: torch.Tensor, out: torch.Tensor, shift: int = 1) -> Any:
         """Start sending ``x`` ``shift`` ranks on and receiving into ``out``; returns the Handle."""
@@ -85,52 +86,56 @@ def split_bounds(n: int, p: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class RowShards:
-    """How a ``[rows, *row_shape]`` weight (plus an optional ``[rows]`` bias) is cut into one block
-    of rows per rank, and packed into equal-size flat buffers for rotation (padded to the largest
-    block; true sizes kept in ``bounds``)."""
+    """How a weight is cut into one block of rows per rank and packed into equal-size flat buffers
+    for rotation (padded to the largest block; true sizes kept in ``bounds``).
+
+    The weight has one or more parts ``[rows, widths[k]]`` that share the row split (attention
+    with kdim/vdim has three: q, k, v), plus an optional bias with one entry per row of every part
+    (part-major). A block is ``[part 0 rows | part 1 rows | ... | bias]``.
+    """
 
     bounds: tuple[tuple[int, int], ...]
-    row_shape: tuple[int, ...]
+    widths: tuple[int, ...]
     bias: bool
-    width: int = field(init=False)
     max_rows: int = field(init=False)
     numel: int = field(init=False)
 
     def __post_init__(self) -> None:
-        width = int(np.prod(self.row_shape, dtype=np.int64))
         max_rows = max((hi - lo for lo, hi in self.bounds), default=0)
-        object.__setattr__(self, "width", width)
         object.__setattr__(self, "max_rows", max_rows)
-        object.__setattr__(self, "numel", max_rows * width + (max_rows if self.bias else 0))
+        object.__setattr__(self, "numel", max_rows * (sum(self.widths)
+                                                      + (len(self.widths) if self.bias else 0)))
 
     def rows(self, owner: int) -> int:
-        """How many rows ``owner`` holds."""
+        """How many rows ``owner`` holds (in each part)."""
         lo, hi = self.bounds[owner]
         return hi - lo
 
-    def empty(self, dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised flat buffer for one block (padding is never read, so not zeroed)."""
-        return torch.empty(self.numel, dtype=dtype)
+    def zero_copy(self, owner: int, ws: Sequence[torch.Tensor],
+                  b: torch.Tensor | None) -> torch.Tensor | None:
+        """``owner``'s block as the weight's own storage (no copy), when it is one part without
+        bias or padding; None when it must be packed."""
+        if len(ws) == 1 and b is None and self.rows(owner) == self.max_rows \
+                and ws[0].is_contiguous():
+            return ws[0].detach().view(-1)
+        return None
 
-    def flat(self, owner: int, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """``owner``'s block as one flat tensor to send: the weight's own storage (no copy) when
-        there is no bias and no padding, else a packed copy."""
-        if b is None and self.rows(owner) == self.max_rows and w.is_contiguous():
-            return w.detach().view(-1)
-        return self.pack(owner, w, b, self.empty(w.dtype))
+    def views(self, buf: torch.Tensor,
+              owner: int) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """``owner``'s weight parts and bias block inside the flat ``buf``."""
+        n, pos, ws = self.rows(owner), 0, []
+        for width in self.widths:
+            ws.append(buf[pos:pos + n * width].view(n, width))
+            pos += self.max_rows * width
+        b = buf[pos:pos + len(self.widths) * n] if self.bias else None
+        return ws, b
 
-    def views(self, buf: torch.Tensor, owner: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``owner``'s weight block and bias block inside the flat ``buf``."""
-        n = self.rows(owner)
-        w = buf[:n * self.width].view(n, *self.row_shape)
-        b = buf[self.max_rows * self.width:self.max_rows * self.width + n] if self.bias else None
-        return w, b
-
-    def pack(self, owner: int, w: torch.Tensor, b: torch.Tensor | None,
+    def pack(self, owner: int, ws: Sequence[torch.Tensor], b: torch.Tensor | None,
              out: torch.Tensor) -> torch.Tensor:
         """Copy ``owner``'s blocks into the flat ``out``."""
         wv, bv = self.views(out, owner)
-        wv.copy_(w.detach())
+        for dst, src in zip(wv, ws):
+            dst.copy_(src.detach())
         if bv is not None:
             assert b is not None  # a layout with a bias gets the block's bias
             bv.copy_(b.detach())

@@ -50,27 +50,21 @@ def run_torchrun(script: str | Path, n: int, args: Sequence[str] = (), timeout: 
     return _launch(cmd, path, n, timeout, env, drop=LAUNCHER_ENV)
 
 
-def mpich_segments() -> set[str]:
-    """The MPICH shared-memory files in /dev/shm now."""
-    try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("mpich_shm_")}
-    except OSError:
-        return set()
+def print_mpich_segments() -> None:
+    """In a rank script: print the MPICH segments this process maps (``leaked_mpich_segments``
+    reads them from the output)."""
+    from topocoll.collectives.faults import mapped_mpich_segments
+
+    print("MPICH_SEGMENTS", *mapped_mpich_segments(), flush=True)
 
 
-def leaked_mpich_segments(before: set[str]) -> set[str]:
-    """MPICH files in /dev/shm made since ``before`` that no live process maps any more (files of
-    other jobs still running on the machine don't count)."""
-    new = mpich_segments() - before
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        if not new:
-            break
-        try:
-            text = maps.read_text(errors="replace")
-        except OSError:
-            continue
-        new = {name for name in new if f"/dev/shm/{name}" not in text}
-    return new
+def leaked_mpich_segments(out: str) -> set[str]:
+    """The MPICH segments that the job's ranks printed (``print_mpich_segments``) and that are
+    still in /dev/shm after it ended."""
+    named = {path for line in out.splitlines() if line.startswith("MPICH_SEGMENTS")
+             for path in line.split()[1:]}
+    assert named or "MPICH_SEGMENTS" in out, "the ranks printed no MPICH_SEGMENTS line"
+    return {path for path in named if os.path.exists(path)}
 
 
 def rank_main(body: Callable[[], None]) -> None:

@@ -146,7 +146,7 @@ def test_algos_come_from_collectives():
 
     assert valid_algos("all_reduce") == collectives.algorithms_for("all_reduce") + ("mpi4py",)
     assert valid_algos("sendrecv") == ("auto", "mpi4py")
-    assert valid_algos("rotate") == ("auto", "p2p", "mpi4py")
+    assert valid_algos("rotate") == ("auto", "p2p", "shm", "mpi4py")
     for name in SPECS:  # the baseline exists for every collective, and names no topocoll one
         assert valid_algos(name)[-1] == "mpi4py" and "mpi4py" not in topocoll_algos(name)
     assert set(SPECS) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",

@@ -43,6 +43,25 @@ def test_expected_memory_formula():
     totals = [m[s]["total"] for s in ("NNG", "NGG", "GGG")]
     assert totals == sorted(totals, reverse=True)     # ZeRO-1 > ZeRO-2 > ZeRO-3
     assert paro.expected_memory("NIG", 8, 2, 4, itemsize=2, optimizer_states=0)["optimizer"] == 0
+    # buckets pad one by one: 61, 18, 22 elements -> 64 + 20 + 24 = 108 on 4 ranks
+    assert paro.expected_memory("GGG", [61, 18, 22], 2, 4)["params"] == 108 // 4 * 4
+    assert paro.expected_memory("NNG", [61, 18, 22], 2, 4)["grads"] == 108 * 4
+
+
+def test_expected_memory_mixed_precision_is_2_2_12():
+    # bf16 params and grads, fp32 master + Adam's 2 states at the optimizer level (the paper's K=12)
+    w, g, m = 8, 4, 8000
+    ggg = paro.expected_memory("GGG", m, g, w, mixed_precision=True)
+    assert ggg == {"params": 2 * m // w, "grads": 2 * m // w, "optimizer": 12 * m // w,
+                   "total": 16 * m // w}
+    nng = paro.expected_memory("NNG", m, g, w, mixed_precision=True)
+    assert (nng["params"], nng["grads"], nng["optimizer"]) == (2 * m, 2 * m, 12 * m // w)
+    nig = paro.expected_memory("NIG", m, g, w, mixed_precision=True, optimizer_states=1)
+    assert (nig["grads"], nig["optimizer"]) == (2 * m // g, 8 * m // w)
+    for s in paro.STRATEGIES:       # below full precision's 4 + 4 + 8 unless all is sharded alike
+        mixed = paro.expected_memory(s, m, g, w, mixed_precision=True)["total"]
+        full = paro.expected_memory(s, m, g, w)["total"]
+        assert mixed == full if s == "GGG" else mixed < full
 
 
 def fake_topology(intra="1us:100GB/s", inter="20us:1GB/s", spec="4x8"):
@@ -92,6 +111,27 @@ def test_advisor_accumulation_favours_group_gradients():
     # NGG reduce-scatters over all nodes every micro-batch; NIG crosses nodes once per step
     assert k8["NGG"] > 4 * k1["NGG"] and k8["NIG"] < 1.5 * k1["NIG"]
     assert k8["NNG"] == k1["NNG"]                # local accumulation: no extra traffic
+
+
+def test_advisor_mixed_precision_halves_the_wire():
+    topo = fake_topology()
+    m = 100_000_000
+    full = {e.strategy: e for e in paro.advise(m, topo, 1e12, accumulation_steps=4).estimates}
+    mixed = {e.strategy: e for e in paro.advise(m, topo, 1e12, accumulation_steps=4,
+                                                 mixed_precision=True).estimates}
+    for s in paro.STRATEGIES:
+        assert mixed[s].memory_bytes == paro.expected_memory(s, m, 8, 32,
+                                                             mixed_precision=True)["total"]
+        assert 0.4 * full[s].seconds < mixed[s].seconds < 0.6 * full[s].seconds
+
+
+def test_advisor_prices_two_gathers_per_micro_batch():
+    topo = fake_topology(spec="2x2")
+    m = 10_000_000
+    # GGG = NGG + a parameter gather for forward and one for backward, every micro-batch
+    ngg, ggg = (paro.step_time(s, m, topo, accumulation_steps=3) for s in ("NGG", "GGG"))
+    one_gather = paro.step_time("NNG", m, topo) / 2     # NNG: one reduce-scatter, one gather
+    assert ggg - ngg == pytest.approx((2 * 3 - 1) * one_gather)  # NGG gathers once, at the end
 
 
 def test_advisor_equal_links_and_errors():

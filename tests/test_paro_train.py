@@ -1,6 +1,8 @@
-"""Every PaRO strategy trains a small MLP (101 parameters, LayerNorm) on a virtual 2x2 topology to
-the same weights as plain data parallel, with SGD and AdamW, with gradient accumulation, holding
-exactly the bytes of its memory formula (tests/ranks/paro_train.py)."""
+"""Every PaRO strategy trains a small MLP (107 parameters, LayerNorm, a nested block, an unused
+parameter) on virtual 2x2, 2x1 and 1x2 topologies to the same weights as plain data parallel, with
+SGD and AdamW, with gradient accumulation, gathering per unit and reducing per bucket, holding
+exactly the bytes of its memory formula (tests/ranks/paro_train.py); and trains in bf16 mixed
+precision keeping the 2 + 2 + 12 bytes per parameter of its formula (tests/ranks/paro_mixed.py)."""
 import pytest
 
 from topocoll import paro
@@ -9,7 +11,14 @@ from mpi_harness import run_ranks
 pytestmark = pytest.mark.mpi
 
 
-def test_every_strategy_trains_like_plain_data_parallel():
-    out = run_ranks("paro_train.py", 4, timeout=240, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+@pytest.mark.parametrize("ranks, topology", [(4, "2x2"), (2, "2x1"), (2, "1x2")])
+def test_every_strategy_trains_like_plain_data_parallel(ranks, topology):
+    out = run_ranks("paro_train.py", ranks, timeout=300, env={"TOPOCOLL_TOPOLOGY": topology})
     for s in paro.STRATEGIES:
         assert out.count(f"ok {s} ") == 3, f"{s} did not run every case"
+
+
+def test_mixed_precision_trains_and_keeps_2_2_12_bytes():
+    out = run_ranks("paro_mixed.py", 4, timeout=300, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    for s in paro.STRATEGIES:
+        assert out.count(f"ok {s} ") == 1, f"{s} did not train in mixed precision"

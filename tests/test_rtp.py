@@ -57,6 +57,25 @@ def test_rtp_matches_dense_twin(n):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_attention_matches_torch(n):
+    """Self- and cross-attention (key = value or not, kdim/vdim), masks, weights: outputs, input
+    and weight gradients equal nn.MultiheadAttention's; flyweight init and conversion bit-equal."""
+    out = run_ranks("rtp_attention.py", n, timeout=240)
+    assert out.count("DONE") == n
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_model_that_reuses_inputs_and_modules_converts(n):
+    """ln(x) computed thrice for one attention call, one normalised tensor fed to several layers,
+    a module called twice and registered twice, cross-attention: equal to the dense model
+    (init, outputs, gradients, 3 SGD steps); reused rotation buffers give what per-call ones do."""
+    out = run_ranks("rtp_convert.py", n, args=["reuse,persistent"], timeout=240)
+    assert out.count("DONE") == n
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 3])
 def test_bad_input_raises_on_every_rank(n):
     out = run_ranks("rtp_errors.py", n, timeout=90)

@@ -19,19 +19,20 @@ ranks share a node (the world, or a node sub-communicator of a hierarchical algo
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from numpy.typing import DTypeLike
 
 from ..backends.base import Backend
-from ..backends.shm import SharedArena
+from ..backends.shm import ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
-from ..dtypes import finish_avg, reducer
+from ..dtypes import finish_avg, host_ufunc, reducer
 from . import native
+from .rotate import rotate as rotate_p2p
 
-REGISTERED_FROM = 64 << 10
+REGISTERED_FROM = 128 << 10
 """Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
 two barriers cost more than the slots' copies, so every rank goes through the slots at once."""
 
@@ -83,10 +84,147 @@ def all_to_all(b: Backend, ctx: OpContext, call: Call) -> None:
     _run(b, ctx, call, fallback=_slots_all_to_all)
 
 
+def rotate(b: Backend, ctx: OpContext, call: Call) -> None:
+    """Everyone publishes its ``call.send`` piece by piece; rank r copies rank (r - shift)'s
+    pieces into its ``call.recv`` (one barrier per piece instead of a message pair)."""
+    _run(b, ctx, call, fallback=_slots_rotate)
+
+
 def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
     """Zero-copy through registered buffers when every rank's are, else the backend's native
     collective: ``auto``'s choice at sizes where native beats copying through the slots."""
     _run(b, ctx, call, fallback=None)
+
+
+def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
+    """The run of a small ``call`` made ready for repeating (the communicator's prepared and
+    persistent calls): what ``_run`` would do, one step through the slots, with every view, bound
+    and reducer worked out here, so a run only publishes, syncs once (checking ``call.agreement``
+    there, as ``_Gate`` does) and finishes. ``ctx`` is reused by every run. None where the call
+    would take another path (one rank, zero-copy, several steps): those run the general way."""
+    arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
+    moved = call.kind in ("all_gather", "broadcast", "rotate")  # one step, not combined
+    finish = _FINISH.get(call.kind)
+    if arena is None or finish is None or \
+            (call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate") or \
+            call.send.nbytes > (arena.slot_bytes if moved else
+                                one_shot_bytes(call.kind, b.size, arena)):
+        return None
+    r, mine = b.rank, call.input
+    typed = [arena.slots(h, np.uint8 if moved else mine.dtype) for h in (0, 1)]
+    publish = [_mv(_bytes(half[r][:mine.nbytes if moved else mine.size])) for half in typed]
+    source = _mv(_bytes(mine))
+    done = finish(b, call, typed, source)
+    writes = call.kind != "broadcast" or r == call.root
+    sig, check = call.agreement if call.agreement is not None else (None, None)
+    sig_bytes = sig.tobytes() if sig is not None else b""
+    mine_words, every_words = arena.signature_words(len(sig) if sig is not None else 0)
+
+    state = [0, 0, 0]  # the started run's (arena mark, half, publication area): arena.begin()
+
+    def start() -> None:
+        ctx.deadline = None
+        state[:] = arena.begin()
+        if check is not None:
+            mine_words[state[2]][:] = sig_bytes
+        if writes:
+            publish[state[1]][:] = source
+        arena.arrive()
+
+    def complete(block: bool) -> bool:
+        if not arena.arrived():
+            if not block:
+                return False
+            arena.wait(ctx)
+        elif not ORDERED_STORES:
+            arena.wait(ctx)  # the fence after the flags
+        if check is not None:
+            for words in every_words[state[2]]:
+                if words != sig_bytes:
+                    arena.rewind(state[0])
+                    check(*arena.agreed(len(sig_bytes) // 8))  # raises, naming the field
+        done(state[1])
+        return True
+
+    return Run(start, complete)
+
+
+class Run:
+    """A prepared run in two halves: ``start`` publishes this rank's part and never waits;
+    ``complete(block)`` finishes it once every rank has arrived (False: not yet, where
+    ``block`` is False). Calling the run does both."""
+
+    __slots__ = ("start", "complete")
+
+    def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool]) -> None:
+        self.start = start
+        self.complete = complete
+
+    def __call__(self) -> None:
+        self.start()
+        self.complete(True)
+
+
+def _finish_reduce(b: Backend, call: Call, typed: list[list[np.ndarray]],
+                   mine: memoryview) -> Callable[[int], None]:
+    """``_one_shot``'s sum over every rank's slot in rank order (the root alone, for reduce)."""
+    r, p, n = b.rank, b.size, call.input.size
+    if call.kind == "reduce" and r != call.root:
+        return lambda half: None
+    lo, hi = call.bounds[r] if call.kind == "reduce_scatter" else (0, n)
+    out = call.recv if call.kind == "reduce_scatter" else call.send
+    assert out is not None  # reduce_scatter always has an output
+    combine, avg = host_ufunc(call.dtype, call.op or "sum"), call.op == "avg"
+    if combine is None:
+        combine = reducer(call.dtype, call.op or "sum")
+    ins = [[half[q][lo:hi] for q in range(p)] for half in typed]
+
+    def finish(half: int) -> None:
+        slots = ins[half]
+        combine(slots[0], slots[1], out=out)  # never reads out: safe in place
+        for q in range(2, p):
+            combine(out, slots[q], out=out)
+        if avg:
+            finish_avg(call.dtype, out, p)
+    return finish
+
+
+def _finish_move(b: Backend, call: Call, typed: list[list[np.ndarray]],
+                 mine: memoryview) -> Callable[[int], None]:
+    """Copy out what the call moves, as bytes: every slot (all-gather), the root's (broadcast)
+    or the predecessor's (rotate)."""
+    r, p, n = b.rank, b.size, len(mine)
+    dst = _mv(_bytes(call.recv if call.recv is not None else call.send))
+    if call.kind == "all_gather":
+        pieces = [(dst[q * n:(q + 1) * n], [_mv(half[q][:n]) for half in typed])
+                  for q in range(p) if q != r]
+        own = dst[r * n:(r + 1) * n]
+
+        def gather(half: int) -> None:
+            own[:] = mine
+            for to, slots in pieces:
+                to[:] = slots[half]
+        return gather
+    if call.kind == "broadcast" and r == call.root:
+        return lambda half: None
+    src = call.root if call.kind == "broadcast" else (r - call.shift) % p
+    slots = [_mv(half[src][:n]) for half in typed]
+
+    def copy(half: int) -> None:
+        dst[:] = slots[half]
+    return copy
+
+
+_FINISH = {"all_reduce": _finish_reduce, "reduce_scatter": _finish_reduce,
+           "reduce": _finish_reduce, "all_gather": _finish_move, "broadcast": _finish_move,
+           "rotate": _finish_move}
+"""What ``prepare``'s run does after the barrier, per collective."""
+
+
+def _mv(a: np.ndarray) -> memoryview:
+    """A contiguous array as a memoryview: a copy between memoryviews costs a memcpy, not the
+    few hundred nanoseconds of a numpy assignment's set-up that small calls feel."""
+    return memoryview(a)  # type: ignore[arg-type]  # numpy arrays have the buffer protocol
 
 
 # -- paths --
@@ -99,7 +237,7 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
     if b.size == 1:
         return _NATIVE[call.kind](b, ctx, call)
     arena = _arena(b)
-    small = fallback is not None and call.send.nbytes < REGISTERED_FROM
+    small = fallback is not None and (call.send.nbytes < REGISTERED_FROM or call.kind == "rotate")
     where = None if small else arena.locate(call.send)   # where my buffer is registered
     source = None                           # where an out-of-place input is registered
     if where is not None and call.source is not None:
@@ -230,6 +368,19 @@ def _slots_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> N
         gate.sync()
         if b.rank != root:
             buf[lo:hi] = slots[root][:hi - lo]               # copy it out
+
+
+def _slots_rotate(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """Rank r publishes its send piece by piece; rank r + shift copies each piece out."""
+    assert call.recv is not None  # Communicator.rotate always passes the output
+    arena, send, recv = gate.arena, _bytes(call.send), _bytes(call.recv)
+    src, n, w = (b.rank - call.shift) % b.size, send.size, arena.slot_bytes
+    for lo in range(0, n, w):
+        hi = min(n, lo + w)
+        slots = _slots(arena, send.dtype)
+        slots[b.rank][:hi - lo] = send[lo:hi]                # publish my piece
+        gate.sync()
+        recv[lo:hi] = slots[src][:hi - lo]                   # take my predecessor's
 
 
 def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
@@ -438,7 +589,7 @@ _PEERS = {"all_reduce": _reduce_peers, "reduce_scatter": _reduce_peers, "reduce"
 
 _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scatter,
            "reduce": native.reduce, "all_gather": native.all_gather,
-           "broadcast": native.broadcast, "all_to_all": native.all_to_all}
+           "broadcast": native.broadcast, "all_to_all": native.all_to_all, "rotate": rotate_p2p}
 
 
 def _reduce_region(call: Call, own: np.ndarray, peers: list[np.ndarray],

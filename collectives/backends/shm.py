@@ -20,6 +20,7 @@ the memory goes away with the processes even when a rank crashes: nothing can le
 from __future__ import annotations
 
 import os
+import platform
 from typing import Any, Callable
 
 import numpy as np
@@ -40,6 +41,11 @@ them, where a rank's buffers of the call are registered (the zero-copy gate)."""
 DEFAULT_SLOT_BYTES = 1 << 20
 """Bytes of one half of a rank's segment: the pipeline step (``TOPOCOLL_SHM_SLOT`` overrides)."""
 
+ORDERED_STORES = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+"""Whether this CPU makes stores visible in program order and never reorders loads with loads
+(x86's TSO): a rank's data stores then precede its flag store for every reader without a fence,
+and ``sync`` skips ``MPI_Win_sync`` (two per barrier). Elsewhere (ARM, POWER) it fences."""
+
 OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
 """The step when there are more ranks than cores: every barrier then costs a context switch, so
 fewer, larger steps win over cache-sized ones (measured in docs/shm.md)."""
@@ -58,6 +64,7 @@ class SharedArena:
         self._broken = False
         self._published = 0
         self._flags: list[np.ndarray] = []
+        self._flag_words: list[memoryview] = []
         self._areas: list[np.ndarray] = []
         self._halves: list[tuple[np.ndarray, np.ndarray]] = []
         self._views: dict[tuple[int, Any], list[np.ndarray]] = {}  # slots()' typed views
@@ -69,6 +76,7 @@ class SharedArena:
             mem, _unit = win.Shared_query(q)
             seg = np.frombuffer(mem, dtype=np.uint8)
             self._flags.append(seg[:8].view(np.int64))
+            self._flag_words.append(memoryview(self._flags[-1]))  # type: ignore[arg-type]  # ints
             words = seg[WORDS_OFFSET:WORDS_OFFSET + 16 * AREA_WORDS].view(np.int64)
             self._areas.append(words.reshape(2, AREA_WORDS))
             data = seg[HEADER_BYTES:HEADER_BYTES + 2 * slot_bytes]
@@ -125,18 +133,43 @@ class SharedArena:
         A peer that does not arrive before ``ctx``'s deadline raises CollectiveTimeoutError naming
         the operation and the peer; the arena is then unusable.
         """
+        self.arrive()
+        self.wait(ctx)
+
+    def arrive(self) -> None:
+        """The first half of ``sync``: publish this rank's writes and raise its flag, without
+        waiting (a started operation completes later with ``wait``)."""
         self._epoch += 1
+        if not ORDERED_STORES:
+            self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
+        self._flag_words[self.rank][0] = self._epoch
+
+    def wait(self, ctx: OpContext) -> None:
+        """The second half of ``sync``: wait until every rank has arrived."""
+        if not self.arrived():
+            try:
+                ctx.poll(self.arrived, self._missing)
+            except CollectiveTimeoutError:
+                self._broken = True
+                raise
+        if not ORDERED_STORES:
+            self._win.Sync()  # peers' data loads after their flags
+
+    def arrived(self) -> bool:
+        """Whether every rank has arrived at the barrier this rank last entered."""
         epoch = self._epoch
-        flags = self._flags
-        self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
-        flags[self.rank][0] = epoch
-        arrived = lambda: all(f[0] >= epoch for f in flags)  # noqa: E731
-        try:
-            ctx.poll(arrived, lambda: self._missing(epoch))
-        except CollectiveTimeoutError:
-            self._broken = True
-            raise
-        self._win.Sync()  # peers' data loads after their flags
+        for flag in self._flag_words:
+            if flag[0] < epoch:
+                return False
+        return True
+
+    def begin(self) -> tuple[int, int, int]:
+        """``mark``, ``flip`` and ``next_area`` in one call, for a prepared run: the step to
+        rewind to, the half it uses and its publication area."""
+        mark = self._step
+        self._step += 1
+        self._published += 1
+        return mark, self._step % 2, self._published % 2
 
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,
@@ -169,6 +202,22 @@ class SharedArena:
             return mine, mine
         every = np.stack([a[at, :n] for a in self._areas])
         return every.min(axis=0), every.max(axis=0)
+
+    def signature_words(self, n: int) -> tuple[list[memoryview], list[list[memoryview]]]:
+        """The first ``n`` signature words of the two alternating areas as byte memoryviews:
+        this rank's (to write with ``next_area``'s index) and every rank's (to compare after the
+        sync), for a prepared call that publishes the same signature run after run."""
+        if n > SIG_WORDS:
+            raise ValueError(f"a signature of {n} words exceeds the arena's {SIG_WORDS}")
+        views = [[memoryview(a[at, :n].view(np.uint8))  # type: ignore[arg-type]
+                  for a in self._areas] for at in (0, 1)]
+        return [v[self.rank] for v in views], views
+
+    def next_area(self) -> int:
+        """Advance to the next publication area and return its index: ``publish`` without
+        writing, for callers that write ``signature_words`` themselves."""
+        self._published += 1
+        return self._published % 2
 
     def published(self, n: int) -> list[list[int]]:
         """After the sync: every rank's first ``n`` registration words, indexed by rank."""
@@ -249,6 +298,7 @@ class SharedArena:
         win, self._win = self._win, None
         windows = [w for w, _segs in self._windows.values()]
         self._flags, self._areas, self._halves, self._windows = [], [], [], {}
+        self._flag_words = []
         self._views = {}
         if self._broken:
             return  # freeing would wait for the missing peer; the OS reclaims the memory at exit
@@ -263,8 +313,8 @@ class SharedArena:
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
 
-    def _missing(self, epoch: int) -> str:
-        late = [q for q, f in enumerate(self._flags) if f[0] < epoch]
+    def _missing(self) -> str:
+        late = [q for q, f in enumerate(self._flag_words) if f[0] < self._epoch]
         names = ", ".join(self.peer_name(q) for q in late) or "the other ranks"
         return f"{names} at the shared-memory barrier"
 

@@ -62,3 +62,17 @@ def expect_raises(exc, fn, *words):
         assert not missing, f"message {msg!r} lacks {missing}"
         return err
     raise AssertionError(f"{fn} did not raise {exc.__name__}")
+
+
+def dense_grads(module):
+    """An RTP module's gradients in the dense layout: its state dict (which gathers the shards)
+    taken with each parameter's grad in place of its data."""
+    params = list(module.parameters())
+    kept = [p.data for p in params]
+    for p in params:
+        p.data = p.grad
+    try:
+        return module.state_dict()
+    finally:
+        for p, d in zip(params, kept):
+            p.data = d

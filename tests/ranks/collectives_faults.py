@@ -6,6 +6,7 @@ topocoll never uses (its communicators are duplicates).
 """
 import _common  # noqa: F401
 from _common import expect_raises, rank_main
+from mpi_harness import print_mpich_segments
 
 import gc
 import os
@@ -240,6 +241,7 @@ def killed_peer(algo):
     -disable-auto-cleanup notwithstanding, which would test the launcher, not topocoll."""
     c = collectives.init(timeout=30)
     dead = c.size - 1
+    print_mpich_segments()
     c.barrier()
     if c.rank == dead:
         time.sleep(0.5)  # the others are waiting in the all_reduce by now
@@ -282,6 +284,7 @@ def exit_status():
     from topocoll.collectives.faults import exit_status as choose
 
     c = collectives.init(timeout=30)
+    print_mpich_segments()
     if c.rank == 0:
         expect_raises(CollectiveTimeoutError, lambda: c.all_reduce(np.ones(4), timeout=1.0))
         choose(7)

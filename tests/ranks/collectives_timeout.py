@@ -1,6 +1,7 @@
 """A rank that never joins: the others get CollectiveTimeoutError naming the operation; no hang."""
 import _common  # noqa: F401
 from _common import rank_main
+from mpi_harness import print_mpich_segments
 
 import sys
 import time
@@ -16,6 +17,7 @@ from topocoll.collectives import CollectiveTimeoutError, CommunicatorBrokenError
 def body():
     c = collectives.init(timeout=1.5)
     absent = c.size - 1
+    print_mpich_segments()
     if c.rank != absent:
         t0 = time.monotonic()
         algo = sys.argv[1]

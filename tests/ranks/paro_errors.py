@@ -44,11 +44,25 @@ def body():
         expect(TypeError, "share one dtype", lambda: paro.ParoDataParallel(
             torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double()), "NIG",
             comm, optimizer=sgd))
+        expect(ValueError, "max_inflight", lambda: paro.ParoDataParallel(
+            net, "NIG", comm, optimizer=sgd, max_inflight=0))
+        expect(TypeError, "units must be torch.nn.Module", lambda: paro.ParoDataParallel(
+            net, "NIG", comm, optimizer=sgd, units=["weight"]))
+        expect(ValueError, "submodules of the wrapped module",
+               lambda: paro.ParoDataParallel(net, "NIG", comm, optimizer=sgd,
+                                             units=[torch.nn.Linear(1, 1)]))
+        expect(ValueError, "listed twice", lambda: paro.ParoDataParallel(
+            net, "NIG", comm, optimizer=sgd, units=[net, net]))
+        expect(TypeError, "must be float32", lambda: paro.ParoDataParallel(
+            torch.nn.Linear(3, 2).double(), "NIG", comm, optimizer=sgd, mixed_precision=True))
         # lower case works, and the communicator is still usable after all the errors above
-        model = paro.ParoDataParallel(net, "nig", comm, optimizer=sgd)
+        model = paro.ParoDataParallel(net, "ggg", comm, optimizer=sgd)
+        expect(RuntimeError, "needs a forward and backward", model.step)
         model(torch.ones(1, 3)).sum().backward()
-        net.zero_grad()                              # the wrapper owns gradients
-        expect(RuntimeError, "don't call zero_grad", model.step)
+        net.zero_grad()              # harmless: backward already folded the gradients
+        assert model.step()
+        expect(RuntimeError, "needs a forward and backward", model.step)
+        model.close()
     else:
         expect(ValueError, "node sizes are [3, 1]",
                lambda: paro.ParoDataParallel(net, "NIG", comm, optimizer=sgd))

@@ -84,6 +84,13 @@ def check_moving(c):
                 x = every[c.rank].copy()
                 c.broadcast(x, root=root, algo="shm")
                 assert x.tobytes() == every[root].tobytes(), f"broadcast {dt} root={root} n={n}"
+            for shift in (1, c.size - 1, c.size + 2):  # through the slots below 1 MiB
+                x = every[c.rank].copy()
+                for out in (None, np.empty_like(x), x):
+                    got = c.rotate(x, out=out, shift=shift)
+                    assert got.tobytes() == every[(c.rank - shift) % c.size].tobytes(), \
+                        f"rotate {dt} shift={shift} n={n} out={'x' if out is x else out is None}"
+                    x[...] = every[c.rank]
             got = c.all_to_all(every[c.rank], algo="shm")
             ref = np.concatenate([np.array_split(e, c.size)[c.rank] for e in every])
             assert got.tobytes() == ref.tobytes(), f"all_to_all {dt} n={n}"
@@ -140,7 +147,11 @@ def check_auto_and_arena(c):
         assert select.resolve(kind, "ring" if kind == "all_reduce" else "native", big, c.size,
                               has_shm=True) != "shm", kind
     assert select.resolve("all_gather", "auto", 64 << 20, c.size, has_shm=True) == "shm_or_native"
-    assert select.resolve("rotate", "auto", big, c.size, has_shm=True) == "p2p"
+    for nbytes in (0, 8, 64 << 10, select.SHM_ROTATE_BELOW - 1):
+        assert select.resolve("rotate", "auto", nbytes, c.size, has_shm=True) == "shm", nbytes
+    assert select.resolve("rotate", "auto", select.SHM_ROTATE_BELOW, c.size,
+                          has_shm=True) == "p2p"
+    assert select.resolve("rotate", "auto", 8, c.size, has_shm=False) == "p2p"
     x = np.full(big // 4, c.rank, np.float32)
     c.all_reduce(x)
     assert np.all(x == sum(range(c.size)))

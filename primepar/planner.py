@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cost import Costs, Layout
+from topocoll.topology import Topology
+
+from .cost import Costs, Hardware, Layout, costs_for
 from .spec import DIMS, NAMED, Spec
 
 OPS = ("qkv", "out", "fc1", "fc2")
@@ -96,11 +99,24 @@ def layer_choices(model: Model, costs: Costs, context_parallel: bool = True) -> 
     return out
 
 
-def search(model: Model, costs: Costs, memory_bytes: float, buckets: int = 400,
+def search(model: Model, costs: Costs | None = None, memory: float | None = None, *,
+           devices: int | None = None, topology: Topology | None = None,
+           hardware: Hardware | None = None, buckets: int = 400,
            context_parallel: bool = True) -> Plan:
-    """The plan with the least predicted time whose peak memory per device fits the budget."""
-    if not memory_bytes > 0:
-        raise ValueError(f"memory budget must be > 0 bytes, got {memory_bytes!r}")
+    """The plan with the least predicted time whose peak memory per device fits ``memory`` bytes.
+
+    Priced by ``costs``, else on ``topology`` with its link alpha/beta per level (a probed one:
+    ``topology.detect`` in a job, or a spec with the probe file's links), else on ``devices`` in
+    nodes of 8 with the default links; ``hardware`` sets the compute speed and bytes.
+    """
+    if not isinstance(model, Model):
+        raise TypeError(f"model must be a primepar Model, got {type(model).__name__}")
+    if memory is None:
+        raise TypeError("search() needs memory= (the budget in bytes per device)")
+    if isinstance(memory, bool) or not isinstance(memory, numbers.Real) or not memory > 0:
+        raise ValueError(f"memory budget must be > 0 bytes, got {memory!r}")
+    memory_bytes = float(memory)
+    costs = costs_for(costs, devices, topology, hardware)
     cands = _pareto(layer_choices(model, costs, context_parallel))
     if not cands:
         raise PlanError(f"no spec combination splits this model over {costs.P} devices")

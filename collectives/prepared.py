@@ -1,0 +1,228 @@
+"""Prepared calls: a blocking collective issued again with the same arrays and arguments skips
+its argument checks, algorithm choice and set-up, done once on its first call, and runs the form
+its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
+
+Entries are kept per collective and input array (numpy arrays and CPU torch tensors, a few
+calls each, small ones only: an entry holds its arrays alive). Each reuse re-checks, in a few
+hundred nanoseconds, what could have changed since: the very same array objects (a weak
+reference, so a new array at a recycled address never matches), their shape, dtype, strides
+and writability (a tensor's data pointer too: ``set_`` swaps storage under the same object), and
+every argument.
+The cross-rank agreement is not skipped: it runs inside the prepared run's own barrier.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import CollectiveTimeoutError
+
+PREPARED_MAX_BYTES = 64 << 10
+"""Largest input (and output) a prepared call is kept for: larger calls gain little from
+skipping the checks, and an entry keeps its arrays alive."""
+
+PREPARED_PER_COLLECTIVE = 16
+"""Arrays whose calls are kept, per collective; the oldest goes first."""
+
+PREPARED_PER_ARRAY = 4
+"""Calls kept per array and collective (e.g. a broadcast from each of a few roots)."""
+
+
+class Prepared:
+    """One prepared call: what a reuse must match, and how to run it."""
+
+    __slots__ = ("kind", "args", "check", "what", "result", "lean", "run", "_x", "_out",
+                 "_x_form", "_out_form", "_x_written")
+
+    def __init__(self, kind: str, args: tuple[Any, ...], check: bool, x: Any,
+                 out: Any, x_written: bool, what: Any, result: Any,
+                 run: Callable[[], Any], lean: Any) -> None:
+        self.kind = kind
+        self.args = args
+        self.check = check
+        self.what = what          # the flight record's (dtype, count, algorithm)
+        self.result = result      # what the call returns (its output array)
+        self.run = run            # the general run (OpContext, agreement, algorithm)
+        self.lean = lean          # the algorithm's prepared run (start, complete), or None
+        self._x = weakref.ref(x) if x is not None else lambda: None  # None: a persistent call's
+        self._out = weakref.ref(out) if out is not None else None   # (never looked up)
+        self._x_form = _form(x) if x is not None else ()
+        self._out_form = _form(out) if out is not None else None
+        self._x_written = x_written  # the call writes x: it must still be writable
+
+    def fits(self, x: Any, out: Any, args: tuple[Any, ...]) -> bool:
+        """Whether a call with ``x``, ``out`` and ``args`` is this one, with nothing changed."""
+        if args != self.args or _form(x) != self._x_form or \
+                (self._x_written and not _writable(x)) or self._x() is not x:
+            return False
+        if self._out is None:
+            return out is None
+        return out is not None and _form(out) == self._out_form and _writable(out) and \
+            self._out() is out
+
+    def __call__(self) -> Any:
+        """Run it once (on whichever thread runs the communicator's operations) and return
+        the result."""
+        if self.lean is None:
+            return self.run()
+        self.lean()
+        return self.result
+
+
+class PreparedCalls:
+    """A communicator's prepared calls, by collective and input array (a few per array: a
+    buffer broadcast from each root in turn, say)."""
+
+    def __init__(self) -> None:
+        self._by_kind: dict[str, dict[int, list[Prepared]]] = {}
+
+    def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...]) -> Prepared | None:
+        """The prepared call that ``kind(x, out=out, *args)`` repeats, if any."""
+        entries = self._by_kind.get(kind)
+        if entries is None:
+            return None
+        for entry in entries.get(id(x), ()):
+            if entry.fits(x, out, args):
+                return entry
+        return None
+
+    def add(self, entry: Prepared, x: Any) -> None:
+        """Keep ``entry`` for input ``x`` (replacing the oldest beyond the limits)."""
+        entries = self._by_kind.setdefault(entry.kind, {})
+        same = [e for e in entries.pop(id(x), []) if e._x() is x][-(PREPARED_PER_ARRAY - 1):]
+        if len(entries) >= PREPARED_PER_COLLECTIVE:
+            entries.pop(next(iter(entries)))
+        entries[id(x)] = same + [entry]
+
+    def clear(self) -> None:
+        """Forget every entry (the communicator closed or broke)."""
+        self._by_kind.clear()
+
+
+def keepable(x: Any, out: Any, result: Any) -> bool:
+    """Whether a call on ``x`` (and ``out``) returning ``result`` may be kept prepared: numpy
+    arrays or CPU torch tensors, small, and a result that is the caller's own array (not one
+    allocated per call)."""
+    if _nbytes(x) > PREPARED_MAX_BYTES:
+        return False
+    if out is not None and _nbytes(out) > 16 * PREPARED_MAX_BYTES:
+        return False
+    return result is x or (out is not None and result is out)
+
+
+def _nbytes(a: Any) -> int:
+    """Bytes of a numpy array or a CPU torch tensor; a huge number for anything else."""
+    if type(a) is np.ndarray:
+        return a.nbytes
+    if type(a).__module__.startswith("torch") and getattr(a, "is_cpu", False) and \
+            a.layout is _torch_strided():
+        return a.numel() * a.element_size()
+    return 1 << 62
+
+
+def _form(a: Any) -> tuple[Any, ...]:
+    """What a repeat must find unchanged in an array: its layout (and a tensor's storage,
+    which ``set_`` can swap under the same object)."""
+    if type(a) is np.ndarray:
+        return (a.shape, a.dtype, a.strides)
+    return (a.shape, a.dtype, a.stride(), a.data_ptr())
+
+
+def _writable(a: Any) -> bool:
+    """A numpy array's flag (a tensor has none: collectives write into any CPU tensor)."""
+    return a.flags.writeable if type(a) is np.ndarray else True
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided
+
+
+class StartedHandle:
+    """The handle of a prepared call started inline with ``async_op=True``: its part is
+    published and its barrier entered (no thread hop, nothing blocks); ``wait``, ``test`` and
+    the communicator's next operation complete it, in issue order. The interface of
+    ``handle.Handle``."""
+
+    def __init__(self, entry: Prepared, finish: Callable[[bool], bool]) -> None:
+        self.name = entry.kind
+        self._finish = finish          # the communicator's completion (Communicator._complete)
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any], None]] = []
+        self._lock = threading.Lock()  # wait() and the communicator's next call may race
+
+    @property
+    def done(self) -> bool:
+        """True once the operation finished (checks, without waiting, whether it can)."""
+        return self._done or self._finish(False)
+
+    def test(self) -> bool:
+        """Non-blocking: whether the operation has finished."""
+        return self.done
+
+    @property
+    def settled(self) -> bool:
+        """Whether ``wait``, ``test`` or a later operation has completed it (no progress made)."""
+        return self._done
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Complete the operation (waiting for the peers) and return its result, or raise its
+        error; with ``timeout``, a CollectiveTimeoutError once that many seconds passed (the
+        operation itself stays bound by the communicator's timeout)."""
+        if self._done:
+            pass
+        elif timeout is None:
+            self._finish(True)
+        else:
+            end = time.monotonic() + timeout
+            while not self._finish(False):
+                if time.monotonic() > end:
+                    raise CollectiveTimeoutError(
+                        f"{self.name}: not finished after waiting {timeout:g} s")
+                os.sched_yield()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def result(self) -> Any:
+        """Same as ``wait()``."""
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once done (None if it succeeded or is still running)."""
+        return self._error
+
+    def ensure_waitable(self) -> None:
+        """Waiting on a started call can always end (no thread has to finish it)."""
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(handle)`` once done (at once if already done), from the finishing thread."""
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def settle(self, result: Any, error: BaseException | None) -> None:
+        """Record the outcome (called once, by the communicator, under ``lock``), then run
+        the callbacks."""
+        self._result, self._error, self._done = result, error, True
+        callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while the operation completes."""
+        return self._lock
+
+    def __repr__(self) -> str:
+        return f"<Handle {self.name} {'done' if self._done else 'started'}>"

@@ -1,0 +1,309 @@
+"""Prepared calls (a small blocking collective repeated with the same arrays): results stay exact
+and identical on every rank as the data changes between repeats; whatever changes the call (an
+argument, the array's shape, dtype or writability, another array at all) is noticed; ranks that
+diverge on a repeat still fail together with MismatchError; timeouts, broken communicators,
+threads and queued async calls behave as on the general path."""
+import _common  # noqa: F401
+from _common import expect_raises, rank_data, rank_main, reference
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+from mpi4py import MPI
+
+from topocoll import collectives
+from topocoll.collectives import faults
+from topocoll.collectives import (CollectiveError, CollectiveTimeoutError,
+                                  CommunicatorBrokenError, MismatchError)
+
+WORLD = MPI.COMM_WORLD
+
+
+def same_everywhere(arr, what):
+    blobs = WORLD.allgather(arr.tobytes())
+    assert all(b == blobs[0] for b in blobs), f"{what}: ranks differ"
+
+
+def kept(c, kind):
+    """How many prepared calls the communicator keeps for ``kind`` with the algorithm's own
+    prepared run (white-box, to prove the repeats really took the prepared path)."""
+    return sum(e.lean is not None for entries in c._prepared._by_kind.get(kind, {}).values()
+               for e in entries)
+
+
+def repeats_stay_exact(c):
+    p, r = c.size, c.rank
+    for dt, n in (("float32", 2), ("int64", 13), ("float64", 0), ("uint8", 4097),
+                  ("complex64", 5)):
+        x = np.empty(n, dt)
+        out = np.empty(n, dt)
+        gathered = np.empty(n * p, dt)
+        rows = np.empty((p * 3 + 1, 2), dt)
+        part = np.empty_like(np.array_split(rows, p)[r])
+        rot = np.empty(n, dt)
+        for step in range(6):  # the data changes every step, the arrays don't
+            every = [rank_data(n, dt, q, salt=step) for q in range(p)]
+            x[...] = every[r]
+            assert c.all_reduce(x) is x
+            assert np.array_equal(x, reference(every, "sum")), (dt, n, step, "all_reduce")
+            same_everywhere(x, "all_reduce")
+            x[...] = every[r]
+            op = "prod" if dt.startswith("complex") else "max"
+            assert c.all_reduce(x, op=op, out=out) is out
+            assert np.array_equal(out, reference(every, op)) and \
+                np.array_equal(x, every[r]), (dt, n, step, "all_reduce out=")
+            assert c.all_gather(x, out=gathered) is gathered
+            assert np.array_equal(gathered, np.concatenate(every)), (dt, n, step, "all_gather")
+            allrows = [rank_data(rows.size, dt, q, salt=step).reshape(rows.shape)
+                       for q in range(p)]
+            rows[...] = allrows[r]
+            assert c.reduce_scatter(rows, out=part) is part
+            assert np.array_equal(part, np.array_split(reference(allrows, "sum"), p)[r]), \
+                (dt, step, "reduce_scatter")
+            for root in (0, p - 1):
+                x[...] = every[r]
+                assert c.broadcast(x, root=root) is x
+                assert np.array_equal(x, every[root]), (dt, n, step, "broadcast", root)
+            x[...] = every[r]
+            assert c.rotate(x, out=rot, shift=1) is rot
+            assert np.array_equal(rot, every[(r - 1) % p]), (dt, n, step, "rotate")
+            x[...] = every[r]
+            c.reduce(x, root=0)
+            want = reference(every, "sum") if r == 0 else every[r]
+            assert np.array_equal(x, want), (dt, n, step, "reduce")
+    if p > 1:
+        for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "rotate"):
+            assert kept(c, kind) > 0, f"{kind} was never kept prepared"
+
+
+def changes_are_noticed(c):
+    """Each change makes the next call take the general path, which checks it again."""
+    x = np.arange(6, dtype=np.float32)
+    c.all_reduce(x)
+    c.all_reduce(x)
+    x.shape = (2, 3)                   # same object, new shape: still correct, new signature
+    x[...] = 1
+    assert c.all_reduce(x).shape == (2, 3) and np.all(x == c.size)
+    x.flags.writeable = False          # a read-only array can't take an in-place result
+    expect_raises(ValueError, lambda: c.all_reduce(x), "read-only")
+    x.flags.writeable = True
+    x[...] = 1
+    c.all_reduce(x, op="prod")         # another op: another call
+    assert np.all(x == 1)
+    y = x.view(np.int32)               # another array over the same memory
+    y[...] = 2
+    c.all_reduce(y)
+    assert np.all(y == 2 * c.size)
+    for _ in range(3):                 # a new array each time, at whatever address
+        z = np.full(6, c.rank, np.int64)
+        c.all_reduce(z)
+        assert np.all(z == sum(range(c.size)))
+
+
+def torch_tensors_repeat(c):
+    """CPU tensors are kept too; a tensor given other storage under the same object is
+    noticed (its data pointer), and so is another shape."""
+    import torch
+
+    p = c.size
+    t = torch.zeros(7, dtype=torch.float32)
+    for step in range(4):
+        t.fill_(step + c.rank)
+        assert c.all_reduce(t) is t
+        assert torch.all(t == sum(step + q for q in range(p))), step
+    if p > 1:
+        assert kept(c, "all_reduce") > 0
+    t.set_(torch.full((7,), 1.0))             # same object and shape, another storage
+    assert torch.all(c.all_reduce(t) == p)
+    t.set_(torch.full((9,), 2.0))             # and another shape
+    assert t.shape == (9,) and torch.all(c.all_reduce(t) == 2 * p)
+
+
+def several_roots(c):
+    """One buffer broadcast from each root in turn: a kept call per root."""
+    bufs = [np.empty(3), np.empty(3)]
+    for step in range(3 * c.size):
+        root = step % c.size
+        b = bufs[step % 2]
+        b[...] = c.rank
+        assert np.all(c.broadcast(b, root=root) == root), (step, root)
+
+
+def divergence_fails_everywhere(c):
+    """Rank 0 repeats a prepared call; the last rank calls with another size, then another op:
+    every rank raises MismatchError naming what differs, and the communicator stays usable."""
+    a = np.ones(8, np.float32)
+    b = np.ones(9, np.float32)
+    for _ in range(3):
+        c.all_reduce(a)
+        a[...] = 1
+    last = c.size - 1
+    expect_raises(MismatchError, lambda: c.all_reduce(b if c.rank == last else a),
+                  "element count")
+    a[...] = 1
+    expect_raises(MismatchError, lambda: c.all_reduce(a, op="max" if c.rank == last else "sum"),
+                  "reduction op")
+    a[...] = 1
+    assert np.all(c.all_reduce(a) == c.size)  # healthy afterwards, on the prepared path again
+    g = np.empty(8 * c.size, np.float32)
+    c.all_gather(a, out=g)
+    expect_raises(MismatchError, lambda: c.all_gather(a, out=g) if c.rank != last
+                  else c.broadcast(a), "collective")
+    a[...] = 1
+    c.all_reduce(a)
+    if c.rank == last:  # rejected by one rank while the others repeat a prepared call
+        expect_raises(ValueError, lambda: c.all_reduce(a, op="bogus"), "bogus")
+    else:
+        expect_raises(MismatchError, lambda: c.all_reduce(a), f"rank {last} rejected")
+    assert np.all(c.all_reduce(np.ones(2)) == c.size)
+
+
+def ordering_with_async_and_threads(c):
+    """A repeat behind queued async calls waits its turn; another thread is refused."""
+    x = np.ones(4, np.float32)
+    c.all_reduce(x)
+    handles = [c.all_reduce(np.full(1000, i, np.float64), async_op=True) for i in range(3)]
+    x[...] = 1
+    c.all_reduce(x)                     # queued behind the handles, not run inline before them
+    assert np.all(x == c.size)
+    for i, h in enumerate(handles):
+        assert np.all(h.wait() == i * c.size)
+    big = np.ones(1 << 15)              # 256 KiB: never kept prepared
+    gone = weakref.ref(big)
+    c.all_reduce(big, async_op=True).wait()
+    del big
+    gc.collect()
+    assert gone() is None, "an async operation's array outlived it (the progress thread kept it)"
+    errors = []
+
+    def other():
+        try:
+            c.all_reduce(x)
+        except CollectiveError as err:
+            errors.append(str(err))
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert errors and "belongs to another thread" in errors[0], errors
+
+
+def async_repeats(c):
+    """Async repeats start inline and complete in wait(), test() or the next operation, in
+    issue order; errors reach the handle, on every rank."""
+    p = c.size
+    x = np.zeros(5, np.float64)
+    g = np.empty(5 * p, np.float64)
+    for step in range(6):
+        x[...] = step + c.rank
+        h = c.all_reduce(x, async_op=True)
+        if step % 3 == 0:
+            while not h.test():
+                pass
+        assert h.wait() is x and np.all(x == sum(step + q for q in range(p))), step
+        assert h.done and h.exception() is None
+        if step and p > 1:  # repeats start inline (white-box: not the progress thread's Handle)
+            assert type(h).__name__ == "StartedHandle", type(h)
+    # completed by the next operation (a different one, on the general path), without wait()
+    x[...] = 1
+    h = c.all_reduce(x, async_op=True)
+    got = c.all_gather(np.full(2, c.rank, np.int32))   # new arrays: the general path
+    assert np.array_equal(got, np.repeat(np.arange(p, dtype=np.int32), 2))
+    assert h.done and np.all(x == p)
+    # a chain of async repeats, waited at the end (the bench's pattern)
+    seen = []
+    handles = []
+    for k in range(5):
+        x[...] = 1
+        handles.append(c.all_gather(x, out=g, async_op=True))
+        handles[-1].add_done_callback(lambda h, k=k: seen.append(k))
+    for h in handles:
+        assert h.wait() is g
+    assert np.all(g == 1) and seen == list(range(5)), seen
+    if p > 1:  # a divergent async repeat fails at wait() on every rank
+        for _ in range(2):
+            c.all_reduce(x, async_op=True).wait()
+        last = p - 1
+        y = np.zeros(6, np.float64)
+        h = c.all_reduce(y if c.rank == last else x, async_op=True)
+        expect_raises(MismatchError, h.wait, "element count")
+        assert isinstance(h.exception(), MismatchError)
+        x[...] = 1
+        assert np.all(c.all_reduce(x, async_op=True).wait() == p)
+
+
+def flight_record_counts_repeats(c):
+    x = np.ones(2, np.float32)
+    for _ in range(5):
+        c.all_reduce(x)
+    record = c.flight_record()
+    assert [e["state"] for e in record[-5:]] == ["done"] * 5, record[-5:]
+    seqs = [e["seq"] for e in record]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert WORLD.allgather(seqs[-1]) == [seqs[-1]] * c.size
+
+
+def timeout_on_a_repeat(c):
+    """The last rank stops joining a prepared call: the others time out naming the operation
+    and the rank, their communicator is broken, and the next call fails at once."""
+    c2 = collectives.init(timeout=1.0)
+    x = np.ones(16, np.float32)
+    for _ in range(3):
+        c2.all_reduce(x)
+    absent = c2.size - 1
+    if c2.rank != absent:
+        expect_raises(CollectiveTimeoutError, lambda: c2.all_reduce(x), "all_reduce", "timed out",
+                      f"rank {absent}")
+        assert c2.flight_record()[-1]["state"].startswith("failed"), c2.flight_record()[-1]
+        expect_raises(CommunicatorBrokenError, lambda: c2.all_reduce(x), "earlier failure")
+    WORLD.Barrier()
+
+
+def async_timeout(c):
+    """An async repeat whose peer never comes: wait() raises the timeout naming the operation."""
+    c3 = collectives.init(timeout=1.0)
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        c3.all_reduce(x, async_op=True).wait()
+    absent = c3.size - 1
+    if c3.rank != absent:
+        h = c3.all_reduce(x, async_op=True)
+        expect_raises(CollectiveTimeoutError, h.wait, "all_reduce", f"rank {absent}")
+        expect_raises(CommunicatorBrokenError, lambda: c3.all_reduce(x), "earlier failure")
+    WORLD.Barrier()
+
+
+def persistent_runs_prepared(c):
+    x = np.zeros(3, np.float32)
+    p = c.all_reduce_init(x)
+    for step in range(4):
+        x[...] = step + c.rank
+        assert p() is x
+        assert np.all(x == sum(step + q for q in range(c.size)))
+        x[...] = 1
+        p.start()
+        assert np.all(p.wait() == c.size)
+
+
+def body():
+    c = collectives.init(timeout=20)
+    repeats_stay_exact(c)
+    changes_are_noticed(c)
+    torch_tensors_repeat(c)
+    several_roots(c)
+    if c.size > 1:
+        divergence_fails_everywhere(c)
+    ordering_with_async_and_threads(c)
+    async_repeats(c)
+    flight_record_counts_repeats(c)
+    persistent_runs_prepared(c)
+    if c.size > 1:
+        timeout_on_a_repeat(c)
+        async_timeout(c)
+    if c.rank == 0:
+        print("prepared calls: all checks passed", flush=True)
+
+
+rank_main(body)
+faults.exit_without_finalize(0)  # the timed-out communicator's transfers were abandoned
