@@ -2,8 +2,8 @@
 
     topocoll simulate --topology h100-fat-tree --op all_reduce \\
         --algo ring,hier,ho_ring -b 1M -e 4G -f 4 [--ranks 16,128,1024,16384] [--plot p.png]
-    mpiexec -n 4 topocoll simulate --validate --algo ring,hier,ho_ring -b 1M -e 16M
-        (with TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 ...: predicted vs measured, here)
+    topocoll cluster run -- topocoll simulate --validate --algo ring,hier,ho_ring,auto -b 1M -e 16M
+        (predicted vs measured where it runs: a cluster, or TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1)
 
 The table follows nccl-tests (size, count, type, predicted time, algbw, busbw); ``--ranks``
 rescales the topology's node count, keeping its node size, switch size and links.
@@ -109,27 +109,39 @@ def _validate(args: argparse.Namespace) -> int:
     if args.calibrate:
         ensure_calibrated(comm, comm.topology)  # init already did on multi-node topologies
         if comm.rank == 0:
-            print(f"# calibrated software cost per algorithm step: "
-                  f"{model.step_overhead_s * 1e6:.1f} us (from a latency-bound ring all_reduce)")
+            print(f"# calibrated: {model.step_overhead_s * 1e6:.1f} us per algorithm step (from "
+                  f"a latency-bound ring all_reduce), copies {model.copy_bytes_per_s / 1e9:.2f} "
+                  f"GB/s, reductions {model.reduce_bytes_per_s / 1e9:.2f} GB/s (every rank at "
+                  f"once); links " + ", ".join(f"{k}={v}" for k, v in
+                                               comm.topology.links.items()))
     rows = []
     for size in sweep(args.minbytes, args.maxbytes, args.stepfactor):
+        x = np.ones(max(size // 4, 1), np.float32)
+        out = np.empty(x.size * comm.size, np.float32) if args.op == "all_gather" else None
+        total = size * comm.size if args.op == "all_gather" else size
+        tries: dict[str, list[float]] = {a: [] for a in args.algo}
+        for _ in range(args.repeats):  # algorithms interleaved, so noise hits all alike
+            for algo in args.algo:
+                run = _runner(comm, args.op, algo, x, out)
+                tries[algo].append(median_time(comm, run, args.iters, warmup=1, barrier=True))
+        best = min(float(np.median(t)) for a, t in tries.items() if a != "auto")
         for algo in args.algo:
-            x = np.ones(max(size // 4, 1), np.float32)
-            out = np.empty(x.size * comm.size, np.float32) if args.op == "all_gather" else None
-            run = _runner(comm, args.op, algo, x, out)
-            measured = median_time(comm, run, args.iters, warmup=1, barrier=True)
-            total = size * comm.size if args.op == "all_gather" else size
-            pred = predict(args.op, algo, total, model)
+            measured = float(np.median(tries[algo]))
+            ran = comm.algorithm_for(args.op, x.nbytes) if algo == "auto" else algo
+            pred = predict(args.op, ran, total, model)
             err = (pred - measured) / measured * 100 if pred else float("nan")
-            rows.append((total, algo, pred, measured, err))
+            rows.append((total, algo, ran, pred, measured, err, measured / best))
             if comm.rank == 0:
                 shown = f"{pred * 1e3:9.2f}" if pred is not None else f"{'n/a':>9s}"
-                print(f"{format_size(total):>10s} {algo:>8s} predicted {shown} ms  "
-                      f"measured {measured * 1e3:9.2f} ms  error {err:+6.1f}%", flush=True)
+                name = f"auto>{ran}" if algo == "auto" else algo
+                print(f"{format_size(total):>10s} {name:>16s} predicted {shown} ms  "
+                      f"measured {measured * 1e3:9.2f} ms  error {err:+6.1f}%  "
+                      f"x{measured / best:.2f} the best", flush=True)
     if comm.rank == 0 and args.json:
+        keys = ("size", "algo", "resolved", "predicted_s", "measured_s", "error_pct",
+                "vs_best")
         with open(args.json, "w") as f:
-            json.dump([dict(zip(("size", "algo", "predicted_s", "measured_s", "error_pct"), r))
-                       for r in rows], f, indent=1)
+            json.dump([dict(zip(keys, r)) for r in rows], f, indent=1)
     return 0
 
 
@@ -163,6 +175,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("-e", "--maxbytes", default="1G")
     p.add_argument("-f", "--stepfactor", type=float, default=4)
     p.add_argument("-n", "--iters", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --validate: measure each size this many times, algorithms "
+                        "interleaved, and take the median")
     p.add_argument("--ranks", default=None, help="comma list of world sizes to rescale to")
     p.add_argument("--step-overhead", type=float, default=None,
                    help="software seconds per algorithm step (default TOPOCOLL_STEP_OVERHEAD)")
@@ -181,7 +196,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     args.algo = [a.strip() for a in args.algo.split(",") if a.strip()]
     from topocoll.collectives.schedules import MODELLED, STEP_OVERHEAD_S
 
-    bad = [a for a in args.algo if a not in MODELLED[args.op]]
+    bad = [a for a in args.algo if a not in MODELLED[args.op] and
+           not (args.validate and a == "auto")]
     if bad:
         raise _Usage(f"no schedule for {', '.join(bad)} on {args.op}; modelled: "
                      f"{', '.join(MODELLED[args.op])}")

@@ -34,7 +34,7 @@ from .handle import Executor
 from .log import TRACE, logger, tracing
 from .prepared import Prepared, PreparedCalls, StartedHandle, keepable
 
-RING_ORDERED = ("ring", "hier", "ho_ring")
+RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
 
 DEFAULT_TIMEOUT = 300.0

@@ -2,7 +2,8 @@
 
 When all ranks share a node (``has_shm``) shared memory wins at every size; otherwise the rule
 is a size threshold: latency-bound messages go to the backend's native collective, bandwidth-bound
-ones to the ring (or, on a known multi-node topology, to the cost model's pick).
+ones to the ring, or, on a known multi-node topology with rails, to the cost model's pick of
+HO-Ring, hier (with MPI's own all-reduce between nodes, ``hier_native``, or rings) and the ring.
 ``TOPOCOLL_ALGO=<name>`` overrides ``auto`` wherever that algorithm exists, like NCCL_ALGO.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ Algorithm = Callable[[Backend, OpContext, Call], None]
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     "all_reduce": {"ring": ring.all_reduce, "native": native.all_reduce,
-                   "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_reduce,
+                   "hier": hier.hier, "hier_native": hier.hier_native,
+                   "ho_ring": ho_ring.ho_ring, "shm": shm.all_reduce,
                    "shm_or_native": shm.registered_or_native},
     "all_gather": {"ring": ring.all_gather, "native": native.all_gather,
                    "hier": hier.hier, "ho_ring": ho_ring.ho_ring, "shm": shm.all_gather,
@@ -40,6 +42,12 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
 
 RING_THRESHOLD = 256 * 1024
 """Bytes at and above which ``auto`` prefers the ring to the native collective."""
+
+HIERARCHICAL_THRESHOLD = 64 * 1024
+"""Bytes at and above which ``auto``, on a multi-node topology with rails, takes the cost model's
+pick instead of the native collective. Measured on the clusters of docs/cluster.md: from 64 KiB
+the hierarchical schedules match or beat MPICH's own all-reduce; below, one MPI call's latency
+is hard to beat from Python."""
 
 SHM_ROTATE_BELOW = 1 << 20
 """Bytes below which ``auto`` rotates through shared memory where it exists (one barrier
@@ -110,29 +118,38 @@ def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
             return "shm_or_native", (f"one node, {nbytes} B >= {limit} B: zero-copy where every "
                                      f"rank's buffers are registered, else native")
         return "shm", "all ranks share one node's memory"
-    if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD:
-        if "ho_ring" in table and hierarchical(topology):
-            return _modelled_choice(kind, nbytes, topology), \
-                "the cost model's fastest of ring, hier and ho_ring on this topology"
+    if "ho_ring" in table and size > 1 and hierarchical(topology) and \
+            nbytes >= HIERARCHICAL_THRESHOLD:
+        return _modelled_choice(kind, nbytes, topology), \
+            f"{nbytes} B >= HIERARCHICAL_THRESHOLD ({HIERARCHICAL_THRESHOLD} B): the cost " \
+            f"model's fastest of {', '.join(_candidates(kind))} on this topology"
+    if "ring" in table and size > 1 and nbytes >= RING_THRESHOLD and not hierarchical(topology):
         return "ring", f"{nbytes} B >= RING_THRESHOLD ({RING_THRESHOLD} B): bandwidth-bound"
     if "native" in table:
-        return "native", (f"{nbytes} B < RING_THRESHOLD ({RING_THRESHOLD} B): latency-bound"
+        below = ("HIERARCHICAL_THRESHOLD", HIERARCHICAL_THRESHOLD) if hierarchical(topology) \
+            else ("RING_THRESHOLD", RING_THRESHOLD)
+        return "native", (f"{nbytes} B < {below[0]} ({below[1]} B): latency-bound"
                           if "ring" in table and size > 1 else "the backend's own collective")
     name = next(iter(table))
     return name, f"the only algorithm for {kind}"
 
 
 def _modelled_choice(kind: str, nbytes: int, topology: Any) -> str:
-    """The algorithm the cost model predicts fastest among ring, hier and ho_ring (decided once
-    per collective, size and topology, not on every call)."""
+    """The algorithm the cost model predicts fastest among ``_candidates`` (decided once per
+    collective, size and topology, not on every call)."""
     from .schedules import decide, fastest, model_for
 
     def pick() -> str:
         total = nbytes * topology.world_size if kind == "all_gather" else nbytes
-        best = fastest(kind, ("ho_ring", "hier", "ring"), total, model_for(topology))
+        best = fastest(kind, _candidates(kind), total, model_for(topology))
         return best[0] if best else "ring"
 
     return decide(topology, ("auto", kind, nbytes), pick)
+
+
+def _candidates(kind: str) -> tuple[str, ...]:
+    """What ``auto`` chooses among on a multi-node topology with rails (ties: the earlier)."""
+    return tuple(a for a in ("ho_ring", "hier_native", "hier", "ring") if a in ALGORITHMS[kind])
 
 
 def hierarchical(topology: Any) -> bool:

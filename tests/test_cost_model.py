@@ -5,10 +5,13 @@ import sys
 
 import pytest
 
-from topocoll.collectives.schedules import best_chunks, fastest, predict, two_level_time
+import numpy as np
+
+from topocoll.collectives.schedules import (MAX_STEP_BYTES, Rails, _step_bytes, best_chunks,
+                                            fastest, hierarchical_time, predict)
 from mpi_harness import ROOT, run_ranks
 from topocoll.topology import LinkParams, parse_spec
-from topocoll.topology.cost import CostModel, Phase, pipeline_time
+from topocoll.topology.cost import CostModel, Demand, Phase, _speeds, schedule_time
 
 SLOW = {"intra": LinkParams(1e-6, 10e9), "inter": LinkParams(50e-6, 100e6),
         "switch": LinkParams(100e-6, 50e6)}
@@ -33,12 +36,51 @@ def test_shared_nic_contention_counts_every_flow():
     assert own.phase_time(ph) == pytest.approx(50e-6 + 1e6 / 100e6)
 
 
-def test_pipeline_time_overlaps_stages():
-    where = ["intra", "inter", "intra"]
-    one = pipeline_time([[1.0, 4.0, 1.0]], where)
-    four = pipeline_time([[0.25, 1.0, 0.25]] * 4, where)
+def _stage(seconds, **load):
+    return Demand(seconds, {k: np.array([v]) for k, v in load.items()})
+
+
+def test_schedule_time_overlaps_stages():
+    lanes = ["sync", "net", "sync"]
+    one = schedule_time([[_stage(1.0, cpu=1.0), _stage(4.0, nic_out=4.0),
+                          _stage(1.0, cpu=1.0)]], lanes)
+    four = schedule_time([[_stage(0.25, cpu=0.25), _stage(1.0, nic_out=1.0),
+                           _stage(0.25, cpu=0.25)]] * 4, lanes)
     assert one == pytest.approx(6.0)
-    assert four < one and four >= 4.0  # the inter stage is the bottleneck
+    assert four == pytest.approx(0.25 + 4.0 + 0.25)  # the link never idles after the first chunk
+
+
+def test_overlapping_stages_share_a_link_max_min_fairly():
+    # both load one NIC: the uplink-bound stage asks 20% of it and gets that, running at full
+    # speed; the other gets the remaining 80% (TCP-like sharing, not both slowed alike)
+    speeds = _speeds({(1, 0): _stage(1.0, nic_out=0.2, up_out=1.0),
+                      (0, 1): _stage(2.0, nic_out=2.0)})
+    assert speeds[(1, 0)] == pytest.approx(1.0) and speeds[(0, 1)] == pytest.approx(0.8)
+    chunks = [[_stage(0.0), _stage(2.0, nic_out=2.0)],
+              [_stage(1.0, nic_out=0.2, up_out=1.0), _stage(0.0)]]
+    assert schedule_time(chunks, ["up", "nic"]) == pytest.approx(2.2)
+
+
+def test_shared_uplinks_favour_reducing_by_level():
+    """2 leaves x 2 hosts x 2 ranks, uplinks a quarter of the hosts' links together: the flat
+    ring and hier send 1.75 and 1.5 buffers across each uplink, HO-Ring's spine ring one; its
+    chunks overlap the leaf rings with the spine ring."""
+    links = dict(SLOW, switch=LinkParams(100e-6, 50e6), uplink=LinkParams(0.0, 50e6))
+    m = CostModel(parse_spec("2x2x2", links=links, nics_per_node=1), reduce_bytes_per_s=1e12,
+                  copy_bytes_per_s=1e12)
+    n = 16 << 20
+    ring, hier, ho = (predict("all_reduce", a, n, m) for a in ("ring", "hier", "ho_ring"))
+    assert ring == pytest.approx(1.75 * n / 50e6, rel=0.03)
+    assert hier == pytest.approx(1.5 * n / 50e6, rel=0.03)
+    assert n / 50e6 < ho < 1.15 * n / 50e6
+
+
+def test_ho_ring_chunks_keep_messages_small():
+    m = model("2x2", nics=1)
+    rails = Rails.of(m.topology, True)
+    for n in (1 << 20, 16 << 20, 64 << 20):
+        k = best_chunks("all_reduce", n, m.topology)
+        assert _step_bytes("all_reduce", n / k, rails) <= MAX_STEP_BYTES or k == 16
 
 
 def test_ho_ring_beats_flat_ring_across_slow_links_and_picks_chunks():
@@ -49,7 +91,7 @@ def test_ho_ring_beats_flat_ring_across_slow_links_and_picks_chunks():
     assert ring / ho > 1.3 and ho <= hier
     assert fastest("all_reduce", ("ho_ring", "hier", "ring"), 16 << 20, m)[0] == "ho_ring"
     k = best_chunks("all_reduce", 16 << 20, m.topology)
-    assert two_level_time("all_reduce", 16 << 20, m, k) == pytest.approx(ho)
+    assert hierarchical_time("all_reduce", 16 << 20, m, k) == pytest.approx(ho)
 
 
 def test_switch_crossings_cost_more():

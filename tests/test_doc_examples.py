@@ -191,8 +191,8 @@ SHELL_RUN: dict[str, Shell] = {
                                   ("-e 64M -f 4", "-e 1M -f 4"))),
     "docs/bench.md#sh0": Shell("sweeps cut to 1 MiB (the shim cuts the iterations)", edits=(
         ("-e 64M -f 2", "-e 1M -f 8"), ("-e 16M -f 4", "-e 1M -f 4"))),
-    "docs/algorithms.md#sh0": Shell("sizes cut to 64-256 KiB: 16 MiB over emulated 100 MB/s links "
-                                    "takes minutes", edits=(("-b 256K -e 16M", "-b 64K -e 256K"),)),
+    "docs/algorithms.md#sh0": Shell("sizes cut to 64-256 KiB: 16 MiB over emulated 12-24 MB/s "
+                                    "links takes minutes", edits=(("-b 1M -e 16M", "-b 64K -e 256K"),)),
     "docs/collectives.md#sh0": Shell("the reader's train.py: one 32-byte all_reduce", files={
         "train.py": """
             import numpy as np
@@ -200,8 +200,6 @@ SHELL_RUN: dict[str, Shell] = {
             comm = collectives.init()
             comm.all_reduce(np.ones(8, np.float32))
             """}),
-    "docs/cost-model.md#sh1": Shell("sizes cut to 1 MiB: 16 MiB over emulated 100 MB/s links "
-                                    "takes minutes", edits=(("-b 1M -e 16M", "-b 1M -e 1M"),)),
     "docs/packaging.md#sh0": Shell("`cluster up` needs root (network namespaces): its --help runs "
                                    "instead; the sweep is cut to 1 MiB",
                                    edits=(("topocoll cluster up --hosts 4 --leaves 2 --host-rate "
@@ -233,7 +231,10 @@ SHELL_NOT_RUN: dict[str, str] = {
     "docs/cluster.md#sh2": "needs root: a running namespaced cluster",
     "docs/cluster.md#sh3": "needs root: a running namespaced cluster",
     "docs/cluster.md#sh4": "needs root: a running namespaced cluster",
-    "docs/cluster.md#sh5": "runs the cluster test files, minutes, as root",
+    "docs/cluster.md#sh5": "needs root: brings up two namespaced clusters and benchmarks them "
+                           "(about an hour)",
+    "docs/cluster.md#sh6": "runs the cluster test files, minutes, as root",
+    "docs/cost-model.md#sh1": "needs root: a running namespaced cluster (its probe's links file)",
     "docs/nccl.md#sh0": "needs one GPU per rank, CuPy and NCCL; tests/test_nccl_units.py runs "
                         "the part that needs no GPU",
     "docs/paro.md#sh0": "the peak-memory benchmark (8 strategies and FSDP2 on 4 ranks) takes "

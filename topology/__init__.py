@@ -5,12 +5,13 @@ algorithms. See docs/topology.md.
 """
 from .detect import detect
 from .model import DEFAULT_LINKS, LinkParams, Topology, TopologyError, bundled_clusters, load
-from .rings import crossings, flat_ring, leader_ring, min_crossings, neighbours, node_ring, rail_rings
+from .rings import (crossings, flat_ring, leader_ring, leaf_groups, min_crossings, neighbours,
+                    node_ring, rail_rings)
 from .virtual import parse_links, parse_spec
 
 __all__ = [
     "Topology", "LinkParams", "TopologyError", "DEFAULT_LINKS", "detect", "load", "bundled_clusters",
     "parse_spec",
-    "parse_links", "flat_ring", "node_ring", "rail_rings", "leader_ring", "neighbours",
+    "parse_links", "flat_ring", "node_ring", "rail_rings", "leaf_groups", "leader_ring", "neighbours",
     "crossings", "min_crossings",
 ]

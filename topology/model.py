@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 FORMAT_VERSION = 1
-LINK_LEVELS = ("intra", "inter", "switch")
-"""Link classes: inside a node; between nodes under one leaf switch; across leaf switches."""
+LINK_LEVELS = ("intra", "inter", "switch", "uplink")
+"""Link classes: inside a node; between nodes under one leaf switch; across leaf switches; and,
+optional, a leaf switch's uplink, shared by all traffic leaving or entering the leaf (its beta is
+the uplink's capacity each way; measured by ``topocoll topology --probe``; without it a
+crossing flow's rate is the ``switch`` class's, as if each NIC had its own share)."""
 
 MAX_WORLD_SIZE = 2 ** 20
 """Most ranks (and so nodes, switches, names, GPUs) one topology may hold. Every loader checks
@@ -690,7 +693,7 @@ def _file_fields(d: Mapping[str, Any], fail: Any) -> dict[str, Any]:
         from .virtual import parse_link
         links = d["links"]
         if not isinstance(links, Mapping):
-            raise fail("links must be an object {intra|inter|switch: ...}", "links")
+            raise fail("links must be an object {intra|inter|switch|uplink: ...}", "links")
         bad = next((k for k in links if not isinstance(k, str) or k not in LINK_LEVELS), None)
         if bad is not None:
             raise fail(f"unknown link level {brief(bad)}; expected one of {list(LINK_LEVELS)}",

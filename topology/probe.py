@@ -4,6 +4,14 @@ For each class (``intra``: same node; ``inter``: other node under the same switc
 another leaf switch) the pair is chosen from the Topology in use, so on a virtual topology it
 follows the virtual grouping. Half the round trip at each message size is fitted by least squares
 to ``t = alpha + n / beta``; the result is the JSON links file that :func:`topology.detect` reads.
+
+With several leaf switches, ``uplink`` is what one leaf's uplink carries each way: every node
+of the first leaf exchanges messages with a node of another leaf, both ways and all pairs at once
+(one rank each, as many pairs as the smaller leaf has nodes, lined up by a barrier before every
+exchange), and beta is the pairs' bytes together over the exchange's time. One pair alone sees
+only the path's slowest link; the pairs together share the uplink, which is what the cost model
+needs to know (an uplink faster than the hosts' links together reads as their sum: no traffic
+from the leaf can go faster).
 """
 from __future__ import annotations
 
@@ -26,22 +34,43 @@ def probe_pairs(topo: Topology) -> dict[str, tuple[int, int]]:
     return {k: pairs[k] for k in LINK_LEVELS if k in pairs}
 
 
+def uplink_pairs(topo: Topology) -> list[tuple[int, int]]:
+    """The rank pairs that load one leaf's uplink at once: the first rank of each node of the
+    first leaf switch with the first rank of a node of the next one ([] with one switch)."""
+    if topo.num_switches < 2:
+        return []
+    first = [topo.ranks_in_node(n)[0] for n in topo.nodes_in_switch(0)]
+    other = [topo.ranks_in_node(n)[0] for n in topo.nodes_in_switch(1)]
+    return list(zip(first, other))
+
+
 def probe(comm: Any, topo: Topology, sizes: Sequence[int] = DEFAULT_SIZES,
           iters: int = 20) -> dict[str, Any]:
-    """Collective: ping-pong every class's pair; return ``{"links": ..., "samples": ...}`` on all ranks."""
+    """Collective: ping-pong every class's pair, then the uplink pairs together; return
+    ``{"links": ..., "samples": ...}`` on all ranks (``samples[level]``: [bytes, seconds] rows,
+    the bytes of all pairs for ``uplink``)."""
     import numpy as np
+    from mpi4py import MPI
 
     rank = comm.Get_rank()
     samples: dict[str, list[list[float]]] = {}
-    for level, (a, b) in probe_pairs(topo).items():
+    levels = {k: [ab] for k, ab in probe_pairs(topo).items()}
+    if len(uplink_pairs(topo)) > 1:
+        levels["uplink"] = uplink_pairs(topo)
+    for level, pairs in levels.items():
         rows = []
         for n in sizes:
             comm.Barrier()
-            t = _pingpong(comm, rank, a, b, np.zeros(max(n, 1), dtype=np.uint8), iters)
-            rows.append([float(n), comm.bcast(t, root=a)])
+            buf = np.zeros(max(n, 1), dtype=np.uint8)
+            if level == "uplink":
+                t = _exchange(comm, rank, pairs, buf, iters)
+            else:
+                t = _pingpong(comm, rank, *pairs[0], buf, iters)
+            rows.append([float(n * len(pairs)), comm.allreduce(t, op=MPI.MAX)])
         samples[level] = rows
     links = {k: fit(v).to_dict() for k, v in samples.items()}
-    return {"version": 1, "links": links, "samples": samples, "pairs": probe_pairs(topo),
+    shown = {k: list(v[0]) for k, v in levels.items()}
+    return {"version": 1, "links": links, "samples": samples, "pairs": shown,
             "iters": iters, "topology_source": topo.source, "date": time.strftime("%F %T")}
 
 
@@ -79,6 +108,23 @@ def table(result: dict[str, Any]) -> str:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+def _exchange(comm: Any, rank: int, pairs: Sequence[tuple[int, int]], buf: Any,
+              iters: int) -> float:
+    """Median time of every pair exchanging ``buf`` both ways at once (others return 0)."""
+    other = next((b if rank == a else a for a, b in pairs if rank in (a, b)), None)
+    back = buf.copy()
+    out = []
+    for i in range(iters + 2):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        if other is not None:
+            comm.Sendrecv(buf, dest=other, sendtag=78, recvbuf=back, source=other, recvtag=78)
+        if i >= 2:                              # two warm-up exchanges
+            out.append(time.perf_counter() - t0)
+    out.sort()
+    return out[len(out) // 2]
+
 
 def _pingpong(comm: Any, rank: int, a: int, b: int, buf: Any, iters: int) -> float:
     """Median half round trip between ranks a and b (others return 0)."""

@@ -51,6 +51,22 @@ def rail_rings(topo: Topology) -> list[list[int]]:
     return [[nodes[n][i] for n in order] for i in range(sizes[0])]
 
 
+def leaf_groups(topo: Topology) -> list[list[int]]:
+    """:func:`node_ring` cut at leaf switches: each leaf switch's nodes in ring order, where every
+    leaf holds the same number of nodes; otherwise one group of all nodes (the levels can't be
+    paired up). HO-Ring's rails reduce group by group, then across groups."""
+    order = node_ring(topo)
+    groups: list[list[int]] = []
+    for n in order:
+        if groups and topo.switch_of_node(groups[-1][-1]) == topo.switch_of_node(n):
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    if len({len(g) for g in groups}) != 1:
+        return [order]
+    return groups
+
+
 def leader_ring(topo: Topology) -> list[int]:
     """The first rank of every node in node-ring order (inter-node ring of node leaders)."""
     return [topo.ranks_in_node(n)[0] for n in node_ring(topo)]

@@ -1,11 +1,14 @@
 """``ho_ring``: HO-Ring, the PaRO paper's Hierarchical Overlapping Ring (arXiv 2310.06003).
 
-Same phases as ``hier`` (intra-node reduce-scatter, one inter-node ring per local index, all at
-once so every NIC is busy, intra-node all-gather), but the data is cut into chunks so the phases
-of different chunks overlap, and the rails are ordered so neighbouring nodes share a switch.
-The chunk count is the one the cost model (``collectives/schedules.py``) predicts fastest for
-the message and topology (1, 2, 4 or 8); ``TOPOCOLL_HORING_CHUNK=<bytes>`` fixes the chunk size
-instead (at most 8 chunks), e.g. to force many chunks in tests.
+Reduce inside the node (shared memory), then one ring per local index across the nodes (every
+NIC busy), level by level where leaf switches hold equal numbers of nodes: a ring around the
+nodes of each leaf, a ring across the leaves carrying 1/H of the data (H nodes per leaf), the
+leaf ring again; then gather inside the node (``hierarchy.py``). The message is cut into chunks
+whose stages run concurrently (``pipeline.py``): chunk k+1's intra-node reduce and leaf ring,
+chunk k's spine ring and chunk k-1's way back are all in flight at once, on non-blocking
+requests. The chunk count is the cost model's (``collectives/schedules.py``: the fewest chunks
+that keep messages within 1 MiB, more where the model predicts a gain; at most 16);
+``TOPOCOLL_HORING_CHUNK=<bytes>`` fixes the chunk size instead, e.g. to force many chunks in tests.
 """
 from __future__ import annotations
 
@@ -16,8 +19,6 @@ from ..call import Call
 from ..context import OpContext
 from . import hierarchy
 
-MAX_CHUNKS = 8
-
 
 def ho_ring(b: Backend, ctx: OpContext, call: Call) -> None:
     """HO-Ring all_reduce / reduce_scatter / all_gather (by ``call.kind``)."""
@@ -26,9 +27,9 @@ def ho_ring(b: Backend, ctx: OpContext, call: Call) -> None:
 
 def chunk_count(kind: str, nbytes: int, topology) -> int:
     """How many pipeline chunks a message of ``nbytes`` is cut into."""
+    from ..schedules import MAX_CHUNKS, best_chunks
+
     fixed = os.environ.get("TOPOCOLL_HORING_CHUNK")
     if fixed:
         return max(1, min(MAX_CHUNKS, nbytes // max(int(fixed), 1)))
-    from ..schedules import best_chunks
-
     return best_chunks(kind, nbytes, topology)

@@ -13,13 +13,19 @@ one place only, so every rank ends with bitwise the same values. Bytes sent per 
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 
-from ..backends.base import Backend
+from ..backends.base import Backend, Request
 from ..call import Call
 from ..context import OpContext
 from ..dtypes import finish_avg, reducer
 from ..gpu import copyto, empty
+
+Steps = Iterator[tuple[Backend, list[Request], tuple[str, ...]]]
+"""A collective phase as the exchanges it waits for, in order: ``(backend, requests, peers)``,
+``peers`` naming whom each request waits for (for a timeout's message)."""
 
 
 def all_reduce(b: Backend, ctx: OpContext, call: Call) -> None:
@@ -53,6 +59,25 @@ def reduce_scatter_into(b: Backend, ctx: OpContext, call: Call, src: np.ndarray,
                         inplace: bool) -> None:
     """Ring reduce-scatter of ``src`` (never written unless ``inplace``) into ``out``, this rank's
     reduced chunk; ``inplace`` means ``out`` is ``src``'s own chunk."""
+    drive(ctx, reduce_scatter_steps(b, call, src, out, inplace))
+
+
+def all_gather_into(b: Backend, ctx: OpContext, buf: np.ndarray, bounds, ring) -> None:
+    """Ring all-gather in place: each rank starts with its own chunk of ``buf`` filled."""
+    drive(ctx, all_gather_steps(b, buf, bounds, ring))
+
+
+def drive(ctx: OpContext, steps: Steps) -> None:
+    """Run ``steps`` to the end, waiting for each exchange before the next."""
+    for b, reqs, peers in steps:
+        b.wait(reqs, ctx, peers)
+
+
+def reduce_scatter_steps(b: Backend, call: Call, src: np.ndarray, out: np.ndarray,
+                         inplace: bool, tag: int = 0) -> Steps:
+    """``reduce_scatter_into`` as a sequence of exchanges: each yielded exchange must complete
+    before the generator resumes (``drive``, or ``pipeline.run_stages`` with other work between);
+    ``tag`` keeps concurrent sequences on one backend apart."""
     ring = _ring(b, call)
     p = len(ring)
     if p == 1:
@@ -62,6 +87,7 @@ def reduce_scatter_into(b: Backend, ctx: OpContext, call: Call, src: np.ndarray,
     combine = reducer(call.dtype, call.op or "sum")
     j = ring.index(b.rank)
     right, left = ring[(j + 1) % p], ring[(j - 1) % p]
+    peers = _peers(b, right, left)
     widest = max(hi - lo for lo, hi in call.bounds)
     scratch = [empty(widest, src.dtype, src), empty(widest, src.dtype, src)]
     send = _chunk(src, call.bounds, ring[(j - 1) % p])  # step 0 sends raw data
@@ -73,7 +99,7 @@ def reduce_scatter_into(b: Backend, ctx: OpContext, call: Call, src: np.ndarray,
             incoming = out                              # land straight in the output
         else:
             incoming = scratch[s % 2][:n]
-        b.sendrecv(send, right, incoming, left, ctx)
+        yield b, [b.irecv(incoming, left, tag), b.isend(send, right, tag)], peers
         mine = _chunk(src, call.bounds, c)
         if last and inplace:
             combine(mine, incoming)                     # own data + everyone else's partial
@@ -82,15 +108,20 @@ def reduce_scatter_into(b: Backend, ctx: OpContext, call: Call, src: np.ndarray,
         send = incoming
 
 
-def all_gather_into(b: Backend, ctx: OpContext, buf: np.ndarray, bounds, ring) -> None:
-    """Ring all-gather in place: each rank starts with its own chunk of ``buf`` filled."""
+def all_gather_steps(b: Backend, buf: np.ndarray, bounds, ring, tag: int = 0) -> Steps:
+    """``all_gather_into`` as a sequence of exchanges (see ``reduce_scatter_steps``)."""
     p = len(ring)
     j = ring.index(b.rank)
     right, left = ring[(j + 1) % p], ring[(j - 1) % p]
+    peers = _peers(b, right, left)
     for s in range(p - 1):
         send = _chunk(buf, bounds, ring[(j - s) % p])
         recv = _chunk(buf, bounds, ring[(j - s - 1) % p])
-        b.sendrecv(send, right, recv, left, ctx)
+        yield b, [b.irecv(recv, left, tag), b.isend(send, right, tag)], peers
+
+
+def _peers(b: Backend, right: int, left: int) -> tuple[str, str]:
+    return f"{b.peer_name(left)} (receive)", f"{b.peer_name(right)} (send)"
 
 
 def _ring(b: Backend, call: Call) -> list[int]:

@@ -45,6 +45,13 @@ class Backend(ABC):
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
         """Wait for all ``reqs``; on ``ctx``'s deadline raise CollectiveTimeoutError naming peers."""
 
+    def test(self, reqs: Sequence[Request], ctx: OpContext,
+             peers: Sequence[str] = ()) -> bool | None:
+        """Whether all ``reqs`` have completed, without waiting (a transport error raises as in
+        ``wait``); None where the transport can't tell without waiting: its transfers progress
+        only inside ``wait``, so algorithms then wait for one exchange at a time."""
+        return None
+
     def sendrecv(self, send: np.ndarray, dst: int, recv: np.ndarray, src: int,
                  ctx: OpContext) -> None:
         """Send ``send`` to ``dst`` while receiving ``recv`` from ``src`` (one ring step)."""

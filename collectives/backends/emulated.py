@@ -91,6 +91,10 @@ class EmulatedBackend(Backend):
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
         self.inner.wait(reqs, ctx, peers)
 
+    def test(self, reqs: Sequence[Request], ctx: OpContext,
+             peers: Sequence[str] = ()) -> bool | None:
+        return self.inner.test(reqs, ctx, peers)
+
     def native(self, name: str, ctx: OpContext, **kw: Any) -> None:
         self.inner.native(name, ctx, **kw)
 

@@ -76,12 +76,24 @@ class MPIBackend(Backend):
             ctx.poll(lambda: test(reqs), pending)
         except self._MPI.Exception as err:
             _keep(reqs)
-            raise TransportError(f"{ctx.name} failed in MPI while waiting for {pending()}: "
-                                 f"{self.describe_error(err)}; a peer process may have died "
-                                 f"or a link failed") from err
+            raise self._transport_error(err, ctx, pending()) from err
         except BaseException:
             _keep(reqs)  # a timeout, ^C, ...: the transfers may still complete; keep their buffers
             raise
+
+    def test(self, reqs: Sequence[Request], ctx: OpContext,
+             peers: Sequence[str] = ()) -> bool:
+        """Whether all ``reqs`` completed (``MPI_Testall``, which also drives MPI's progress)."""
+        try:
+            return bool(self._MPI.Request.Testall(list(reqs)))
+        except self._MPI.Exception as err:
+            _keep(reqs)
+            raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
+
+    def _transport_error(self, err: Any, ctx: OpContext, waiting_for: str) -> TransportError:
+        return TransportError(f"{ctx.name} failed in MPI while waiting for {waiting_for}: "
+                              f"{self.describe_error(err)}; a peer process may have died "
+                              f"or a link failed")
 
     def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
         """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
