@@ -1,9 +1,14 @@
-"""PrimePar: measured searched plan vs 1-D TP and RTP here, predicted comparison at 32+ devices.
+"""PrimePar: measured searched plan vs its baselines here, predicted comparison at 32+ devices.
 
-``mpiexec -n 4 topocoll bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]``
+``mpiexec -n 4 topocoll bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]
+[--links-file links.json] [--baselines "1-D TP,RTP,DP"]``
 Measured: forward + backward of every layer's four matmuls (QKV, out, fc1, fc2) under each plan,
 each fed an input shard in its own layout (the attention core and re-layouts are not executed
 here); memory per rank: weight + gradient shards, tensors saved for backward, peak shift buffers.
+Predicted: the plan's whole step (matmuls, attention core, re-layouts) and, for the part that is
+measured, its matmuls alone, priced on ``comm.topology``'s links (the probe's with
+``--links-file``, or ``TOPOCOLL_LINKS_FILE`` at detection). Misses of the matmul prediction by
+more than ``MISS`` (25%) are flagged.
 """
 from __future__ import annotations
 
@@ -13,6 +18,9 @@ import time
 from typing import Sequence
 
 import torch
+
+MISS = 0.25
+"""A measurement further than this fraction from its prediction is flagged as a miss."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -27,14 +35,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     P = comm.size
     model = Model(args.layers, args.hidden, args.heads, args.seq, args.batch)
     flops = _calibrate(comm)
-    costs = Costs(comm.topology, Hardware(flops_per_s=flops, dtype_bytes=4,
-                                          state_bytes_per_param=8))
+    topo = comm.topology
+    if args.links_file:
+        from topocoll.topology.detect import read_links_file
+
+        topo = topo.with_(links={**topo.links, **(read_links_file(args.links_file) or {})})
+    costs = Costs(topo, Hardware(flops_per_s=flops, dtype_bytes=4, state_bytes_per_param=8))
     from topocoll.primepar.__main__ import parse_bytes
 
     budget = parse_bytes(args.memory)
     plans = {"searched": search(model, costs, budget, context_parallel=False)}
+    wanted = [b.strip() for b in args.baselines.split(",") if b.strip()]
     plans.update({k: v for k, v in baselines(model, costs, context_parallel=False).items()
-                  if k in ("1-D TP", "RTP")})
+                  if k in wanted})
     rows = []
     for name, plan in plans.items():
         layers = [[PrimeLinear(comm, k, n, spec, seed=i)
@@ -43,19 +56,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         times, mem = _measure(comm, model, layers, args.iters)
         rows.append((name, plan, statistics.median(times), mem))
     if comm.rank == 0:
-        print(f"# {P} ranks on this machine (shared, noisy), float32, model: {args.layers} layers, "
-              f"hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch {args.batch}; "
-              f"calibrated {flops / 1e9:.1f} GFLOP/s per rank; budget {args.memory}; "
-              f"median of {args.iters}")
+        print(f"# {P} ranks ({topo.num_nodes} nodes) on this machine (shared, noisy), float32, "
+              f"model: {args.layers} layers, hidden {args.hidden}, heads {args.heads}, seq "
+              f"{args.seq}, batch {args.batch}; calibrated {flops / 1e9:.1f} GFLOP/s per rank; "
+              f"budget {args.memory}; median of {args.iters}")
+        print("# links priced: " + ", ".join(f"{k} {v}" for k, v in topo.links.items()))
         print(f"{'plan':9s} {'specs (layer 0)':58s} {'meas s':>8s} {'pred s':>8s} "
-              f"{'meas MB':>8s} {'pred MB':>8s}")
+              f"{'pred mm s':>9s} {'meas MB':>8s} {'pred MB':>8s} {'pred mm MB':>10s}")
         for name, plan, t, mem in rows:
             pred_t = sum(c.time_s for c in plan.layers)
-            print(f"{name:9s} {plan.layers[0].label():58s} {t:8.4f} {pred_t:8.4f} "
-                  f"{mem / 1e6:8.2f} {plan.memory_bytes / 1e6:8.2f}")
-        print("(pred: matmuls + attention core + re-layouts by the model; meas: matmuls only)")
-        _predicted_at_scale(args)
+            mm_t, mm_mem = matmul_prediction(model, costs, plan)
+            flags = [what for what, meas, pred in (("time", t, mm_t), ("memory", mem, mm_mem))
+                     if abs(meas / pred - 1) > MISS]
+            print(f"{name:9s} {plan.layers[0].label():58s} {t:8.4f} {pred_t:8.4f} {mm_t:9.4f} "
+                  f"{mem / 1e6:8.2f} {plan.memory_bytes / 1e6:8.2f} {mm_mem / 1e6:10.2f}"
+                  + (f"  miss > {MISS:.0%}: {', '.join(flags)}" if flags else ""))
+        print("(pred: matmuls + attention core + re-layouts by the model; pred mm: the matmuls "
+              "alone, what meas runs)")
+        if args.scale:
+            _predicted_at_scale(args)
     return 0
+
+
+def matmul_prediction(model, costs, plan) -> tuple[float, float]:
+    """The model's seconds and bytes per device for the plan's matmuls alone (forward +
+    backward; weight + gradient shards, saved inputs, the largest shift buffers)."""
+    secs, kept, transient = 0.0, 0.0, 0.0
+    for choice in plan.layers:
+        for spec, (m, k, n) in zip(choice.specs, model.matmuls().values()):
+            c = costs.matmul(spec, m, k, n)
+            secs += c.time_s
+            kept += c.weight_bytes + c.saved_bytes
+            transient = max(transient, c.transient_bytes)
+    return secs, kept + transient
 
 
 def _measure(comm, model, layers, iters: int) -> tuple[list[float], float]:
@@ -129,6 +162,10 @@ def _parser() -> argparse.ArgumentParser:
                           ("batch", 8), ("iters", 5)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--memory", default="1TB", help="budget per rank for the searched plan")
+    p.add_argument("--links-file", default=None,
+                   help="price on these probed links (topocoll topology --probe --out FILE)")
+    p.add_argument("--baselines", default="1-D TP,RTP,DP",
+                   help="comma-separated uniform plans to run beside the searched one")
     p.add_argument("--scale", type=int, nargs="*", default=[32, 64],
                    help="device counts for the predicted comparison")
     return p
