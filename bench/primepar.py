@@ -104,9 +104,12 @@ def _measure(comm, model, layers, iters: int) -> tuple[list[float], float]:
             row.append(shard(x, lin.spec, "X", lin.grid))
         inputs.append(row)
     saved = [0]
+    weights_at = {lin.weight.untyped_storage().data_ptr() for r in layers for lin in r}
 
     def pack(t):
-        saved[0] += t.numel() * t.element_size()
+        # a weight saved for backward is the parameter itself, counted with the weights already
+        if t.untyped_storage().data_ptr() not in weights_at:
+            saved[0] += t.numel() * t.element_size()
         return t
 
     times = []
