@@ -241,6 +241,8 @@ SHELL_NOT_RUN: dict[str, str] = {
                         "minutes; tests/test_paro_peak.py checks what the page claims of it",
     "docs/paro.md#sh1": "the PaRO benchmark takes minutes on 4 emulated ranks and writes "
                         "docs/figures/paro.png",
+    "docs/primepar.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
+                            "(minutes)",
     "docs/tesseract.md#sh1": "needs root: brings up a namespaced cluster and benchmarks on it "
                              "(minutes)",
     "docs/torch.md#sh2": "PyTorch's whole distributed suite, three ways on 2 and 4 ranks: 10-25 "
