@@ -243,6 +243,8 @@ SHELL_NOT_RUN: dict[str, str] = {
                         "docs/figures/paro.png",
     "docs/primepar.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
                             "(minutes)",
+    "docs/rtp.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
+                       "(minutes)",
     "docs/tesseract.md#sh1": "needs root: brings up a namespaced cluster and benchmarks on it "
                              "(minutes)",
     "docs/torch.md#sh2": "PyTorch's whole distributed suite, three ways on 2 and 4 ranks: 10-25 "
