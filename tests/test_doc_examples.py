@@ -243,7 +243,7 @@ SHELL_NOT_RUN: dict[str, str] = {
                         "docs/figures/paro.png",
     "docs/primepar.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
                             "(minutes)",
-    "docs/rtp.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
+    "docs/rtp.md#sh2": "needs root: brings up a namespaced cluster and benchmarks on it "
                        "(minutes)",
     "docs/tesseract.md#sh1": "needs root: brings up a namespaced cluster and benchmarks on it "
                              "(minutes)",
