@@ -3,8 +3,9 @@
 ``mpiexec -n 4 topocoll bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]
 [--links-file links.json] [--baselines "1-D TP,RTP,DP"]``
 Measured: forward + backward of every layer's four matmuls (QKV, out, fc1, fc2) under each plan,
-each fed an input shard in its own layout (the attention core and re-layouts are not executed
-here); memory per rank: weight + gradient shards, tensors saved for backward, peak shift buffers.
+the plans taking turns step by step, each fed an input shard in its own layout (the attention
+core and re-layouts are not executed here); memory per rank: weight + gradient shards, tensors
+saved for backward (other than the weights themselves), peak shift buffers.
 Predicted: the plan's whole step (matmuls, attention core, re-layouts) and, for the part that is
 measured, its matmuls alone, priced on ``comm.topology``'s links (the probe's with
 ``--links-file``, or ``TOPOCOLL_LINKS_FILE`` at detection). Misses of the matmul prediction by
@@ -27,7 +28,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the tables."""
     args = _parser().parse_args(argv)
     from topocoll import collectives
-    from topocoll.primepar import PrimeLinear
     from topocoll.primepar.cost import Costs, Hardware
     from topocoll.primepar import Model, baselines, search
 
@@ -48,13 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     wanted = [b.strip() for b in args.baselines.split(",") if b.strip()]
     plans.update({k: v for k, v in baselines(model, costs, context_parallel=False).items()
                   if k in wanted})
-    rows = []
-    for name, plan in plans.items():
-        layers = [[PrimeLinear(comm, k, n, spec, seed=i)
-                   for spec, (m, k, n) in zip(choice.specs, model.matmuls().values())]
-                  for i, choice in enumerate(plan.layers)]
-        times, mem = _measure(comm, model, layers, args.iters)
-        rows.append((name, plan, statistics.median(times), mem))
+    runs = {name: _PlanRun(comm, model, plan) for name, plan in plans.items()}
+    for it in range(args.iters + 1):  # plans take turns step by step; the first step warms up
+        for run in runs.values():
+            run.step(comm, timed=it > 0)
+    rows = [(name, plan, statistics.median(runs[name].times), runs[name].memory(comm))
+            for name, plan in plans.items()]
     if comm.rank == 0:
         print(f"# {P} ranks ({topo.num_nodes} nodes) on this machine (shared, noisy), float32, "
               f"model: {args.layers} layers, hidden {args.hidden}, heads {args.heads}, seq "
@@ -91,43 +90,52 @@ def matmul_prediction(model, costs, plan) -> tuple[float, float]:
     return secs, kept + transient
 
 
-def _measure(comm, model, layers, iters: int) -> tuple[list[float], float]:
-    """Seconds per fwd+bwd step, and the rank's bytes: weights+grads, saved, shift buffers."""
-    from topocoll.primepar import shard
+class _PlanRun:
+    """One plan's layers and inputs; its step times, and its bytes per rank (weights + grads,
+    tensors saved for backward, peak shift buffers)."""
 
-    gen = torch.Generator().manual_seed(comm.rank)
-    inputs = []
-    for lin_row in layers:
-        row = []
-        for lin, (m, k, n) in zip(lin_row, model.matmuls().values()):
-            x = torch.randn(m, k, generator=gen)
-            row.append(shard(x, lin.spec, "X", lin.grid))
-        inputs.append(row)
-    saved = [0]
-    weights_at = {lin.weight.untyped_storage().data_ptr() for r in layers for lin in r}
+    def __init__(self, comm, model, plan) -> None:
+        from topocoll.primepar import PrimeLinear, shard
 
-    def pack(t):
+        self.layers = [[PrimeLinear(comm, k, n, spec, seed=i)
+                        for spec, (m, k, n) in zip(choice.specs, model.matmuls().values())]
+                       for i, choice in enumerate(plan.layers)]
+        gen = torch.Generator().manual_seed(comm.rank)
+        self.inputs = [[shard(torch.randn(m, k, generator=gen), lin.spec, "X", lin.grid)
+                        for lin, (m, k, n) in zip(row, model.matmuls().values())]
+                       for row in self.layers]
+        self.weights_at = {lin.weight.untyped_storage().data_ptr()
+                           for row in self.layers for lin in row}
+        self.saved = 0
+        self.times: list[float] = []
+
+    def _pack(self, t):
         # a weight saved for backward is the parameter itself, counted with the weights already
-        if t.untyped_storage().data_ptr() not in weights_at:
-            saved[0] += t.numel() * t.element_size()
+        if t.untyped_storage().data_ptr() not in self.weights_at:
+            self.saved += t.numel() * t.element_size()
         return t
 
-    times = []
-    for it in range(iters + 1):
+    def step(self, comm, timed: bool) -> None:
+        """One forward + backward of every matmul, timed between barriers."""
         comm.barrier()
         start = time.perf_counter()
-        saved[0] = 0
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            outs = [lin(x) for row, xs in zip(layers, inputs) for lin, x in zip(row, xs)]
+        self.saved = 0
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            outs = [lin(x) for row, xs in zip(self.layers, self.inputs)
+                    for lin, x in zip(row, xs)]
         sum(o.sum() for o in outs).backward()
         comm.barrier()
-        if it:
-            times.append(time.perf_counter() - start)
-    weights = sum(2 * lin.weight.numel() * lin.weight.element_size() for r in layers for lin in r)
-    buffers = max(lin.trace.peak_buffer_bytes for r in layers for lin in r)
-    mine = torch.tensor([float(weights + saved[0] + buffers)], dtype=torch.float64)
-    comm.all_reduce(mine, op="max")
-    return times, float(mine[0])
+        if timed:
+            self.times.append(time.perf_counter() - start)
+
+    def memory(self, comm) -> float:
+        """The worst rank's weights + gradients, saved tensors and peak shift buffers."""
+        lins = [lin for row in self.layers for lin in row]
+        weights = sum(2 * lin.weight.numel() * lin.weight.element_size() for lin in lins)
+        buffers = max(lin.trace.peak_buffer_bytes for lin in lins)
+        mine = torch.tensor([float(weights + self.saved + buffers)], dtype=torch.float64)
+        comm.all_reduce(mine, op="max")
+        return float(mine[0])
 
 
 def _calibrate(comm) -> float:
