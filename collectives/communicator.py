@@ -601,7 +601,7 @@ class Communicator:
         seq = flight.issue_running(entry.kind, entry.what)
         if async_op:
             run.start()  # publishes and enters the barrier; never waits
-            handle = StartedHandle(entry, self._complete)
+            handle = StartedHandle(entry, self._complete, self._complete_later)
             self._started = (handle, entry, seq)
             return handle
         try:
@@ -642,6 +642,11 @@ class Communicator:
             self._flight.finished(seq)
             handle.settle(None if error else entry.result, error)
         return True
+
+    def _complete_later(self) -> None:
+        """Complete the started prepared call on the progress thread (a done-callback was added
+        to it: it must fire though nobody waits or tests); later calls queue behind it."""
+        self._executor.submit("completion", lambda: self._complete(True))
 
     def _drain(self) -> None:
         """Finish everything issued so far: the queue, and a started prepared call."""

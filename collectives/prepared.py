@@ -128,12 +128,16 @@ def _form(a: np.ndarray) -> tuple[Any, ...]:
 class StartedHandle:
     """The handle of a prepared call started inline with ``async_op=True``: its part is
     published and its barrier entered (no thread hop, nothing blocks); ``wait``, ``test`` and
-    the communicator's next operation complete it, in issue order. The interface of
-    ``handle.Handle``."""
+    the communicator's next operation complete it, in issue order; once a done-callback is
+    added, the progress thread completes it (a callback must fire without anyone polling, as
+    torch futures expect). The interface of ``handle.Handle``."""
 
-    def __init__(self, entry: Prepared, finish: Callable[[bool], bool]) -> None:
+    def __init__(self, entry: Prepared, finish: Callable[[bool], bool],
+                 finish_later: Callable[[], None]) -> None:
         self.name = entry.kind
         self._finish = finish          # the communicator's completion (Communicator._complete)
+        self._finish_later = finish_later  # the same, queued for the progress thread
+        self._queued = False
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -189,8 +193,13 @@ class StartedHandle:
         with self._lock:
             if not self._done:
                 self._callbacks.append(fn)
-                return
-        fn(self)
+                queue, self._queued = not self._queued, True
+            else:
+                queue = None
+        if queue is None:
+            fn(self)
+        elif queue:
+            self._finish_later()
 
     def settle(self, result: Any, error: BaseException | None) -> None:
         """Record the outcome (called once, by the communicator, under ``lock``), then run

@@ -219,6 +219,15 @@ def async_repeats(c):
     for h in handles:
         assert h.wait() is g
     assert np.all(g == 1) and seen == list(range(5)), seen
+    # a done-callback fires though nobody waits or tests (torch futures rely on it)
+    if p > 1:
+        fired = threading.Event()
+        x[...] = 1
+        h = c.all_reduce(x, async_op=True)
+        assert type(h).__name__ == "StartedHandle", type(h)
+        h.add_done_callback(lambda _h: fired.set())
+        assert fired.wait(60), "the callback of a started repeat never fired without a wait()"
+        assert h.done and np.all(x == p)
     if p > 1:  # a divergent async repeat fails at wait() on every rank
         for _ in range(2):
             c.all_reduce(x, async_op=True).wait()
