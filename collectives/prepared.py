@@ -2,11 +2,12 @@
 its argument checks, algorithm choice and set-up, done once on its first call, and runs the form
 its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
 
-Entries are kept per collective and input array (numpy arrays, a few calls each, small ones
-only: an entry holds its arrays alive). Each reuse re-checks, in a few hundred nanoseconds, what
-could have changed since: the very same array objects (a weak reference, so a new array at a
-recycled address never matches), their shape, dtype, strides and writability, and every
-argument.
+Entries are kept per collective and input array (numpy arrays and CPU torch tensors, a few
+calls each, small ones only: an entry holds its arrays alive). Each reuse re-checks, in a few
+hundred nanoseconds, what could have changed since: the very same array objects (a weak
+reference, so a new array at a recycled address never matches), their shape, dtype, strides
+and writability (a tensor's data pointer too: ``set_`` swaps storage under the same object), and
+every argument.
 The cross-rank agreement is not skipped: it runs inside the prepared run's own barrier.
 """
 from __future__ import annotations
@@ -57,11 +58,11 @@ class Prepared:
     def fits(self, x: Any, out: Any, args: tuple[Any, ...]) -> bool:
         """Whether a call with ``x``, ``out`` and ``args`` is this one, with nothing changed."""
         if args != self.args or _form(x) != self._x_form or \
-                (self._x_written and not x.flags.writeable) or self._x() is not x:
+                (self._x_written and not _writable(x)) or self._x() is not x:
             return False
         if self._out is None:
             return out is None
-        return out is not None and _form(out) == self._out_form and out.flags.writeable and \
+        return out is not None and _form(out) == self._out_form and _writable(out) and \
             self._out() is out
 
     def __call__(self) -> Any:
@@ -105,7 +106,8 @@ class PreparedCalls:
 
 def keepable(x: Any, out: Any, result: Any) -> bool:
     """Whether a call on ``x`` (and ``out``) returning ``result`` may be kept prepared: numpy
-    arrays, small, and a result that is the caller's own array (not one allocated per call)."""
+    arrays or CPU torch tensors, small, and a result that is the caller's own array (not one
+    allocated per call)."""
     if _nbytes(x) > PREPARED_MAX_BYTES:
         return False
     if out is not None and _nbytes(out) > 16 * PREPARED_MAX_BYTES:
@@ -114,15 +116,32 @@ def keepable(x: Any, out: Any, result: Any) -> bool:
 
 
 def _nbytes(a: Any) -> int:
-    """Bytes of a numpy array; a huge number for anything else."""
+    """Bytes of a numpy array or a CPU torch tensor; a huge number for anything else."""
     if type(a) is np.ndarray:
         return a.nbytes
-    return 1 << 62  # torch tensors: not kept (DDP/FSDP over the torch backend hung on 4 ranks)
+    if type(a).__module__.startswith("torch") and getattr(a, "is_cpu", False) and \
+            a.layout is _torch_strided():
+        return a.numel() * a.element_size()
+    return 1 << 62
 
 
-def _form(a: np.ndarray) -> tuple[Any, ...]:
-    """What a repeat must find unchanged in an array: its layout."""
-    return (a.shape, a.dtype, a.strides)
+def _form(a: Any) -> tuple[Any, ...]:
+    """What a repeat must find unchanged in an array: its layout (and a tensor's storage,
+    which ``set_`` can swap under the same object)."""
+    if type(a) is np.ndarray:
+        return (a.shape, a.dtype, a.strides)
+    return (a.shape, a.dtype, a.stride(), a.data_ptr())
+
+
+def _writable(a: Any) -> bool:
+    """A numpy array's flag (a tensor has none: collectives write into any CPU tensor)."""
+    return a.flags.writeable if type(a) is np.ndarray else True
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided
 
 
 class StartedHandle:

@@ -113,6 +113,8 @@ def torch_tensors_repeat(c):
         t.fill_(step + c.rank)
         assert c.all_reduce(t) is t
         assert torch.all(t == sum(step + q for q in range(p))), step
+    if p > 1:
+        assert kept(c, "all_reduce") > 0
     t.set_(torch.full((7,), 1.0))             # same object and shape, another storage
     assert torch.all(c.all_reduce(t) == p)
     t.set_(torch.full((9,), 2.0))             # and another shape
