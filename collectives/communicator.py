@@ -24,13 +24,13 @@ from .algorithms import hierarchy
 from .arrays import Buffer, as_buffer, check_memory, check_writable
 from .backends.base import Backend
 from .call import Call, split_bounds
-from .context import OpContext
+from .context import OpContext, spin
 from .dtypes import check_reducible, parse_op
 from .errors import CollectiveError, CommunicatorBrokenError, MismatchError, TransportError
 from .faults import note_broken, peer_exited
 from .flight import FlightEntry, FlightRecorder
 from .gpu import copyto, empty, empty_like, shares_memory
-from .handle import Executor
+from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
 from .prepared import Prepared, PreparedCalls, StartedHandle, keepable
 
@@ -585,10 +585,14 @@ class Communicator:
 
     def _may_repeat(self) -> bool:
         """Whether a prepared call may run inline now (see ``_prepared_call``); a started one
-        that can complete without waiting completes here."""
+        completes here if its peers arrive within a short spin (async calls issued back to back,
+        as a benchmark or a bucketed reduction does, then stay inline instead of queueing)."""
         return self._broken is None and not self._closed and not self._executor._pending and \
             threading.get_ident() == self._owner and not tracing() and \
-            (self._started is None or self._complete(False))
+            (self._started is None or spin(self._complete_now, HANDOFF_SPIN_SECONDS))
+
+    def _complete_now(self) -> bool:
+        return self._complete(False)
 
     def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
         """Run a prepared call inline (``_prepared_call`` found it): the general path's flight
