@@ -163,6 +163,16 @@ class SharedArena:
                 return False
         return True
 
+    def next_epoch(self) -> int:
+        """``arrive`` without raising the flag: the barrier's new epoch, for a compiled run that
+        stores the flag itself (after its data, with release order)."""
+        self._epoch += 1
+        return self._epoch
+
+    def flag_words(self) -> list[memoryview]:
+        """Every rank's flag word (this rank's writable), by rank."""
+        return list(self._flag_words)
+
     def begin(self) -> tuple[int, int, int]:
         """``mark``, ``flip`` and ``next_area`` in one call, for a prepared run: the step to
         rewind to, the half it uses and its publication area."""

@@ -4,7 +4,7 @@ argument, the array's shape, dtype or writability, another array at all) is noti
 diverge on a repeat still fail together with MismatchError; timeouts, broken communicators,
 threads and queued async calls behave as on the general path."""
 import _common  # noqa: F401
-from _common import expect_raises, rank_data, rank_main, reference
+from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main, reference, valid_ops
 
 import gc
 import threading
@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from topocoll import collectives
 from topocoll.collectives import faults
+from topocoll.collectives.algorithms import compiled
 from topocoll.collectives import (CollectiveError, CollectiveTimeoutError,
                                   CommunicatorBrokenError, MismatchError)
 
@@ -76,6 +77,38 @@ def repeats_stay_exact(c):
     if p > 1:
         for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "rotate"):
             assert kept(c, kind) > 0, f"{kind} was never kept prepared"
+
+
+def compiled_runs(c, kind):
+    """How many kept calls of ``kind`` run through the compiled plan (white-box)."""
+    return sum(e.lean is not None and e.lean._both is not None
+               for entries in c._prepared._by_kind.get(kind, {}).values() for e in entries)
+
+
+def reductions_match_numpy(c):
+    """Every dtype and op, random values (float rounding included), repeated so the prepared
+    run (compiled where built) does them: numpy's result in rank order, bitwise alike on every
+    rank; NaN and signed zeros in float min/max as numpy has them."""
+    p, r = c.size, c.rank
+    rng = np.random.default_rng(11)  # the same draws on every rank: every rank's data known
+    for dt in NUMPY_DTYPES:
+        for n in (1, 7, 1000):
+            for op in valid_ops(dt):
+                x = np.empty(n, dt)
+                for step in range(3):
+                    if np.dtype(dt).kind in "fc":
+                        every = [rng.standard_normal(n).astype(dt) for _ in range(p)]
+                        if np.dtype(dt).kind == "f" and n > 2:
+                            every[0][0], every[-1][1] = np.nan, -0.0
+                    else:
+                        every = [rng.integers(0, 200, n).astype(dt) for _ in range(p)]
+                    x[...] = every[r]
+                    assert c.all_reduce(x, op=op) is x
+                    want = reference(every, op)
+                    assert x.tobytes() == want.tobytes(), (dt, n, op, step, x[:4], want[:4])
+                    same_everywhere(x, f"all_reduce {dt} {op}")
+    if p > 1 and compiled.plan_type() is not None:
+        assert compiled_runs(c, "all_reduce") > 0, "no repeat ran through the compiled plan"
 
 
 def changes_are_noticed(c):
@@ -298,6 +331,7 @@ def persistent_runs_prepared(c):
 def body():
     c = collectives.init(timeout=20)
     repeats_stay_exact(c)
+    reductions_match_numpy(c)
     changes_are_noticed(c)
     torch_tensors_repeat(c)
     several_roots(c)
