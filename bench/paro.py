@@ -320,7 +320,7 @@ def _plot_times(ax: Any, results: list[dict[str, Any]]) -> None:
                        label=f"k={k} no communication")
     ax.set_xticks([j + width * (len(ks) - 1) / 2 for j in range(len(names))], names)
     ax.set_ylabel("ms per optimizer step (slowest rank, median)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")
 
 
 def _plot_memory(ax: Any, results: list[dict[str, Any]]) -> None:
@@ -348,14 +348,15 @@ def _plot_budgets(ax: Any, budget: dict[str, Any]) -> None:
                 ax.bar(x + off, e[key] * 1e3, 0.4, color=color, label=label)
                 ax.annotate(e[name], (x + off, e[key] * 1e3), ha="center", va="bottom",
                             fontsize=7)
-    picks = [(x + (-0.2 if e["advised"] == e["best_zero"] else 0.2), e["advised_s"] * 1e3)
+    picks = [(x + (-0.2 if e["advised"] == e["best_zero"] else 0.2), e["advised_s"] * 900)
              for x, e in zip(xs, entries) if e["advised"] in (e["best_zero"], e["best_paro"])]
     ax.plot([x for x, _ in picks], [y for _, y in picks], "kv", markersize=6,
             label="the advisor's pick")
     ax.set_xticks(list(xs), [f"{e['budget'] / 2**20:.1f}\n({','.join(e['at'])})"
                              for e in entries], fontsize=7)
     ax.set_xlabel("memory budget, MiB per rank (strategies keeping exactly that)", fontsize=8)
-    ax.set_ylabel(f"ms per step, k={budget['accumulation_steps']}")
+    ax.set_ylabel(f"ms per optimizer step, k={budget['accumulation_steps']}")
+    ax.set_title("fastest ZeRO stage and fastest PaRO strategy that fit each budget", fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
     ax.legend(uniq.values(), uniq.keys(), fontsize=8)
