@@ -17,10 +17,11 @@ the q received blocks from the forward pass (Tesseract's memory/communication ch
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
+
+from topocoll.collectives import reuse
 
 
 def summa(a: torch.Tensor, b: torch.Tensor, row: Any, col: Any) -> torch.Tensor:
@@ -34,14 +35,15 @@ def summa(a: torch.Tensor, b: torch.Tensor, row: Any, col: Any) -> torch.Tensor:
 class BroadcastStream:
     """Step ``t``'s block comes from group rank ``t``; step t+1 is in flight while t is used.
 
-    Blocks travel through two buffers kept per group, shape and dtype (``_buffers``), the root
+    Blocks travel through two buffers kept per group, shape and dtype (``reuse.buffers``; a
+    forward and a backward never run at once on one group, so they share them), the root
     copying its block in: every step of every call then broadcasts the same tensors with the same
     roots, which the communicator runs as prepared repeats (no checks or set-up per call) where
     they are small, and no call allocates."""
 
     def __init__(self, comm: Any, mine: torch.Tensor) -> None:
         self.comm, self.mine, self.steps = comm, mine, comm.size
-        self._bufs = _buffers(comm, mine) if comm.size > 1 else []
+        self._bufs = reuse.buffers(comm, "summa", mine) if comm.size > 1 else []
         self._pending: dict[int, tuple[torch.Tensor, Any]] = {}
         self._issue(0)
 
@@ -64,22 +66,6 @@ class BroadcastStream:
         if self.comm.rank == t:
             block.copy_(self.mine)
         self._pending[t] = (block, self.comm.broadcast(block, root=t, async_op=True))
-
-
-_BUFFERS: "weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], list[torch.Tensor]]]" = \
-    weakref.WeakKeyDictionary()
-"""Per group: the two block buffers of each shape, dtype and device a stream has used."""
-
-
-def _buffers(comm: Any, like: torch.Tensor) -> list[torch.Tensor]:
-    """The group's two buffers for blocks like ``like`` (made at first use). A forward and a
-    backward never run at once on one group, so their streams share them."""
-    per_group = _BUFFERS.setdefault(comm, {})
-    key = (tuple(like.shape), like.dtype, like.device)
-    bufs = per_group.get(key)
-    if bufs is None:
-        bufs = per_group[key] = [torch.empty_like(like), torch.empty_like(like)]
-    return bufs
 
 
 class _Summa(torch.autograd.Function):
