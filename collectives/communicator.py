@@ -576,10 +576,8 @@ class Communicator:
                        args: tuple[Any, ...]) -> Prepared | None:
         """The prepared call that this one repeats, where it may run at once: the calling thread
         owns the communicator, nothing is queued, broken or closed, and calls aren't traced."""
-        if not self._may_repeat():
-            return None
         entry = self._prepared.find(kind, x, out, args)
-        if entry is None or entry.check != self.check:
+        if entry is None or entry.check != self.check or not self._may_repeat():
             return None
         return entry
 
@@ -609,7 +607,7 @@ class Communicator:
             self._started = (handle, entry, seq)
             return handle
         try:
-            run()
+            run.go()
         except (MismatchError, TypeError, ValueError) as err:
             flight.take(seq).end(f"failed: {type(err).__name__}")  # alike everywhere: not broken
             raise

@@ -158,18 +158,20 @@ class Run:
     ``complete(block)`` finishes it once every rank has arrived (False: not yet, where
     ``block`` is False). Calling the run does both (in one step where ``both`` is given)."""
 
-    __slots__ = ("start", "complete", "_both")
+    __slots__ = ("start", "complete", "go", "_both")
 
     def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool],
                  both: Callable[[], None] | None = None) -> None:
         self.start = start
         self.complete = complete
         self._both = both
+        self.go: Callable[[], None] = both if both is not None else self._start_complete
+        """The whole run, blocking (the same as calling the run, one call less)."""
 
     def __call__(self) -> None:
-        if self._both is not None:
-            self._both()
-            return
+        self.go()
+
+    def _start_complete(self) -> None:
         self.start()
         self.complete(True)
 
@@ -276,11 +278,11 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
     a wait longer than its spins goes to ``arena.wait`` (deadline, timeout naming the peer)."""
     plan, finishes_all = compiled
     state = [0, 0, 0, 0]  # (arena mark, half, publication area, epoch)
+    begin_epoch = arena.begin_epoch
 
     def begin() -> None:
         ctx.deadline = None
-        state[0], state[1], state[2] = arena.begin()
-        state[3] = arena.next_epoch()
+        state[:] = arena.begin_epoch()
 
     def finish(code: int) -> None:
         if code == 0:
@@ -305,8 +307,11 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
         return True
 
     def both() -> None:
-        begin()
-        finish(plan.run(state[1], state[2], state[3], COMPILED_SPINS))
+        ctx.deadline = None
+        state[:] = mark, half, area, epoch = begin_epoch()
+        code = plan.run(half, area, epoch, COMPILED_SPINS)
+        if code != 1:
+            finish(code)
 
     return Run(start, complete, both)
 
