@@ -5,11 +5,14 @@
 
 Both backends run over the same ranks; measurements alternate between them round by round, so a
 noisy shared machine slows both alike, and every line prints the ratio (>1: topocoll is faster).
-Times are the slowest rank's, the best (minimum) of ``--rounds`` rounds.
+Times are the slowest rank's, the best (minimum) of ``--rounds`` rounds. DDP rows also show
+each backend's system CPU time over wall time (the highest rank's): a quarter or more means
+waiting ranks spend their time in the kernel (yielding) rather than computing.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import warnings
 from typing import Callable, Sequence
@@ -44,14 +47,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"{nbytes:>18} {bus['topocoll']:>14.3f} {bus['gloo']:>10.3f} "
             f"{bus['topocoll'] / bus['gloo']:>6.2f}")
     if not args.fsdp_only:
-        say(f"{'DDP step':>18} {'topocoll ms':>14} {'gloo ms':>10} {'ratio':>6}")
+        say(f"{'DDP step':>18} {'topocoll ms':>14} {'gloo ms':>10} {'ratio':>6} "
+            f"{'sys/wall topocoll':>18} {'gloo':>6}")
     for name, build, batch in [] if args.fsdp_only else _models():
         params = sum(q.numel() for q in build().parameters())
         step = {k: _ddp_stepper(build, batch, g, rank) for k, g in groups.items()}
+        share: dict[str, float] = {}
         times = _alternate(groups, args.rounds, lambda g, k=None: None, per_backend=step,
-                           repeat=args.steps)
+                           repeat=args.steps, sys_share=share)
         say(f"{name + f' ({params * 4 / 2**20:.1f} MiB)':>18} {times['topocoll'] * 1e3:>14.2f} "
-            f"{times['gloo'] * 1e3:>10.2f} {times['gloo'] / times['topocoll']:>6.2f}")
+            f"{times['gloo'] * 1e3:>10.2f} {times['gloo'] / times['topocoll']:>6.2f} "
+            f"{share['topocoll']:>18.2f} {share['gloo']:>6.2f}")
     if args.fsdp_rounds:
         _fsdp_report(args.fsdp_rounds, args.fsdp_first, say)
     dist.destroy_process_group()
@@ -84,22 +90,36 @@ def _bytes(s: str) -> int:
 
 
 def _alternate(groups: dict, rounds: int, fn: Callable, per_backend: dict | None = None,
-               repeat: int = 1) -> dict[str, float]:
-    """Seconds per operation for each backend: best round, slowest rank, backends interleaved."""
+               repeat: int = 1, sys_share: dict | None = None) -> dict[str, float]:
+    """Seconds per operation for each backend: best round, slowest rank, backends interleaved.
+    With ``sys_share``, also each backend's system CPU time over its wall time in the measured
+    rounds (every thread of the process, the highest rank's share): waiting that spins in the
+    kernel shows there."""
     best = {k: float("inf") for k in groups}
+    wall = {k: 0.0 for k in groups}
+    system = {k: 0.0 for k in groups}
     for _ in range(rounds + 1):  # round 0 warms up
         for name, g in groups.items():
             dist.barrier(group=g)
-            t0 = time.perf_counter()
+            t0, s0 = time.perf_counter(), os.times().system
             if per_backend is None:
                 n = fn(g)
             else:
                 for _ in range(repeat):
                     per_backend[name]()
                 n = repeat
-            dt = torch.tensor([(time.perf_counter() - t0) / n], dtype=torch.float64)
+            elapsed = time.perf_counter() - t0
+            if _:
+                wall[name] += elapsed
+                system[name] += os.times().system - s0
+            dt = torch.tensor([elapsed / n], dtype=torch.float64)
             dist.all_reduce(dt, op=dist.ReduceOp.MAX, group=g)
             best[name] = min(best[name], dt.item()) if _ else best[name]
+    if sys_share is not None:
+        for name, g in groups.items():
+            share = torch.tensor([system[name] / max(wall[name], 1e-9)], dtype=torch.float64)
+            dist.all_reduce(share, op=dist.ReduceOp.MAX, group=g)
+            sys_share[name] = share.item()
     return best
 
 

@@ -3,12 +3,14 @@
     TOPOCOLL_TOPOLOGY=2x2 TOPOCOLL_EMULATE=1 TOPOCOLL_LINKS="inter=50us:200MB/s" \\
         mpiexec -n 4 topocoll bench paro --accum 1,4 --plot docs/figures/paro.png
     mpiexec -n 4 topocoll bench paro --peak ...     # peak memory, with FSDP2 (bench/paro_peak.py)
+    topocoll bench paro --from-json two.json,four.json --plot fig.png   # tables and plot again
 
 All strategies train copies of one MLP on the same data; each round times ``--steps`` optimizer
 steps of every strategy in turn (the order rotates per round), so a noisy machine slows them all
 alike. Reported: the median over rounds of the slowest rank's time per optimizer step, the bytes
 each rank keeps (measured, and checked against the formula), and the advisor's predicted
-communication time on the topology's link parameters.
+communication time on the topology's link parameters. Then, per memory budget, the fastest ZeRO
+stage against the fastest of PaRO's own strategies, and the advisor's pick (bench/paro_budget.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import statistics
 import sys
 import time
 from typing import Any, Sequence
+
+from . import paro_budget
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,6 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return paro_peak.main([a for a in argv if a != "--peak"])
     args = _parse(argv)
+    if args.from_json:
+        return _replot(args.from_json, args.plot)
     import torch
     from mpi4py import MPI
 
@@ -46,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     topo = comm.topology
     g = topo.node_sizes()[0]
     results: list[dict[str, Any]] = []
+    budgets: list[dict[str, Any]] = []
     for k in args.accum:
         models: dict[str, Any] = {}
         for s in args.strategies:
@@ -84,6 +91,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                             ((args.warmup + args.rounds) * args.steps)})
         if args.fsdp:
             results.append(_row(FSDP, k, numel, times[FSDP]))
+
+        def advised(s: str, k: int = k) -> str:
+            budget = paro.expected_memory(s, numel, g, comm.size)["total"]
+            return paro.advise(numel, topo, budget, accumulation_steps=k).strategy
+
+        budgets.append({"accumulation_steps": k, "tiers": paro_budget.tiers(
+            [r for r in results if r["accumulation_steps"] == k], advised)})
         for name in names:
             models[name].close()
     if comm.rank == 0:
@@ -93,13 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{args.units}; batch "
                   f"{args.batch}/rank/micro-step; AdamW fp32; {args.rounds} rounds x "
                   f"{args.steps} steps (median)")
-        print(header)
-        print(_table(results))
+        run = {"header": header, "results": results, "budgets": budgets}
+        _print(run)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"header": header, "results": results}, f, indent=1)
+                json.dump(run, f, indent=1)
         if args.plot:
-            _plot(results, args.plot, header)
+            _plot([run], args.plot)
     if args.fsdp:
         import torch.distributed as dist
 
@@ -173,6 +187,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", default=None, help="write results as JSON here (rank 0)")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here (rank 0)")
+    p.add_argument("--from-json", default=None, type=lambda s: s.split(","),
+                   help="no run: print the tables of these --json files (comma list) and, "
+                        "with --plot, plot them one row each")
     p.add_argument("--peak", action="store_true", help="measure peak memory per rank of every "
                    "strategy and FSDP2 instead (bench/paro_peak.py; --peak --help lists its flags)")
     return p.parse_args(list(argv) if argv is not None else None)
@@ -239,41 +256,110 @@ def _table(results: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
-def _plot(results: list[dict[str, Any]], path: str, title: str) -> None:
+def _print(run: dict[str, Any]) -> None:
+    """The run's header, its table and, per accumulation setting, its budget table."""
+    print(run["header"])
+    print(_table(run["results"]))
+    for b in run.get("budgets", []):
+        print()
+        print(paro_budget.table(b["tiers"], b["accumulation_steps"]))
+
+
+def _replot(paths: list[str], plot: str | None) -> int:
+    """Print the tables of runs saved with --json, and plot them together with --plot."""
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+        _print(runs[-1])
+        print()
+    if plot:
+        _plot(runs, plot)
+    return 0
+
+
+def _plot(runs: list[dict[str, Any]], path: str) -> None:
+    """One row per run: step time per strategy and k (FSDP2 too), bytes kept, and at the
+    largest k the best ZeRO stage against the best PaRO strategy per memory budget."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(len(runs), 3, figsize=(17, 4.4 * len(runs)), squeeze=False,
+                             gridspec_kw={"width_ratios": [5, 3, 4]})
+    for run, (ax_t, ax_m, ax_b) in zip(runs, axes):
+        _plot_times(ax_t, run["results"])
+        _plot_memory(ax_m, run["results"])
+        if run.get("budgets"):
+            _plot_budgets(ax_b, run["budgets"][-1])
+        else:
+            ax_b.set_axis_off()
+        ax_t.set_title(run["header"], fontsize=7, loc="left", wrap=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_times(ax: Any, results: list[dict[str, Any]]) -> None:
     ks = sorted({r["accumulation_steps"] for r in results})
     local = {r["accumulation_steps"]: r["step_s"] for r in results if r["strategy"] == LOCAL}
-    results = [r for r in results if r["strategy"] not in (LOCAL, FSDP)]
+    results = [r for r in results if r["strategy"] != LOCAL]
     names = [r["strategy"] for r in results if r["accumulation_steps"] == ks[0]]
-    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.2))
     width = 0.8 / len(ks)
     for i, k in enumerate(ks):
         rows = {r["strategy"]: r for r in results if r["accumulation_steps"] == k}
         xs = [j + i * width for j in range(len(names))]
-        ax_t.bar(xs, [rows[n]["step_s"] * 1e3 for n in names], width, label=f"k={k} measured")
-        ax_t.plot(xs, [rows[n]["predicted_comm_s"] * 1e3 for n in names], "k_", markersize=12,
-                  label="predicted comm" if i == 0 else None)
+        ax.bar(xs, [rows[n]["step_s"] * 1e3 for n in names], width, label=f"k={k} measured")
+        pred = [(x, rows[n]["predicted_comm_s"] * 1e3) for x, n in zip(xs, names)
+                if "predicted_comm_s" in rows[n]]
+        ax.plot([x for x, _ in pred], [y for _, y in pred], "k_", markersize=12,
+                label="predicted comm" if i == 0 else None)
         if k in local:
-            ax_t.axhline(local[k] * 1e3, color=f"C{i}", linestyle=":", linewidth=1,
-                         label=f"k={k} no communication")
-    ax_t.set_xticks([j + width * (len(ks) - 1) / 2 for j in range(len(names))], names)
-    ax_t.set_ylabel("ms per optimizer step (slowest rank, median)")
-    ax_t.legend(fontsize=8)
-    rows = {r["strategy"]: r for r in results if r["accumulation_steps"] == ks[0]}
+            ax.axhline(local[k] * 1e3, color=f"C{i}", linestyle=":", linewidth=1,
+                       label=f"k={k} no communication")
+    ax.set_xticks([j + width * (len(ks) - 1) / 2 for j in range(len(names))], names)
+    ax.set_ylabel("ms per optimizer step (slowest rank, median)")
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def _plot_memory(ax: Any, results: list[dict[str, Any]]) -> None:
+    k0 = min(r["accumulation_steps"] for r in results)
+    rows = {r["strategy"]: r for r in results
+            if r["accumulation_steps"] == k0 and "memory" in r}
+    names = list(rows)
     bottom = [0.0] * len(names)
     for part in ("params", "grads", "optimizer"):
         vals = [rows[n]["memory"][part] / 2**20 for n in names]
-        ax_m.bar(names, vals, bottom=bottom, label=part)
+        ax.bar(names, vals, bottom=bottom, label=part)
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax_m.set_ylabel("MiB kept per rank")
-    ax_m.legend(fontsize=8)
-    fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    ax.set_ylabel("MiB kept per rank")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend(fontsize=8)
+
+
+def _plot_budgets(ax: Any, budget: dict[str, Any]) -> None:
+    entries = [e for e in budget["tiers"] if e["best_zero"] or e["best_paro"]]
+    xs = range(len(entries))
+    for off, key, name, color, label in ((-0.2, "zero_s", "best_zero", "C7", "best ZeRO stage"),
+                                         (0.2, "paro_s", "best_paro", "C2", "best PaRO strategy")):
+        for x, e in zip(xs, entries):
+            if e[key] is not None:
+                ax.bar(x + off, e[key] * 1e3, 0.4, color=color, label=label)
+                ax.annotate(e[name], (x + off, e[key] * 1e3), ha="center", va="bottom",
+                            fontsize=7)
+    picks = [(x + (-0.2 if e["advised"] == e["best_zero"] else 0.2), e["advised_s"] * 900)
+             for x, e in zip(xs, entries) if e["advised"] in (e["best_zero"], e["best_paro"])]
+    ax.plot([x for x, _ in picks], [y for _, y in picks], "kv", markersize=6,
+            label="the advisor's pick")
+    ax.set_xticks(list(xs), [f"{e['budget'] / 2**20:.1f}\n({','.join(e['at'])})"
+                             for e in entries], fontsize=7)
+    ax.set_xlabel("memory budget, MiB per rank (strategies keeping exactly that)", fontsize=8)
+    ax.set_ylabel(f"ms per optimizer step, k={budget['accumulation_steps']}")
+    ax.set_title("fastest ZeRO stage and fastest PaRO strategy that fit each budget", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    uniq = dict(zip(labels, handles))
+    ax.legend(uniq.values(), uniq.keys(), fontsize=8)
 
 
 if __name__ == "__main__":

@@ -24,13 +24,13 @@ from .algorithms import hierarchy
 from .arrays import Buffer, as_buffer, check_memory, check_writable
 from .backends.base import Backend
 from .call import Call, split_bounds
-from .context import OpContext
+from .context import OpContext, spin
 from .dtypes import check_reducible, parse_op
 from .errors import CollectiveError, CommunicatorBrokenError, MismatchError, TransportError
 from .faults import note_broken, peer_exited
 from .flight import FlightEntry, FlightRecorder
 from .gpu import copyto, empty, empty_like, shares_memory
-from .handle import Executor
+from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
 from .prepared import Prepared, PreparedCalls, StartedHandle, keepable
 
@@ -576,19 +576,21 @@ class Communicator:
                        args: tuple[Any, ...]) -> Prepared | None:
         """The prepared call that this one repeats, where it may run at once: the calling thread
         owns the communicator, nothing is queued, broken or closed, and calls aren't traced."""
-        if not self._may_repeat():
-            return None
         entry = self._prepared.find(kind, x, out, args)
-        if entry is None or entry.check != self.check:
+        if entry is None or entry.check != self.check or not self._may_repeat():
             return None
         return entry
 
     def _may_repeat(self) -> bool:
         """Whether a prepared call may run inline now (see ``_prepared_call``); a started one
-        that can complete without waiting completes here."""
+        completes here if its peers arrive within a short spin (async calls issued back to back,
+        as a benchmark or a bucketed reduction does, then stay inline instead of queueing)."""
         return self._broken is None and not self._closed and not self._executor._pending and \
             threading.get_ident() == self._owner and not tracing() and \
-            (self._started is None or self._complete(False))
+            (self._started is None or spin(self._complete_now, HANDOFF_SPIN_SECONDS))
+
+    def _complete_now(self) -> bool:
+        return self._complete(False)
 
     def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
         """Run a prepared call inline (``_prepared_call`` found it): the general path's flight
@@ -601,11 +603,11 @@ class Communicator:
         seq = flight.issue_running(entry.kind, entry.what)
         if async_op:
             run.start()  # publishes and enters the barrier; never waits
-            handle = StartedHandle(entry, self._complete)
+            handle = StartedHandle(entry, self._complete, self._complete_later)
             self._started = (handle, entry, seq)
             return handle
         try:
-            run()
+            run.go()
         except (MismatchError, TypeError, ValueError) as err:
             flight.take(seq).end(f"failed: {type(err).__name__}")  # alike everywhere: not broken
             raise
@@ -642,6 +644,11 @@ class Communicator:
             self._flight.finished(seq)
             handle.settle(None if error else entry.result, error)
         return True
+
+    def _complete_later(self) -> None:
+        """Complete the started prepared call on the progress thread (a done-callback was added
+        to it: it must fire though nobody waits or tests); later calls queue behind it."""
+        self._executor.submit("completion", lambda: self._complete(True))
 
     def _drain(self) -> None:
         """Finish everything issued so far: the queue, and a started prepared call."""

@@ -2,11 +2,12 @@
 its argument checks, algorithm choice and set-up, done once on its first call, and runs the form
 its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
 
-Entries are kept per collective and input array (numpy arrays, a few calls each, small ones
-only: an entry holds its arrays alive). Each reuse re-checks, in a few hundred nanoseconds, what
-could have changed since: the very same array objects (a weak reference, so a new array at a
-recycled address never matches), their shape, dtype, strides and writability, and every
-argument.
+Entries are kept per collective and input array (numpy arrays and CPU torch tensors, a few
+calls each, small ones only: an entry holds its arrays alive). Each reuse re-checks, in a few
+hundred nanoseconds, what could have changed since: the very same array objects (a weak
+reference, so a new array at a recycled address never matches), their shape, dtype, strides
+and writability (a tensor's data pointer too: ``set_`` swaps storage under the same object), and
+every argument.
 The cross-rank agreement is not skipped: it runs inside the prepared run's own barrier.
 """
 from __future__ import annotations
@@ -56,12 +57,17 @@ class Prepared:
 
     def fits(self, x: Any, out: Any, args: tuple[Any, ...]) -> bool:
         """Whether a call with ``x``, ``out`` and ``args`` is this one, with nothing changed."""
-        if args != self.args or _form(x) != self._x_form or \
-                (self._x_written and not x.flags.writeable) or self._x() is not x:
+        if self._x() is not x or args != self.args:
+            return False
+        if type(x) is np.ndarray:  # _form and _writable, inlined: every repeat pays this
+            if (x.shape, x.dtype, x.strides) != self._x_form or \
+                    (self._x_written and not x.flags.writeable):
+                return False
+        elif _form(x) != self._x_form:
             return False
         if self._out is None:
             return out is None
-        return out is not None and _form(out) == self._out_form and out.flags.writeable and \
+        return out is not None and _form(out) == self._out_form and _writable(out) and \
             self._out() is out
 
     def __call__(self) -> Any:
@@ -105,7 +111,8 @@ class PreparedCalls:
 
 def keepable(x: Any, out: Any, result: Any) -> bool:
     """Whether a call on ``x`` (and ``out``) returning ``result`` may be kept prepared: numpy
-    arrays, small, and a result that is the caller's own array (not one allocated per call)."""
+    arrays or CPU torch tensors, small, and a result that is the caller's own array (not one
+    allocated per call)."""
     if _nbytes(x) > PREPARED_MAX_BYTES:
         return False
     if out is not None and _nbytes(out) > 16 * PREPARED_MAX_BYTES:
@@ -114,26 +121,47 @@ def keepable(x: Any, out: Any, result: Any) -> bool:
 
 
 def _nbytes(a: Any) -> int:
-    """Bytes of a numpy array; a huge number for anything else."""
+    """Bytes of a numpy array or a CPU torch tensor; a huge number for anything else."""
     if type(a) is np.ndarray:
         return a.nbytes
-    return 1 << 62  # torch tensors: not kept (DDP/FSDP over the torch backend hung on 4 ranks)
+    if type(a).__module__.startswith("torch") and getattr(a, "is_cpu", False) and \
+            a.layout is _torch_strided():
+        return a.numel() * a.element_size()
+    return 1 << 62
 
 
-def _form(a: np.ndarray) -> tuple[Any, ...]:
-    """What a repeat must find unchanged in an array: its layout."""
-    return (a.shape, a.dtype, a.strides)
+def _form(a: Any) -> tuple[Any, ...]:
+    """What a repeat must find unchanged in an array: its layout (and a tensor's storage,
+    which ``set_`` can swap under the same object)."""
+    if type(a) is np.ndarray:
+        return (a.shape, a.dtype, a.strides)
+    return (a.shape, a.dtype, a.stride(), a.data_ptr())
+
+
+def _writable(a: Any) -> bool:
+    """A numpy array's flag (a tensor has none: collectives write into any CPU tensor)."""
+    return a.flags.writeable if type(a) is np.ndarray else True
+
+
+def _torch_strided() -> Any:
+    import torch
+
+    return torch.strided
 
 
 class StartedHandle:
     """The handle of a prepared call started inline with ``async_op=True``: its part is
     published and its barrier entered (no thread hop, nothing blocks); ``wait``, ``test`` and
-    the communicator's next operation complete it, in issue order. The interface of
-    ``handle.Handle``."""
+    the communicator's next operation complete it, in issue order; once a done-callback is
+    added, the progress thread completes it (a callback must fire without anyone polling, as
+    torch futures expect). The interface of ``handle.Handle``."""
 
-    def __init__(self, entry: Prepared, finish: Callable[[bool], bool]) -> None:
+    def __init__(self, entry: Prepared, finish: Callable[[bool], bool],
+                 finish_later: Callable[[], None]) -> None:
         self.name = entry.kind
         self._finish = finish          # the communicator's completion (Communicator._complete)
+        self._finish_later = finish_later  # the same, queued for the progress thread
+        self._queued = False
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -189,8 +217,13 @@ class StartedHandle:
         with self._lock:
             if not self._done:
                 self._callbacks.append(fn)
-                return
-        fn(self)
+                queue, self._queued = not self._queued, True
+            else:
+                queue = None
+        if queue is None:
+            fn(self)
+        elif queue:
+            self._finish_later()
 
     def settle(self, result: Any, error: BaseException | None) -> None:
         """Record the outcome (called once, by the communicator, under ``lock``), then run

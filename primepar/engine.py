@@ -13,6 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
+from topocoll.collectives import reuse
+
 from .spec import Spec
 
 
@@ -65,7 +67,11 @@ def run(ring: Any, spec: Spec, operands: Mapping[str, tuple[torch.Tensor, tuple[
         handles = {}
         if t < steps - 1:
             for name in moving_in:
-                handles[name] = ring.rotate(current[name], shift=-1, async_op=True)
+                # Into one of two buffers kept for the ring (reuse.buffers): step t+1 reads it
+                # while step t+2 receives into the other, and every call repeats the same
+                # rotations on the same tensors, which the communicator runs prepared.
+                recv = reuse.buffers(ring, f"primepar-{name}", current[name])[t % 2]
+                handles[name] = ring.rotate(current[name], out=recv, shift=-1, async_op=True)
                 trace.shifted_bytes += _nbytes(current[name])
         for p in products:
             role_out = spec.role(p.out_dims)

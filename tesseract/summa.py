@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from topocoll.collectives import reuse
+
 
 def summa(a: torch.Tensor, b: torch.Tensor, row: Any, col: Any) -> torch.Tensor:
     """``C = A @ B`` with A, B, C split q x q over the ``row`` and ``col`` groups (2-D A)."""
@@ -31,16 +33,23 @@ def summa(a: torch.Tensor, b: torch.Tensor, row: Any, col: Any) -> torch.Tensor:
 
 
 class BroadcastStream:
-    """Step ``t``'s block comes from group rank ``t``; step t+1 is in flight while t is used."""
+    """Step ``t``'s block comes from group rank ``t``; step t+1 is in flight while t is used.
+
+    Blocks travel through two buffers kept per group, shape and dtype (``reuse.buffers``; a
+    forward and a backward never run at once on one group, so they share them), the root
+    copying its block in: every step of every call then broadcasts the same tensors with the same
+    roots, which the communicator runs as prepared repeats (no checks or set-up per call) where
+    they are small, and no call allocates."""
 
     def __init__(self, comm: Any, mine: torch.Tensor) -> None:
         self.comm, self.mine, self.steps = comm, mine, comm.size
-        self._bufs = [torch.empty_like(mine), torch.empty_like(mine)] if comm.size > 1 else []
+        self._bufs = reuse.buffers(comm, "summa", mine) if comm.size > 1 else []
         self._pending: dict[int, tuple[torch.Tensor, Any]] = {}
         self._issue(0)
 
     def get(self, t: int) -> torch.Tensor:
-        """Issue step t+1's broadcast, then wait for step t's block and return it."""
+        """Issue step t+1's broadcast, then wait for step t's block and return it (valid until
+        ``get(t + 2)``, which reuses its buffer)."""
         self._issue(t + 1)
         block, handle = self._pending.pop(t)
         if handle is not None:
@@ -53,7 +62,9 @@ class BroadcastStream:
         if self.comm.size == 1:
             self._pending[t] = (self.mine, None)
             return
-        block = self.mine if self.comm.rank == t else self._bufs[t % 2]
+        block = self._bufs[t % 2]
+        if self.comm.rank == t:
+            block.copy_(self.mine)
         self._pending[t] = (block, self.comm.broadcast(block, root=t, async_op=True))
 
 

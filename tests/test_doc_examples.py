@@ -210,6 +210,12 @@ SHELL_RUN: dict[str, Shell] = {
         "    [--links inter=20us:1.25GB/s] [--flops 100e12]", ""),)),
     "docs/primepar.md#sh1": Shell("the bracketed option is a synopsis", edits=((
         " [--links inter=20us:1.25GB/s]", ""),)),
+    "docs/paro.md#sh3": Shell("the saved runs are the repository's; the plot goes to the run's "
+                              "directory", edits=(
+        ("--from-json docs/figures/paro-cluster-two.json,docs/figures/paro-cluster-four.json",
+         "--from-json {ROOT}/docs/figures/paro-cluster-two.json,"
+         "{ROOT}/docs/figures/paro-cluster-four.json"),
+        ("--plot docs/figures/paro-cluster.png", "--plot paro-cluster.png"))),
     "docs/rtp.md#sh1": Shell("the plot goes to the run's directory, not the repository's",
                              edits=(("docs/figures/rtp_bench.png", "rtp_bench.png"),)),
     "docs/shm.md#sh0": Shell("twelve sweeps: cut to 8 B-64 KiB", edits=(("-e 16M", "-e 64K"),)),
@@ -241,6 +247,8 @@ SHELL_NOT_RUN: dict[str, str] = {
                         "minutes; tests/test_paro_peak.py checks what the page claims of it",
     "docs/paro.md#sh1": "the PaRO benchmark takes minutes on 4 emulated ranks and writes "
                         "docs/figures/paro.png",
+    "docs/paro.md#sh2": "needs root: brings up two namespaced clusters, probes them and runs the "
+                        "PaRO benchmark on each (about 10 minutes)",
     "docs/primepar.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
                             "(minutes)",
     "docs/rtp.md#sh2": "needs root: brings up a namespaced cluster and benchmarks on it "

@@ -1,10 +1,57 @@
-"""Prepared calls (collectives/prepared.py): repeated small blocking collectives on real ranks."""
+"""Prepared calls (collectives/prepared.py): repeated small blocking collectives on real ranks,
+through the compiled shared-memory run where it is built and through the pure-Python run."""
+import shutil
+
 import pytest
 
 from mpi_harness import run_ranks
+from topocoll.collectives.algorithms import compiled
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_prepared_calls_stay_exact_and_checked(n):
     out = run_ranks("prepared_calls.py", n, timeout=240)
     assert "prepared calls: all checks passed" in out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_pure_python_run_passes_the_same_checks(n):
+    out = run_ranks("prepared_calls.py", n, timeout=240, env={compiled.ENV_COMPILED: "0"})
+    assert "prepared calls: all checks passed" in out
+
+
+def test_the_compiled_run_is_built_where_a_compiler_is():
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here: the install falls back to the pure-Python run")
+    assert compiled.available(), "a C compiler is present but _shmrun was not built"
+
+
+def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
+    if not compiled.available():
+        pytest.skip("the compiled run is not built here (no C compiler at install)")
+    import numpy as np
+
+    plan_type = compiled._PLAN
+    flag, slot, src = np.zeros(1, np.int64), np.zeros(16, np.uint8), np.zeros(32, np.uint8)
+    sig, words = b"12345678", [np.zeros(1, np.int64), np.zeros(1, np.int64)]
+
+    def plan(source=src, sig_words=words, reduction=None, copies=([], [])):
+        return plan_type([memoryview(flag)], 0, sig, tuple(memoryview(w) for w in sig_words),
+                         tuple([memoryview(w)] for w in sig_words),
+                         (memoryview(slot), memoryview(slot)), memoryview(source), copies,
+                         reduction)
+
+    with pytest.raises(ValueError, match="32 are needed"):
+        plan()  # the source doesn't fit the slot it is published to
+    with pytest.raises(ValueError, match="needed"):
+        plan(source=src[:8], sig_words=[np.zeros(0, np.int64)] * 2)  # signature area too small
+    out = np.zeros(4, np.float32)
+    ins = tuple([memoryview(np.zeros(4, np.float32))] for _ in (0, 1))
+    with pytest.raises(ValueError, match="no compiled reduction"):
+        plan(source=src[:8], reduction=("f", 2, memoryview(out), ins, 4))  # float min: numpy's
+    with pytest.raises(ValueError, match="needed"):
+        plan(source=src[:8], reduction=("f", 0, memoryview(out), ins, 5))  # 5 floats in 4
+    one = plan(source=src[:8], reduction=("f", 0, memoryview(out), ins, 4))
+    flag[0] = 0
+    assert one.complete(0, 0, 1, 0) == 0  # its own flag is not raised yet: not arrived
+    assert one.run(0, 0, 1, 0) == 1 and flag[0] == 1  # one rank: arrives, reduces, done

@@ -104,8 +104,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     would take another path (one rank, zero-copy, several steps): those run the general way."""
     arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
     moved = call.kind in ("all_gather", "broadcast", "rotate")  # one step, not combined
-    finish = _FINISH.get(call.kind)
-    if arena is None or finish is None or \
+    if arena is None or call.kind not in _PREPARED or \
             (call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate") or \
             call.send.nbytes > (arena.slot_bytes if moved else
                                 one_shot_bytes(call.kind, b.size, arena)):
@@ -114,12 +113,17 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     typed = [arena.slots(h, np.uint8 if moved else mine.dtype) for h in (0, 1)]
     publish = [_mv(_bytes(half[r][:mine.nbytes if moved else mine.size])) for half in typed]
     source = _mv(_bytes(mine))
-    done = finish(b, call, typed, source)
+    after = _after_barrier(b, call, typed, source)
     writes = call.kind != "broadcast" or r == call.root
     sig, check = call.agreement if call.agreement is not None else (None, None)
     sig_bytes = sig.tobytes() if sig is not None else b""
     mine_words, every_words = arena.signature_words(len(sig) if sig is not None else 0)
+    compiled = _compiled_plan(arena, after, sig_bytes, mine_words, every_words,
+                              publish if writes else None, source)
+    if compiled is not None:
+        return _compiled_run(arena, ctx, compiled, after, check, sig_bytes)
 
+    done = after.run
     state = [0, 0, 0]  # the started run's (arena mark, half, publication area): arena.begin()
 
     def start() -> None:
@@ -152,73 +156,164 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
 class Run:
     """A prepared run in two halves: ``start`` publishes this rank's part and never waits;
     ``complete(block)`` finishes it once every rank has arrived (False: not yet, where
-    ``block`` is False). Calling the run does both."""
+    ``block`` is False). Calling the run does both (in one step where ``both`` is given)."""
 
-    __slots__ = ("start", "complete")
+    __slots__ = ("start", "complete", "go", "_both")
 
-    def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool]) -> None:
+    def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool],
+                 both: Callable[[], None] | None = None) -> None:
         self.start = start
         self.complete = complete
+        self._both = both
+        self.go: Callable[[], None] = both if both is not None else self._start_complete
+        """The whole run, blocking (the same as calling the run, one call less)."""
 
     def __call__(self) -> None:
+        self.go()
+
+    def _start_complete(self) -> None:
         self.start()
         self.complete(True)
 
 
-def _finish_reduce(b: Backend, call: Call, typed: list[list[np.ndarray]],
-                   mine: memoryview) -> Callable[[int], None]:
-    """``_one_shot``'s sum over every rank's slot in rank order (the root alone, for reduce)."""
-    r, p, n = b.rank, b.size, call.input.size
-    if call.kind == "reduce" and r != call.root:
-        return lambda half: None
-    lo, hi = call.bounds[r] if call.kind == "reduce_scatter" else (0, n)
-    out = call.recv if call.kind == "reduce_scatter" else call.send
-    assert out is not None  # reduce_scatter always has an output
-    combine, avg = host_ufunc(call.dtype, call.op or "sum"), call.op == "avg"
-    if combine is None:
-        combine = reducer(call.dtype, call.op or "sum")
-    ins = [[half[q][lo:hi] for q in range(p)] for half in typed]
+class AfterBarrier:
+    """What a prepared run does once every rank has arrived, per half: ``copies`` (destination,
+    source) as bytes, then a reduction of ``ins`` (every rank's slot, in rank order) into
+    ``out``. ``run(half)`` does it in Python; the compiled run does the same from this."""
 
-    def finish(half: int) -> None:
-        slots = ins[half]
+    def __init__(self, copies: tuple[list[tuple[memoryview, memoryview]], ...],
+                 out: np.ndarray | None = None, ins: tuple[list[np.ndarray], ...] = ([], []),
+                 call: Call | None = None) -> None:
+        self.copies, self.out, self.ins = copies, out, ins
+        self.op = (call.op or "sum") if call is not None else "sum"
+        self.dtype: Any = call.dtype if call is not None else None
+        self.ranks = len(ins[0])
+        self._combine: Any = None
+        if out is not None and call is not None:
+            self._combine = host_ufunc(call.dtype, self.op) or reducer(call.dtype, self.op)
+
+    def run(self, half: int) -> None:
+        """The copies and the reduction of ``half``, in Python."""
+        for dst, src in self.copies[half]:
+            dst[:] = src
+        self.reduce(half)
+
+    def reduce(self, half: int) -> None:
+        """The reduction alone (what the compiled run leaves to Python: see ``_compiled_plan``)."""
+        out, combine = self.out, self._combine
+        if out is None or combine is None:
+            return
+        slots = self.ins[half]
         combine(slots[0], slots[1], out=out)  # never reads out: safe in place
-        for q in range(2, p):
+        for q in range(2, self.ranks):
             combine(out, slots[q], out=out)
-        if avg:
-            finish_avg(call.dtype, out, p)
-    return finish
+        if self.op == "avg":
+            finish_avg(self.dtype, out, self.ranks)
 
 
-def _finish_move(b: Backend, call: Call, typed: list[list[np.ndarray]],
-                 mine: memoryview) -> Callable[[int], None]:
-    """Copy out what the call moves, as bytes: every slot (all-gather), the root's (broadcast)
-    or the predecessor's (rotate)."""
-    r, p, n = b.rank, b.size, len(mine)
+def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
+                   mine: memoryview) -> AfterBarrier:
+    """A prepared run's finish, per collective: ``_one_shot``'s sum over every rank's slot in
+    rank order (the root alone, for reduce); or the bytes it moves: every slot (all-gather), the
+    root's (broadcast) or the predecessor's (rotate)."""
+    r, p = b.rank, b.size
+    if call.kind in ("all_reduce", "reduce_scatter", "reduce"):
+        if call.kind == "reduce" and r != call.root:
+            return AfterBarrier(([], []))
+        lo, hi = call.bounds[r] if call.kind == "reduce_scatter" else (0, call.input.size)
+        out = call.recv if call.kind == "reduce_scatter" else call.send
+        assert out is not None  # reduce_scatter always has an output
+        return AfterBarrier(([], []), out, tuple([half[q][lo:hi] for q in range(p)]
+                                                 for half in typed), call)
+    n = len(mine)
     dst = _mv(_bytes(call.recv if call.recv is not None else call.send))
     if call.kind == "all_gather":
-        pieces = [(dst[q * n:(q + 1) * n], [_mv(half[q][:n]) for half in typed])
-                  for q in range(p) if q != r]
-        own = dst[r * n:(r + 1) * n]
-
-        def gather(half: int) -> None:
-            own[:] = mine
-            for to, slots in pieces:
-                to[:] = slots[half]
-        return gather
+        return AfterBarrier(tuple([(dst[r * n:(r + 1) * n], mine)] +
+                                  [(dst[q * n:(q + 1) * n], _mv(half[q][:n]))
+                                   for q in range(p) if q != r] for half in typed))
     if call.kind == "broadcast" and r == call.root:
-        return lambda half: None
+        return AfterBarrier(([], []))
     src = call.root if call.kind == "broadcast" else (r - call.shift) % p
-    slots = [_mv(half[src][:n]) for half in typed]
-
-    def copy(half: int) -> None:
-        dst[:] = slots[half]
-    return copy
+    return AfterBarrier(tuple([(dst, _mv(half[src][:n]))] for half in typed))
 
 
-_FINISH = {"all_reduce": _finish_reduce, "reduce_scatter": _finish_reduce,
-           "reduce": _finish_reduce, "all_gather": _finish_move, "broadcast": _finish_move,
-           "rotate": _finish_move}
-"""What ``prepare``'s run does after the barrier, per collective."""
+_PREPARED = ("all_reduce", "reduce_scatter", "reduce", "all_gather", "broadcast", "rotate")
+"""The collectives ``prepare`` makes a run for."""
+
+_COMPILED_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+"""Op codes of the compiled run's reduction (``_shmrun.c``); floats take sum and prod only."""
+
+COMPILED_SPINS = 256
+"""Polls (each yielding the core) the compiled run makes before handing a wait to Python's
+``OpContext.poll``, which sleeps and enforces the deadline."""
+
+
+def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
+                   mine_words: list[memoryview], every_words: list[list[memoryview]],
+                   publish: list[memoryview] | None, source: memoryview) -> Any:
+    """The compiled form of a prepared run (``_shmrun.Plan``), or None where the extension
+    isn't built or is turned off (``TOPOCOLL_SHM_COMPILED=0``). A reduction it has no loop for
+    (float min/max, float16, complex, avg's division) it leaves to ``after.reduce``."""
+    from . import compiled
+
+    plan_type = compiled.plan_type()
+    if plan_type is None:
+        return None
+    reduction = None
+    out = after.out
+    if out is not None and after.op in _COMPILED_OPS and after.dtype is not None and \
+            host_ufunc(after.dtype, after.op) is not None and \
+            compiled.reduces(out.dtype.char, _COMPILED_OPS[after.op]):
+        reduction = (out.dtype.char, _COMPILED_OPS[after.op], out,
+                     tuple(list(ins) for ins in after.ins), out.size)
+    plan = plan_type(arena.flag_words(), arena.rank, sig, tuple(mine_words),
+                     tuple(every_words), None if publish is None else tuple(publish), source,
+                     tuple(list(c) for c in after.copies), reduction)
+    return plan, reduction is not None or after.out is None
+
+
+def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: AfterBarrier,
+                  check: Callable[..., None] | None, sig: bytes) -> Run:
+    """``prepare``'s run through the compiled plan: one C call publishes, polls and finishes;
+    a wait longer than its spins goes to ``arena.wait`` (deadline, timeout naming the peer)."""
+    plan, finishes_all = compiled
+    state = [0, 0, 0, 0]  # (arena mark, half, publication area, epoch)
+    begin_epoch = arena.begin_epoch
+
+    def begin() -> None:
+        ctx.deadline = None
+        state[:] = arena.begin_epoch()
+
+    def finish(code: int) -> None:
+        if code == 0:
+            arena.wait(ctx)
+            code = plan.complete(state[1], state[2], state[3], 0)
+        if code < 0:
+            arena.rewind(state[0])
+            assert check is not None  # signatures only differ where there is one
+            check(*arena.agreed(len(sig) // 8))  # raises, naming the field
+        if code == 2 and not finishes_all:
+            after.reduce(state[1])
+
+    def start() -> None:
+        begin()
+        plan.start(state[1], state[2], state[3])
+
+    def complete(block: bool) -> bool:
+        code = plan.complete(state[1], state[2], state[3], COMPILED_SPINS if block else 0)
+        if code == 0 and not block:
+            return False
+        finish(code)
+        return True
+
+    def both() -> None:
+        ctx.deadline = None
+        state[:] = mark, half, area, epoch = begin_epoch()
+        code = plan.run(half, area, epoch, COMPILED_SPINS)
+        if code != 1:
+            finish(code)
+
+    return Run(start, complete, both)
 
 
 def _mv(a: np.ndarray) -> memoryview:

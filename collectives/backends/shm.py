@@ -163,6 +163,20 @@ class SharedArena:
                 return False
         return True
 
+    def begin_epoch(self) -> tuple[int, int, int, int]:
+        """``begin`` and ``arrive`` without raising the flag, for a compiled run that stores the
+        flag itself (after its data, with release order): the mark, half and area, and the
+        barrier's new epoch."""
+        mark = self._step
+        self._step += 1
+        self._published += 1
+        self._epoch += 1
+        return mark, self._step % 2, self._published % 2, self._epoch
+
+    def flag_words(self) -> list[memoryview]:
+        """Every rank's flag word (this rank's writable), by rank."""
+        return list(self._flag_words)
+
     def begin(self) -> tuple[int, int, int]:
         """``mark``, ``flip`` and ``next_area`` in one call, for a prepared run: the step to
         rewind to, the half it uses and its publication area."""

@@ -4,7 +4,7 @@ argument, the array's shape, dtype or writability, another array at all) is noti
 diverge on a repeat still fail together with MismatchError; timeouts, broken communicators,
 threads and queued async calls behave as on the general path."""
 import _common  # noqa: F401
-from _common import expect_raises, rank_data, rank_main, reference
+from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main, reference, valid_ops
 
 import gc
 import threading
@@ -15,6 +15,7 @@ from mpi4py import MPI
 
 from topocoll import collectives
 from topocoll.collectives import faults
+from topocoll.collectives.algorithms import compiled
 from topocoll.collectives import (CollectiveError, CollectiveTimeoutError,
                                   CommunicatorBrokenError, MismatchError)
 
@@ -78,6 +79,38 @@ def repeats_stay_exact(c):
             assert kept(c, kind) > 0, f"{kind} was never kept prepared"
 
 
+def compiled_runs(c, kind):
+    """How many kept calls of ``kind`` run through the compiled plan (white-box)."""
+    return sum(e.lean is not None and e.lean._both is not None
+               for entries in c._prepared._by_kind.get(kind, {}).values() for e in entries)
+
+
+def reductions_match_numpy(c):
+    """Every dtype and op, random values (float rounding included), repeated so the prepared
+    run (compiled where built) does them: numpy's result in rank order, bitwise alike on every
+    rank; NaN and signed zeros in float min/max as numpy has them."""
+    p, r = c.size, c.rank
+    rng = np.random.default_rng(11)  # the same draws on every rank: every rank's data known
+    for dt in NUMPY_DTYPES:
+        for n in (1, 7, 1000):
+            for op in valid_ops(dt):
+                x = np.empty(n, dt)
+                for step in range(3):
+                    if np.dtype(dt).kind in "fc":
+                        every = [rng.standard_normal(n).astype(dt) for _ in range(p)]
+                        if np.dtype(dt).kind == "f" and n > 2:
+                            every[0][0], every[-1][1] = np.nan, -0.0
+                    else:
+                        every = [rng.integers(0, 200, n).astype(dt) for _ in range(p)]
+                    x[...] = every[r]
+                    assert c.all_reduce(x, op=op) is x
+                    want = reference(every, op)
+                    assert x.tobytes() == want.tobytes(), (dt, n, op, step, x[:4], want[:4])
+                    same_everywhere(x, f"all_reduce {dt} {op}")
+    if p > 1 and compiled.plan_type() is not None:
+        assert compiled_runs(c, "all_reduce") > 0, "no repeat ran through the compiled plan"
+
+
 def changes_are_noticed(c):
     """Each change makes the next call take the general path, which checks it again."""
     x = np.arange(6, dtype=np.float32)
@@ -113,6 +146,8 @@ def torch_tensors_repeat(c):
         t.fill_(step + c.rank)
         assert c.all_reduce(t) is t
         assert torch.all(t == sum(step + q for q in range(p))), step
+    if p > 1:
+        assert kept(c, "all_reduce") > 0
     t.set_(torch.full((7,), 1.0))             # same object and shape, another storage
     assert torch.all(c.all_reduce(t) == p)
     t.set_(torch.full((9,), 2.0))             # and another shape
@@ -219,6 +254,15 @@ def async_repeats(c):
     for h in handles:
         assert h.wait() is g
     assert np.all(g == 1) and seen == list(range(5)), seen
+    # a done-callback fires though nobody waits or tests (torch futures rely on it)
+    if p > 1:
+        fired = threading.Event()
+        x[...] = 1
+        h = c.all_reduce(x, async_op=True)
+        assert type(h).__name__ == "StartedHandle", type(h)
+        h.add_done_callback(lambda _h: fired.set())
+        assert fired.wait(60), "the callback of a started repeat never fired without a wait()"
+        assert h.done and np.all(x == p)
     if p > 1:  # a divergent async repeat fails at wait() on every rank
         for _ in range(2):
             c.all_reduce(x, async_op=True).wait()
@@ -287,6 +331,7 @@ def persistent_runs_prepared(c):
 def body():
     c = collectives.init(timeout=20)
     repeats_stay_exact(c)
+    reductions_match_numpy(c)
     changes_are_noticed(c)
     torch_tensors_repeat(c)
     several_roots(c)

@@ -45,6 +45,15 @@ def body():
         assert torch.all(got == t + 1), f"step {t}: got {got[0, 0].item()}, want {t + 1}"
         if t + 1 < row.size:
             assert t + 1 in stream._pending, "step t+1 was not issued before step t was used"
+    # later streams reuse the group's two buffers (so the broadcasts repeat), data stays right
+    for call in range(3):
+        mine = torch.full((3, 2), float(10 * call + row.rank))
+        again = BroadcastStream(row, mine)
+        for t in range(row.size):
+            got = again.get(t)
+            assert torch.all(got == 10 * call + t), (call, t, got[0, 0].item())
+        if row.size > 1:
+            assert again._bufs is stream._bufs, "a new stream allocated its own buffers"
     grid.close()
 
 

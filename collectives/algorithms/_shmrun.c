@@ -1,0 +1,364 @@
+/* The prepared shared-memory run of a small collective in C: publish, raise the flag, wait for
+ * the peers' flags, compare signatures, copy out or reduce. The same protocol, memory layout and
+ * rank-order arithmetic as shm.prepare's Python run (which stays as the fallback and is what
+ * this module is tested against); compiled because the Python run alone costs more than MPI's
+ * whole call at 8 bytes. Memory order: release store of the flag after the data, acquire loads
+ * of the peers' flags before reading theirs (a fence where the CPU needs one, none on x86).
+ *
+ * Built when a C compiler is present (optional extension); without it the Python run is used.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <sched.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { DONE = 1, FINISH_IN_PYTHON = 2, NOT_YET = 0, MISMATCH = -1 };
+enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX };
+
+typedef struct {
+    char *dst;
+    const char *src;
+    Py_ssize_t n;
+} Copy;
+
+typedef struct {
+    PyObject_HEAD
+    int ranks;
+    int64_t *my_flag;
+    int64_t **flags;            /* every rank's flag */
+    const char *sig;            /* this call's signature bytes (kept alive by sig_obj) */
+    Py_ssize_t sig_len;
+    char *my_sig[2];            /* this rank's signature words, per publication area */
+    const char **every_sig[2];  /* every rank's, per area */
+    char *publish[2];           /* this rank's slot, per half (NULL: publishes nothing) */
+    const char *source;
+    Py_ssize_t source_len;
+    Copy *copies[2];            /* what moves after the barrier, per half */
+    Py_ssize_t n_copies;
+    char dtype;                 /* reduce: numpy type char, 0 for none */
+    int op;
+    char *out;
+    const char **inputs[2];     /* every rank's slot to reduce, per half */
+    Py_ssize_t count;
+    PyObject *keep;             /* every buffer object above, kept alive */
+    Py_buffer *views;
+    Py_ssize_t n_views;
+} Plan;
+
+/* Borrow obj's memory for the plan's lifetime: its address, at least `need` bytes. */
+static int
+addr(Plan *p, PyObject *obj, int writable, Py_ssize_t need, char **out)
+{
+    Py_buffer *v = &p->views[p->n_views];
+    if (PyObject_GetBuffer(obj, v, (writable ? PyBUF_WRITABLE : PyBUF_SIMPLE)) < 0)
+        return -1;
+    p->n_views++;
+    if (v->len < need) {
+        PyErr_Format(PyExc_ValueError, "a buffer of %zd bytes where %zd are needed", v->len, need);
+        return -1;
+    }
+    *out = (char *)v->buf;
+    return 0;
+}
+
+static Py_ssize_t
+itemsize(char type)
+{
+    switch (type) {
+    case 'b': case 'B': return 1;
+    case 'h': case 'H': return 2;
+    case 'i': case 'I': case 'f': return 4;
+    case 'l': case 'L': case 'q': case 'Q': case 'd': return 8;
+    }
+    return 0;
+}
+
+#define REDUCE_LOOP(T, EXPR)                                                   \
+    do {                                                                       \
+        T *o = (T *)p->out;                                                    \
+        const T *a = (const T *)in[0], *b = (const T *)in[1];                  \
+        for (Py_ssize_t i = 0; i < n; i++) { T x = a[i], y = b[i]; o[i] = (EXPR); } \
+        for (int q = 2; q < p->ranks; q++) {                                   \
+            const T *c = (const T *)in[q];                                     \
+            for (Py_ssize_t i = 0; i < n; i++) { T x = o[i], y = c[i]; o[i] = (EXPR); } \
+        }                                                                      \
+    } while (0)
+
+/* Integers wrap as numpy's do: signed sums and products go through the unsigned type. */
+#define INT_OPS(S, U)                                                          \
+    switch (p->op) {                                                           \
+    case OP_SUM: REDUCE_LOOP(S, (S)((U)x + (U)y)); break;                      \
+    case OP_PROD: REDUCE_LOOP(S, (S)((U)x * (U)y)); break;                     \
+    case OP_MIN: REDUCE_LOOP(S, x < y ? x : y); break;                         \
+    default: REDUCE_LOOP(S, x > y ? x : y);                                    \
+    }
+
+/* Floats: sum and product only (numpy's min/max NaN and signed-zero rules stay with numpy). */
+#define FLOAT_OPS(T)                                                           \
+    switch (p->op) {                                                           \
+    case OP_SUM: REDUCE_LOOP(T, x + y); break;                                 \
+    default: REDUCE_LOOP(T, x * y);                                            \
+    }
+
+static void
+reduce(Plan *p, int half)
+{
+    const char **in = p->inputs[half];
+    Py_ssize_t n = p->count;
+    if (p->ranks == 1) {
+        memmove(p->out, in[0], n * itemsize(p->dtype));
+        return;
+    }
+    switch (p->dtype) {
+    case 'b': INT_OPS(int8_t, uint8_t); break;
+    case 'B': INT_OPS(uint8_t, uint8_t); break;
+    case 'h': INT_OPS(int16_t, uint16_t); break;
+    case 'H': INT_OPS(uint16_t, uint16_t); break;
+    case 'i': INT_OPS(int32_t, uint32_t); break;
+    case 'I': INT_OPS(uint32_t, uint32_t); break;
+    case 'l': case 'q': INT_OPS(int64_t, uint64_t); break;
+    case 'L': case 'Q': INT_OPS(uint64_t, uint64_t); break;
+    case 'f': FLOAT_OPS(float); break;
+    case 'd': FLOAT_OPS(double); break;
+    }
+}
+
+static int
+arrived(Plan *p, int64_t epoch)
+{
+    for (int q = 0; q < p->ranks; q++)
+        if (__atomic_load_n(p->flags[q], __ATOMIC_ACQUIRE) < epoch)
+            return 0;
+    return 1;
+}
+
+static void
+start(Plan *p, int half, int area, int64_t epoch)
+{
+    if (p->sig_len)
+        memcpy(p->my_sig[area], p->sig, p->sig_len);
+    if (p->publish[half])
+        memcpy(p->publish[half], p->source, p->source_len);
+    __atomic_store_n(p->my_flag, epoch, __ATOMIC_RELEASE);
+}
+
+/* After the barrier: the signatures, then the copies and the reduction. */
+static int
+finish(Plan *p, int half, int area)
+{
+    for (int q = 0; q < p->ranks; q++)
+        if (p->sig_len && memcmp(p->every_sig[area][q], p->sig, p->sig_len) != 0)
+            return MISMATCH;
+    for (Py_ssize_t k = 0; k < p->n_copies; k++) {
+        Copy *c = &p->copies[half][k];
+        memcpy(c->dst, c->src, c->n);
+    }
+    if (!p->dtype)
+        return FINISH_IN_PYTHON;
+    reduce(p, half);
+    return DONE;
+}
+
+/* Poll the flags a little (yielding the core: ranks may share it); NOT_YET hands the wait
+ * to Python, which sleeps and enforces the deadline. */
+static int
+complete(Plan *p, int half, int area, int64_t epoch, int spins)
+{
+    int ok = arrived(p, epoch);
+    if (!ok && spins) {
+        Py_BEGIN_ALLOW_THREADS
+        for (int i = 0; i < spins && !(ok = arrived(p, epoch)); i++)
+            sched_yield();
+        Py_END_ALLOW_THREADS
+    }
+    return ok ? finish(p, half, area) : NOT_YET;
+}
+
+static PyObject *
+plan_start(Plan *p, PyObject *args)
+{
+    int half, area;
+    long long epoch;
+    if (!PyArg_ParseTuple(args, "iiL", &half, &area, &epoch))
+        return NULL;
+    start(p, half & 1, area & 1, epoch);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+plan_complete(Plan *p, PyObject *args)
+{
+    int half, area, spins;
+    long long epoch;
+    if (!PyArg_ParseTuple(args, "iiLi", &half, &area, &epoch, &spins))
+        return NULL;
+    return PyLong_FromLong(complete(p, half & 1, area & 1, epoch, spins));
+}
+
+static PyObject *
+plan_run(Plan *p, PyObject *args)
+{
+    int half, area, spins;
+    long long epoch;
+    if (!PyArg_ParseTuple(args, "iiLi", &half, &area, &epoch, &spins))
+        return NULL;
+    start(p, half & 1, area & 1, epoch);
+    return PyLong_FromLong(complete(p, half & 1, area & 1, epoch, spins));
+}
+
+static void
+plan_dealloc(Plan *p)
+{
+    for (Py_ssize_t i = 0; i < p->n_views; i++)
+        PyBuffer_Release(&p->views[i]);
+    PyMem_Free(p->views);
+    PyMem_Free(p->flags);
+    for (int h = 0; h < 2; h++) {
+        PyMem_Free(p->every_sig[h]);
+        PyMem_Free(p->copies[h]);
+        PyMem_Free(p->inputs[h]);
+    }
+    Py_XDECREF(p->keep);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+#define LAST_LEN(p) ((p)->views[(p)->n_views - 1].len)
+
+static int
+plan_fill(Plan *p, PyObject *flags, int rank, PyObject *sig, PyObject *my_sig,
+          PyObject *every_sig, PyObject *publish, PyObject *source, PyObject *copies,
+          PyObject *reduction)
+{
+    int ranks = (int)PyList_GET_SIZE(flags);
+    Py_ssize_t n_copies = PyList_GET_SIZE(PyTuple_GET_ITEM(copies, 0));
+    p->ranks = ranks;
+    p->n_copies = n_copies;
+    p->views = PyMem_Calloc(4 * ranks + 4 * n_copies + 16, sizeof(Py_buffer));
+    p->flags = PyMem_Calloc(ranks, sizeof(int64_t *));
+    if (!p->views || !p->flags)
+        return PyErr_NoMemory(), -1;
+    if (rank < 0 || rank >= ranks) {
+        PyErr_SetString(PyExc_ValueError, "rank out of range");
+        return -1;
+    }
+    for (int q = 0; q < ranks; q++)
+        if (addr(p, PyList_GET_ITEM(flags, q), q == rank, 8, (char **)&p->flags[q]) < 0)
+            return -1;
+    p->my_flag = p->flags[rank];
+    if (addr(p, sig, 0, 0, (char **)&p->sig) < 0)
+        return -1;
+    p->sig_len = LAST_LEN(p);
+    if (addr(p, source, 0, 0, (char **)&p->source) < 0)
+        return -1;
+    p->source_len = LAST_LEN(p);
+    for (int h = 0; h < 2; h++) {
+        PyObject *every = PyTuple_GET_ITEM(every_sig, h), *pairs = PyTuple_GET_ITEM(copies, h);
+        p->every_sig[h] = PyMem_Calloc(ranks, sizeof(char *));
+        p->copies[h] = PyMem_Calloc(n_copies + 1, sizeof(Copy));
+        p->inputs[h] = PyMem_Calloc(ranks, sizeof(char *));
+        if (!p->every_sig[h] || !p->copies[h] || !p->inputs[h])
+            return PyErr_NoMemory(), -1;
+        if (p->sig_len) {
+            if (addr(p, PyTuple_GET_ITEM(my_sig, h), 1, p->sig_len, &p->my_sig[h]) < 0)
+                return -1;
+            for (int q = 0; q < ranks; q++)
+                if (addr(p, PyList_GET_ITEM(every, q), 0, p->sig_len,
+                         (char **)&p->every_sig[h][q]) < 0)
+                    return -1;
+        }
+        if (publish != Py_None &&
+            addr(p, PyTuple_GET_ITEM(publish, h), 1, p->source_len, &p->publish[h]) < 0)
+            return -1;
+        for (Py_ssize_t k = 0; k < n_copies; k++) {
+            PyObject *pair = PyList_GET_ITEM(pairs, k);
+            Copy *c = &p->copies[h][k];
+            if (addr(p, PyTuple_GET_ITEM(pair, 1), 0, 0, (char **)&c->src) < 0)
+                return -1;
+            c->n = LAST_LEN(p);
+            if (addr(p, PyTuple_GET_ITEM(pair, 0), 1, c->n, &c->dst) < 0)
+                return -1;
+        }
+    }
+    if (reduction != Py_None) {
+        const char *type;
+        PyObject *out, *ins;
+        if (!PyArg_ParseTuple(reduction, "siOOn", &type, &p->op, &out, &ins, &p->count))
+            return -1;
+        Py_ssize_t need = p->count * itemsize(type[0]);
+        if (!itemsize(type[0]) || p->op < OP_SUM || p->op > OP_MAX || p->count < 0 ||
+                ((type[0] == 'f' || type[0] == 'd') && p->op > OP_PROD)) {
+            PyErr_Format(PyExc_ValueError, "no compiled reduction for type '%s', op %d", type,
+                         p->op);
+            return -1;
+        }
+        if (addr(p, out, 1, need, &p->out) < 0)
+            return -1;
+        for (int h = 0; h < 2; h++)
+            for (int q = 0; q < ranks; q++)
+                if (addr(p, PyList_GET_ITEM(PyTuple_GET_ITEM(ins, h), q), 0, need,
+                         (char **)&p->inputs[h][q]) < 0)
+                    return -1;
+        p->dtype = type[0];
+    }
+    return 0;
+}
+
+static PyObject *
+plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *flags, *sig, *my_sig, *every_sig, *publish, *source, *copies, *reduction;
+    int rank;
+    if (!PyArg_ParseTuple(args, "O!iOOOOOOO", &PyList_Type, &flags, &rank, &sig, &my_sig,
+                          &every_sig, &publish, &source, &copies, &reduction))
+        return NULL;
+    Plan *p = (Plan *)type->tp_alloc(type, 0);
+    if (!p)
+        return NULL;
+    p->keep = Py_NewRef(args);
+    if (plan_fill(p, flags, rank, sig, my_sig, every_sig, publish, source, copies,
+                  reduction) < 0) {
+        Py_DECREF(p);
+        return NULL;
+    }
+    return (PyObject *)p;
+}
+
+static PyMethodDef plan_methods[] = {
+    {"start", (PyCFunction)plan_start, METH_VARARGS,
+     "start(half, area, epoch): publish the signature and this rank's part, raise the flag."},
+    {"complete", (PyCFunction)plan_complete, METH_VARARGS,
+     "complete(half, area, epoch, spins) -> 1 done, 2 barrier passed (finish in Python), "
+     "0 peers not all arrived, -1 signatures differ."},
+    {"run", (PyCFunction)plan_run, METH_VARARGS, "start, then complete."},
+    {NULL},
+};
+
+static PyTypeObject PlanType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "topocoll.collectives.algorithms._shmrun.Plan",
+    .tp_doc = "Plan(flags, rank, sig, my_sig, every_sig, publish, source, copies, reduction)",
+    .tp_basicsize = sizeof(Plan),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = plan_new,
+    .tp_dealloc = (destructor)plan_dealloc,
+    .tp_methods = plan_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_shmrun",
+    "The prepared shared-memory run of small collectives, compiled (see shm.prepare).", -1,
+};
+
+PyMODINIT_FUNC
+PyInit__shmrun(void)
+{
+    if (PyType_Ready(&PlanType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddObjectRef(m, "Plan", (PyObject *)&PlanType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
