@@ -1,9 +1,15 @@
-"""PrimePar: measured searched plan vs 1-D TP and RTP here, predicted comparison at 32+ devices.
+"""PrimePar: measured searched plan vs its baselines here, predicted comparison at 32+ devices.
 
-``mpiexec -n 4 topocoll bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]``
+``mpiexec -n 4 topocoll bench primepar [--hidden 512 --seq 128 --batch 8 --layers 2 --iters 5]
+[--links-file links.json] [--baselines "1-D TP,RTP,DP"]``
 Measured: forward + backward of every layer's four matmuls (QKV, out, fc1, fc2) under each plan,
-each fed an input shard in its own layout (the attention core and re-layouts are not executed
-here); memory per rank: weight + gradient shards, tensors saved for backward, peak shift buffers.
+the plans taking turns step by step, each fed an input shard in its own layout (the attention
+core and re-layouts are not executed here); memory per rank: weight + gradient shards, tensors
+saved for backward (other than the weights themselves), peak shift buffers.
+Predicted: the plan's whole step (matmuls, attention core, re-layouts) and, for the part that is
+measured, its matmuls alone, priced on ``comm.topology``'s links (the probe's with
+``--links-file``, or ``TOPOCOLL_LINKS_FILE`` at detection). Misses of the matmul prediction by
+more than ``MISS`` (25%) are flagged.
 """
 from __future__ import annotations
 
@@ -14,12 +20,14 @@ from typing import Sequence
 
 import torch
 
+MISS = 0.25
+"""A measurement further than this fraction from its prediction is flagged as a miss."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the tables."""
     args = _parser().parse_args(argv)
     from topocoll import collectives
-    from topocoll.primepar import PrimeLinear
     from topocoll.primepar.cost import Costs, Hardware
     from topocoll.primepar import Model, baselines, search
 
@@ -27,71 +35,107 @@ def main(argv: Sequence[str] | None = None) -> int:
     P = comm.size
     model = Model(args.layers, args.hidden, args.heads, args.seq, args.batch)
     flops = _calibrate(comm)
-    costs = Costs(comm.topology, Hardware(flops_per_s=flops, dtype_bytes=4,
-                                          state_bytes_per_param=8))
+    topo = comm.topology
+    if args.links_file:
+        from topocoll.topology.detect import read_links_file
+
+        topo = topo.with_(links={**topo.links, **(read_links_file(args.links_file) or {})})
+    costs = Costs(topo, Hardware(flops_per_s=flops, dtype_bytes=4, state_bytes_per_param=8))
     from topocoll.primepar.__main__ import parse_bytes
 
     budget = parse_bytes(args.memory)
     plans = {"searched": search(model, costs, budget, context_parallel=False)}
+    wanted = [b.strip() for b in args.baselines.split(",") if b.strip()]
     plans.update({k: v for k, v in baselines(model, costs, context_parallel=False).items()
-                  if k in ("1-D TP", "RTP")})
-    rows = []
-    for name, plan in plans.items():
-        layers = [[PrimeLinear(comm, k, n, spec, seed=i)
-                   for spec, (m, k, n) in zip(choice.specs, model.matmuls().values())]
-                  for i, choice in enumerate(plan.layers)]
-        times, mem = _measure(comm, model, layers, args.iters)
-        rows.append((name, plan, statistics.median(times), mem))
+                  if k in wanted})
+    runs = {name: _PlanRun(comm, model, plan) for name, plan in plans.items()}
+    for it in range(args.iters + 1):  # plans take turns step by step; the first step warms up
+        for run in runs.values():
+            run.step(comm, timed=it > 0)
+    rows = [(name, plan, statistics.median(runs[name].times), runs[name].memory(comm))
+            for name, plan in plans.items()]
     if comm.rank == 0:
-        print(f"# {P} ranks on this machine (shared, noisy), float32, model: {args.layers} layers, "
-              f"hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch {args.batch}; "
-              f"calibrated {flops / 1e9:.1f} GFLOP/s per rank; budget {args.memory}; "
-              f"median of {args.iters}")
+        print(f"# {P} ranks ({topo.num_nodes} nodes) on this machine (shared, noisy), float32, "
+              f"model: {args.layers} layers, hidden {args.hidden}, heads {args.heads}, seq "
+              f"{args.seq}, batch {args.batch}; calibrated {flops / 1e9:.1f} GFLOP/s per rank; "
+              f"budget {args.memory}; median of {args.iters}")
+        print("# links priced: " + ", ".join(f"{k} {v}" for k, v in topo.links.items()))
         print(f"{'plan':9s} {'specs (layer 0)':58s} {'meas s':>8s} {'pred s':>8s} "
-              f"{'meas MB':>8s} {'pred MB':>8s}")
+              f"{'pred mm s':>9s} {'meas MB':>8s} {'pred MB':>8s} {'pred mm MB':>10s}")
         for name, plan, t, mem in rows:
             pred_t = sum(c.time_s for c in plan.layers)
-            print(f"{name:9s} {plan.layers[0].label():58s} {t:8.4f} {pred_t:8.4f} "
-                  f"{mem / 1e6:8.2f} {plan.memory_bytes / 1e6:8.2f}")
-        print("(pred: matmuls + attention core + re-layouts by the model; meas: matmuls only)")
-        _predicted_at_scale(args)
+            mm_t, mm_mem = matmul_prediction(model, costs, plan)
+            flags = [what for what, meas, pred in (("time", t, mm_t), ("memory", mem, mm_mem))
+                     if abs(meas / pred - 1) > MISS]
+            print(f"{name:9s} {plan.layers[0].label():58s} {t:8.4f} {pred_t:8.4f} {mm_t:9.4f} "
+                  f"{mem / 1e6:8.2f} {plan.memory_bytes / 1e6:8.2f} {mm_mem / 1e6:10.2f}"
+                  + (f"  miss > {MISS:.0%}: {', '.join(flags)}" if flags else ""))
+        print("(pred: matmuls + attention core + re-layouts by the model; pred mm: the matmuls "
+              "alone, what meas runs)")
+        if args.scale:
+            _predicted_at_scale(args)
     return 0
 
 
-def _measure(comm, model, layers, iters: int) -> tuple[list[float], float]:
-    """Seconds per fwd+bwd step, and the rank's bytes: weights+grads, saved, shift buffers."""
-    from topocoll.primepar import shard
+def matmul_prediction(model, costs, plan) -> tuple[float, float]:
+    """The model's seconds and bytes per device for the plan's matmuls alone (forward +
+    backward; weight + gradient shards, saved inputs, the largest shift buffers)."""
+    secs, kept, transient = 0.0, 0.0, 0.0
+    for choice in plan.layers:
+        for spec, (m, k, n) in zip(choice.specs, model.matmuls().values()):
+            c = costs.matmul(spec, m, k, n)
+            secs += c.time_s
+            kept += c.weight_bytes + c.saved_bytes
+            transient = max(transient, c.transient_bytes)
+    return secs, kept + transient
 
-    gen = torch.Generator().manual_seed(comm.rank)
-    inputs = []
-    for lin_row in layers:
-        row = []
-        for lin, (m, k, n) in zip(lin_row, model.matmuls().values()):
-            x = torch.randn(m, k, generator=gen)
-            row.append(shard(x, lin.spec, "X", lin.grid))
-        inputs.append(row)
-    saved = [0]
 
-    def pack(t):
-        saved[0] += t.numel() * t.element_size()
+class _PlanRun:
+    """One plan's layers and inputs; its step times, and its bytes per rank (weights + grads,
+    tensors saved for backward, peak shift buffers)."""
+
+    def __init__(self, comm, model, plan) -> None:
+        from topocoll.primepar import PrimeLinear, shard
+
+        self.layers = [[PrimeLinear(comm, k, n, spec, seed=i)
+                        for spec, (m, k, n) in zip(choice.specs, model.matmuls().values())]
+                       for i, choice in enumerate(plan.layers)]
+        gen = torch.Generator().manual_seed(comm.rank)
+        self.inputs = [[shard(torch.randn(m, k, generator=gen), lin.spec, "X", lin.grid)
+                        for lin, (m, k, n) in zip(row, model.matmuls().values())]
+                       for row in self.layers]
+        self.weights_at = {lin.weight.untyped_storage().data_ptr()
+                           for row in self.layers for lin in row}
+        self.saved = 0
+        self.times: list[float] = []
+
+    def _pack(self, t):
+        # a weight saved for backward is the parameter itself, counted with the weights already
+        if t.untyped_storage().data_ptr() not in self.weights_at:
+            self.saved += t.numel() * t.element_size()
         return t
 
-    times = []
-    for it in range(iters + 1):
+    def step(self, comm, timed: bool) -> None:
+        """One forward + backward of every matmul, timed between barriers."""
         comm.barrier()
         start = time.perf_counter()
-        saved[0] = 0
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            outs = [lin(x) for row, xs in zip(layers, inputs) for lin, x in zip(row, xs)]
+        self.saved = 0
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            outs = [lin(x) for row, xs in zip(self.layers, self.inputs)
+                    for lin, x in zip(row, xs)]
         sum(o.sum() for o in outs).backward()
         comm.barrier()
-        if it:
-            times.append(time.perf_counter() - start)
-    weights = sum(2 * lin.weight.numel() * lin.weight.element_size() for r in layers for lin in r)
-    buffers = max(lin.trace.peak_buffer_bytes for r in layers for lin in r)
-    mine = torch.tensor([float(weights + saved[0] + buffers)], dtype=torch.float64)
-    comm.all_reduce(mine, op="max")
-    return times, float(mine[0])
+        if timed:
+            self.times.append(time.perf_counter() - start)
+
+    def memory(self, comm) -> float:
+        """The worst rank's weights + gradients, saved tensors and peak shift buffers."""
+        lins = [lin for row in self.layers for lin in row]
+        weights = sum(2 * lin.weight.numel() * lin.weight.element_size() for lin in lins)
+        buffers = max(lin.trace.peak_buffer_bytes for lin in lins)
+        mine = torch.tensor([float(weights + self.saved + buffers)], dtype=torch.float64)
+        comm.all_reduce(mine, op="max")
+        return float(mine[0])
 
 
 def _calibrate(comm) -> float:
@@ -129,6 +173,10 @@ def _parser() -> argparse.ArgumentParser:
                           ("batch", 8), ("iters", 5)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--memory", default="1TB", help="budget per rank for the searched plan")
+    p.add_argument("--links-file", default=None,
+                   help="price on these probed links (topocoll topology --probe --out FILE)")
+    p.add_argument("--baselines", default="1-D TP,RTP,DP",
+                   help="comma-separated uniform plans to run beside the searched one")
     p.add_argument("--scale", type=int, nargs="*", default=[32, 64],
                    help="device counts for the predicted comparison")
     return p

@@ -1,6 +1,7 @@
 """RTP vs DDP vs FSDP on a small GPT: per-rank memory by kind and step throughput, side by side.
 
-    mpiexec -n 2 topocoll bench rtp [--layers 4 --d-model 256 ...] [--plot docs/figures/rtp_bench.png]
+    mpiexec -n 2 topocoll bench rtp [--layers 4 --d-model 256 ...] [--backend gloo|topocoll]
+        [--plot docs/figures/rtp_bench.png]
 
 Memory is counted exactly, per rank, from tensors: parameters, gradients and optimizer state
 (Adam) that the rank holds, and activations = the peak bytes autograd saves for backward during a
@@ -8,10 +9,19 @@ forward (distinct storages, parameters excluded; for FSDP this includes the gath
 parameters). RTP's rotation buffers are reported apart: at most 2 blocks in forward, 5 in backward,
 of the largest layer. Throughput is 1 / the median step time; the methods take turns step by step in one job (so load
 from other jobs on a shared machine hits them alike).
+
+Peak memory per rank is measured first, each method on its own fresh communicator (RTP) or
+process group (DDP, FSDP), as ``bench paro --peak`` measures it: the high-water mark of the
+process's resident memory during one training step after a warm-up step, minus the resident
+memory before the model was built (everything the method touches: model states, activations,
+gathered parameters, buckets, rotation buffers, communication staging, allocator slack).
+DDP and FSDP run over gloo (one machine only: rank 0's loopback address) or, with ``--backend
+topocoll``, over topocoll's torch backend (any hosts mpiexec spans).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -26,6 +36,8 @@ from topocoll import collectives
 import topocoll.rtp as rtp
 from topocoll.rtp.models import GPT
 
+from .paro_peak import _fixed_mmap_threshold as fixed_mmap_threshold
+
 if TYPE_CHECKING:
     from topocoll.rtp.ring import RowShards
 
@@ -34,43 +46,91 @@ def main(argv: list[str] | None = None) -> int:
     """Run the comparison; print a table on rank 0 (and save a plot with ``--plot``)."""
     args = _parse(argv)
     torch.set_num_threads(args.threads)
+    if args.peak:
+        fixed_mmap_threshold()
     comm = collectives.init(check=False)
     p, r = comm.size, comm.rank
-    _init_gloo(comm)
+    _init_torch(comm, args.backend)
     cfg = dict(vocab=args.vocab, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
                seq=args.seq)
     gen = torch.Generator().manual_seed(100 + r)
     data = [torch.randint(0, args.vocab, (args.micro, args.seq + 1), generator=gen)
             for _ in range(args.steps + args.warmup)]
-    runs = [_Run(name, BUILDERS[name](cfg, comm)) for name in args.methods.split(",")]
+    names = args.methods.split(",")
+    peaks = _peaks(names, cfg, comm, args, data[:2])
+    runs = [_Run(name, BUILDERS[name](cfg, comm, None)) for name in names]
     for i, ids in enumerate(data):  # interleaved: every method takes step i before step i+1
         for run in runs:
             run.step(ids, comm, timed=i >= args.warmup)
-    rows = [run.summary(comm) for run in runs]
+    rows = [dict(run.summary(comm), peak=peaks[run.name]) for run in runs]
     if r == 0:
         _report(rows, p, args)
     torch.distributed.destroy_process_group()
     return 0
 
 
-def build_ddp(cfg: dict, comm: Any) -> torch.nn.Module:
-    """Dense GPT in torch DDP over gloo."""
+def _peaks(names: list[str], cfg: dict, comm: Any, args: argparse.Namespace,
+           data: list[torch.Tensor]) -> dict[str, float]:
+    """Median peak bytes per method over ``args.peak_rounds`` rounds in rotating order, after
+    one unmeasured round (first-use costs of torch and the libraries land there)."""
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(1 + args.peak_rounds if args.peak else 0):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            peak = peak_bytes(name, cfg, comm, args.backend, data)
+            if r:
+                samples[name].append(peak)
+    return {name: float(np.median(s)) if s else 0.0 for name, s in samples.items()}
+
+
+def peak_bytes(name: str, cfg: dict, comm: Any, backend: str, data: list[torch.Tensor]) -> float:
+    """The worst rank's peak resident bytes of one training step of method ``name``, built afresh
+    on its own communicator / process group (see the module docstring)."""
+    from torch import distributed as dist
+
+    from .paro_peak import _reset_hwm, _status
+
+    gc.collect()
+    comm.barrier()
+    before = _status("VmRSS")
+    sub = comm.split(0, comm.rank) if name.startswith("rtp") else None
+    group = dist.new_group(backend=backend) if sub is None else None
+    run = _Run(name, BUILDERS[name](cfg, comm if sub is None else sub, group))
+    run.step(data[0], comm, timed=True)              # warm-up: Adam states, lazy init
+    gc.collect()
+    comm.barrier()
+    _reset_hwm()
+    run.step(data[-1], comm, timed=True)
+    peak = np.array([float(_status("VmHWM") - before)])
+    comm.all_reduce(peak, op="max")
+    del run
+    if sub is not None:
+        sub.close()
+    else:
+        dist.destroy_process_group(group)
+    gc.collect()
+    return float(peak[0])
+
+
+def build_ddp(cfg: dict, comm: Any, group: Any = None) -> torch.nn.Module:
+    """Dense GPT in torch DDP over ``group`` (default: the default process group)."""
     torch.manual_seed(0)
-    return torch.nn.parallel.DistributedDataParallel(GPT(**cfg))
+    return torch.nn.parallel.DistributedDataParallel(GPT(**cfg), process_group=group)
 
 
-def build_fsdp(cfg: dict, comm: Any) -> torch.nn.Module:
-    """Dense GPT under FSDP2 ``fully_shard`` (each block, then the root), over gloo."""
+def build_fsdp(cfg: dict, comm: Any, group: Any = None) -> torch.nn.Module:
+    """Dense GPT under FSDP2 ``fully_shard`` (each block, then the root) over ``group``."""
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     model = GPT(**cfg)
+    mesh = DeviceMesh.from_group(group, "cpu") if group is not None else None
     for block in model.blocks:
-        fully_shard(block)
-    return cast(torch.nn.Module, fully_shard(model))  # the same module, its class now FSDP's
+        fully_shard(block, mesh=mesh)
+    return cast(torch.nn.Module, fully_shard(model, mesh=mesh))  # its class now FSDP's
 
 
-def build_rtp(cfg: dict, comm: Any, overlap: bool = True,
+def build_rtp(cfg: dict, comm: Any, group: Any = None, overlap: bool = True,
               persistent: bool = True) -> torch.nn.Module:
     """GPT built on meta, converted to RTP (flyweight init)."""
     torch.manual_seed(0)
@@ -80,11 +140,11 @@ def build_rtp(cfg: dict, comm: Any, overlap: bool = True,
                                      persistent=persistent)
 
 
-BUILDERS: dict[str, Callable[[dict, Any], torch.nn.Module]] = {
+BUILDERS: dict[str, Callable[[dict, Any, Any], torch.nn.Module]] = {
     "ddp": build_ddp, "fsdp": build_fsdp, "rtp": build_rtp,
-    "rtp-no-overlap": lambda cfg, comm: build_rtp(cfg, comm, overlap=False),
+    "rtp-no-overlap": lambda cfg, comm, group: build_rtp(cfg, comm, overlap=False),
     # rotation buffers made and rotations prepared at every call instead of once
-    "rtp-per-call": lambda cfg, comm: build_rtp(cfg, comm, persistent=False),
+    "rtp-per-call": lambda cfg, comm, group: build_rtp(cfg, comm, persistent=False),
 }
 
 
@@ -155,18 +215,21 @@ def _report(rows: list[dict], p: int, args: argparse.Namespace) -> None:
     mib = 1 / 2 ** 20
     ddp = next((x for x in rows if x["name"] == "ddp"), rows[0])
     ddp_state = ddp["params"] + ddp["grads"] + ddp["optim"]
+    fsdp = next((x for x in rows if x["name"] == "fsdp"), None)
     print(f"# RTP benchmark: GPT layers={args.layers} d_model={args.d_model} heads={args.heads} "
           f"seq={args.seq} vocab={args.vocab} micro-batch={args.micro}/rank, p={p}, Adam, "
-          f"{args.steps} timed steps, {args.threads} thread(s)/rank")
+          f"{args.steps} timed steps, {args.threads} thread(s)/rank, DDP/FSDP over "
+          f"{args.backend}")
     print("| method | params MiB | grads MiB | optim MiB | model state vs DDP/p | "
-          "activations MiB | rotation buffers MiB | steps/s | vs DDP |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "activations MiB | rotation buffers MiB | peak MiB | peak vs FSDP | steps/s | vs DDP |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for x in rows:
         state = x["params"] + x["grads"] + x["optim"]
+        vs_fsdp = f"{x['peak'] / fsdp['peak']:.2f}x" if fsdp and fsdp["peak"] > 0 else "-"
         print(f"| {x['name']} | {x['params'] * mib:.2f} | {x['grads'] * mib:.2f} | "
               f"{x['optim'] * mib:.2f} | {state / (ddp_state / p):.3f} | {x['acts'] * mib:.2f} | "
-              f"{x['buffers'] * mib:.2f} | {x['steps_per_s']:.3f} | "
-              f"{x['steps_per_s'] / ddp['steps_per_s']:.2f}x |")
+              f"{x['buffers'] * mib:.2f} | {x['peak'] * mib:.1f} | {vs_fsdp} | "
+              f"{x['steps_per_s']:.3f} | {x['steps_per_s'] / ddp['steps_per_s']:.2f}x |")
     if args.plot:
         _plot(rows, args.plot, p)
         print(f"plot: {args.plot}")
@@ -197,8 +260,14 @@ def _plot(rows: list[dict], path: str, p: int) -> None:
     fig.savefig(path, dpi=110)
 
 
-def _init_gloo(comm: Any) -> None:
-    """torch.distributed over gloo for DDP/FSDP, on a free port rank 0 picks."""
+def _init_torch(comm: Any, backend: str) -> None:
+    """torch.distributed for DDP/FSDP: topocoll's backend (the MPI world), or gloo on a free
+    loopback port rank 0 picks (ranks on one machine)."""
+    if backend == "topocoll":
+        import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
+
+        torch.distributed.init_process_group("topocoll")
+        return
     port = np.zeros(1, np.int64)
     if comm.rank == 0:
         with socket.socket() as s:
@@ -222,6 +291,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--methods", default="ddp,fsdp,rtp,rtp-no-overlap")
+    ap.add_argument("--backend", default="gloo", choices=["gloo", "topocoll"],
+                    help="torch.distributed backend of DDP and FSDP (gloo: one machine only)")
+    ap.add_argument("--no-peak", dest="peak", action="store_false",
+                    help="skip the peak-memory runs")
+    ap.add_argument("--peak-rounds", type=int, default=2,
+                    help="measured rounds of peak-memory runs (median), after a warm-up round")
     ap.add_argument("--plot", default=None, help="save a PNG here")
     return ap.parse_args(argv)
 

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     itemsize = torch.empty(0, dtype=dtype).element_size()
     meter_2p5d, meter_1d = tesseract.Meter(), tesseract.Meter()
 
-    grid = tesseract.Grid(meter_2p5d.wrap(comm), q, d)
+    grid = tesseract.Grid(meter_2p5d.wrap(comm), q, d, inner=args.inner)
     mlp_2p5d = tesseract.MLP(grid, args.hidden, ffn, dtype=dtype)
     mlp_1d = tesseract.MegatronMLP(meter_1d.wrap(comm), args.hidden, ffn, dtype=dtype)
     gen = torch.Generator().manual_seed(0)
@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         formula = {"2.5-D": volume.mlp_2p5d(args.rows, args.hidden, ffn, q, d, itemsize),
                    "1-D": volume.mlp_1d(args.rows, args.hidden, p, itemsize)}
         _print(args, p, q, d, ffn, times, sent, formula, itemsize)
+        _print_placement(grid, comm.topology)
     grid.close()
     return 0
 
@@ -122,6 +123,18 @@ def _print(args: argparse.Namespace, p: int, q: int, d: int, ffn: int,
         print(f"{pp:>6}{f'[{qq},{qq},{dd}]':>14}{v25:>10.3f}{v1:>10.3f}")
 
 
+def _print_placement(grid: Any, topo: Any) -> None:
+    """Which ranks form the row groups, and how many row/col/dep groups cross nodes."""
+    rows: dict[tuple[int, int], list[int]] = {}
+    for r, (i, _, k) in enumerate(grid.coords):
+        rows.setdefault((k, i), []).append(r)
+    spans = grid.spans()
+    print(f"# placement ({topo.num_nodes} nodes of {'/'.join(map(str, topo.node_sizes()))} ranks, "
+          f"inner={grid.inner}): row groups {sorted(rows.values())}; groups crossing nodes: "
+          + ", ".join(f"{name} {n} of {grid.q * grid.d if name != 'dep' else grid.q * grid.q}"
+                      for name, n in spans.items()))
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="topocoll bench tesseract", description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=2048, help="tokens (batch x sequence)")
@@ -129,6 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--ffn", type=int, default=None, help="default 4*hidden")
     ap.add_argument("--q", type=int, default=None, help="default: largest q with q*q | ranks")
     ap.add_argument("--d", type=int, default=None)
+    ap.add_argument("--inner", default="row", choices=["row", "col"],
+                    help="grid group kept inside a node first (rows: activations, cols: weights)")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)

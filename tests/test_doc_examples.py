@@ -249,6 +249,12 @@ SHELL_NOT_RUN: dict[str, str] = {
                         "docs/figures/paro.png",
     "docs/paro.md#sh2": "needs root: brings up two namespaced clusters, probes them and runs the "
                         "PaRO benchmark on each (about 10 minutes)",
+    "docs/primepar.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
+                            "(minutes)",
+    "docs/rtp.md#sh2": "needs root: brings up a namespaced cluster and benchmarks on it "
+                       "(minutes)",
+    "docs/tesseract.md#sh1": "needs root: brings up a namespaced cluster and benchmarks on it "
+                             "(minutes)",
     "docs/torch.md#sh2": "PyTorch's whole distributed suite, three ways on 2 and 4 ranks: 10-25 "
                          "minutes; tests/test_torch_suite.py runs its CI selection",
 }
