@@ -541,13 +541,19 @@ class Communicator:
         def prepare() -> Any:
             """The algorithm's prepared run of this call, or None (run it the general way)."""
             preparer = select.PREPARERS.get(chosen)
-            if preparer is None or not moves or copy_in is not None or copy_out is not None:
+            if preparer is None or not moves or copy_in is not None:
                 return None
+            recv = call.recv
+            if copy_out is not None:  # staged: an in-place rotate, which some runs don't need
+                if kind != "rotate" or chosen not in select.PREPARED_IN_PLACE:
+                    return None
+                recv = copy_out[0]
             ctx = OpContext(kind, None)
             ctx.timeout = limit  # armed at the first wait of each run
             agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields)) \
                 if agree else None
-            return preparer(self.backend, ctx, replace(call, agreement=agreement, source=source))
+            return preparer(self.backend, ctx, replace(call, agreement=agreement, source=source,
+                                                       recv=recv))
 
         if getattr(self._local, "persistent", False):
             self._local.persistent = False

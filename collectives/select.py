@@ -69,6 +69,10 @@ READS_SOURCE = frozenset({"shm", "shm_or_native"})
 """All-reduce algorithms that read an out-of-place input themselves (``Call.source``): the
 communicator then skips copying it into the output first, a full pass over memory."""
 
+PREPARED_IN_PLACE = frozenset({"shm"})
+"""Algorithms whose prepared rotate publishes the whole input before its barrier and copies
+out after it, so an in-place rotate (``out`` is ``x``) needs no staging buffer there."""
+
 SHM_OR_NATIVE_FROM: dict[str, int] = {"all_gather": 8 << 20}
 """Bytes of ``x`` from which ``auto`` takes ``shm_or_native`` instead of ``shm`` where shared
 memory exists; below it (and for collectives not listed, at every size) ``shm``. Measured

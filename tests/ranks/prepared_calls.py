@@ -70,6 +70,8 @@ def repeats_stay_exact(c):
             x[...] = every[r]
             assert c.rotate(x, out=rot, shift=1) is rot
             assert np.array_equal(rot, every[(r - 1) % p]), (dt, n, step, "rotate")
+            assert c.rotate(x, out=x, shift=1) is x  # in place: prepared without staging
+            assert np.array_equal(x, every[(r - 1) % p]), (dt, n, step, "rotate in place")
             x[...] = every[r]
             c.reduce(x, root=0)
             want = reference(every, "sum") if r == 0 else every[r]
@@ -77,6 +79,8 @@ def repeats_stay_exact(c):
     if p > 1:
         for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "rotate"):
             assert kept(c, kind) > 0, f"{kind} was never kept prepared"
+        assert any(e.lean is not None and e._out() is e._x() for es in
+                   c._prepared._by_kind["rotate"].values() for e in es), "in-place rotate"
 
 
 def compiled_runs(c, kind):
