@@ -35,3 +35,8 @@ def test_emulated_link_pacing_floor():
            "TOPOCOLL_LINKS": "inter=0us:100MB/s"}
     out = run_ranks("emulated_pacing.py", 4, timeout=60, env=env)
     assert "send to 2" in out
+
+
+def test_hierarchical_collectives_free_their_buffers_at_return():
+    out = run_ranks("hier_frees_buffers.py", 4, timeout=180, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    assert out.count("freed their buffers") == 4

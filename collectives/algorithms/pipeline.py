@@ -106,6 +106,10 @@ class _Schedule:
         except BaseException:
             self._abandon()
             raise
+        finally:
+            # _Driving holds self.advance: without this the schedule, its stages and their
+            # staging buffers (a full message each) would live until the next GC pass.
+            self.driving._advance = _nothing_moved
 
     def advance(self) -> bool:
         """Test every lane's exchange; resume finished ones (their next exchange is posted) and
@@ -159,6 +163,10 @@ class _Schedule:
                     b.wait(reqs, OpContext(self.ctx.name, 0.0), peers)
                 except BaseException:  # noqa: BLE001 - the first failure is the one raised
                     pass
+
+
+def _nothing_moved() -> bool:
+    return False
 
 
 class _Driving(OpContext):
