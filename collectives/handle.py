@@ -168,11 +168,7 @@ class Executor:
     def close(self) -> None:
         """Finish queued work and stop the thread."""
         self.drain()
-        with self._lock:
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join()
+        self._stop(None)
 
     def stop_at_exit(self, wait: float) -> None:
         """Stop the progress thread once its queue is empty, waiting at most ``wait`` seconds.
@@ -183,15 +179,19 @@ class Executor:
         with self._idle:
             self._draining += 1
             try:
-                self._idle.wait_for(lambda: not self._pending, wait)
+                idle = self._idle.wait_for(lambda: not self._pending, wait)
             finally:
                 self._draining -= 1
-            thread = self._thread
-            if thread is None or self._pending:
-                return
-            self._thread = None
-        self._queue.put(None)
-        thread.join(wait)
+        if idle:
+            self._stop(wait)
+
+    def _stop(self, wait: float | None) -> None:
+        """Stop the (idle) progress thread, if one runs: ``close`` and ``stop_at_exit``."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(wait)
 
     def _release(self) -> None:
         with self._lock:

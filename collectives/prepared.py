@@ -215,14 +215,13 @@ class StartedHandle:
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(handle)`` once done (at once if already done), from the finishing thread."""
         with self._lock:
-            if not self._done:
+            done, first = self._done, not self._queued
+            if not done:
                 self._callbacks.append(fn)
-                queue, self._queued = not self._queued, True
-            else:
-                queue = None
-        if queue is None:
+                self._queued = True
+        if done:
             fn(self)
-        elif queue:
+        elif first:  # one completion queued, however many callbacks
             self._finish_later()
 
     def settle(self, result: Any, error: BaseException | None) -> None:

@@ -186,25 +186,38 @@ plan_start(Plan *p, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* complete()'s and run()'s arguments: half, area, epoch, spins. */
+static int
+run_args(PyObject *args, int *half, int *area, int64_t *epoch, int *spins)
+{
+    long long e;
+    if (!PyArg_ParseTuple(args, "iiLi", half, area, &e, spins))
+        return -1;
+    *half &= 1;
+    *area &= 1;
+    *epoch = e;
+    return 0;
+}
+
 static PyObject *
 plan_complete(Plan *p, PyObject *args)
 {
     int half, area, spins;
-    long long epoch;
-    if (!PyArg_ParseTuple(args, "iiLi", &half, &area, &epoch, &spins))
+    int64_t epoch;
+    if (run_args(args, &half, &area, &epoch, &spins) < 0)
         return NULL;
-    return PyLong_FromLong(complete(p, half & 1, area & 1, epoch, spins));
+    return PyLong_FromLong(complete(p, half, area, epoch, spins));
 }
 
 static PyObject *
 plan_run(Plan *p, PyObject *args)
 {
     int half, area, spins;
-    long long epoch;
-    if (!PyArg_ParseTuple(args, "iiLi", &half, &area, &epoch, &spins))
+    int64_t epoch;
+    if (run_args(args, &half, &area, &epoch, &spins) < 0)
         return NULL;
-    start(p, half & 1, area & 1, epoch);
-    return PyLong_FromLong(complete(p, half & 1, area & 1, epoch, spins));
+    start(p, half, area, epoch);
+    return PyLong_FromLong(complete(p, half, area, epoch, spins));
 }
 
 static void
