@@ -126,7 +126,9 @@ def _paro(strategy: str, args: argparse.Namespace, comm: Any
     torch.manual_seed(0)
     model = paro.ParoDataParallel(mlp(args.width, args.layers), strategy, comm,
                                   optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-3),
-                                  accumulation_steps=args.accum, mixed_precision=args.mixed)
+                                  accumulation_steps=args.accum, mixed_precision=args.mixed,
+                                  **({} if args.max_inflight is None else
+                                     {"max_inflight": args.max_inflight}))
 
     def step(data: Any) -> None:
         for x, y in data:
@@ -197,6 +199,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    type=lambda s: [x.strip().upper() for x in s.split(",") if x.strip()])
     p.add_argument("--no-fsdp", dest="fsdp", action="store_false", help="leave FSDP2 out")
     p.add_argument("--accum", type=int, default=2, help="micro-batches per optimizer step")
+    p.add_argument("--max-inflight", type=int, default=None,
+                   help="ParoDataParallel's max_inflight (default: its own default)")
     p.add_argument("--width", type=int, default=2048, help="MLP hidden width")
     p.add_argument("--layers", type=int, default=8, help="Linear+LayerNorm blocks")
     p.add_argument("--batch", type=int, default=8, help="samples per rank per micro-batch")

@@ -45,6 +45,7 @@ class Bucket:
         self.master_dtype = master_dtype
         self.dtype = torch.bfloat16 if mixed else master_dtype   # parameters and gradients
         self.folded = [False] * len(named)   # which gradients this backward has delivered
+        self.stash: list[torch.Tensor | None] = [None] * len(named)   # autograd's, until packed
         self.micro: torch.Tensor | None = None      # this micro-batch's gradients (G sharded)
         self.opt_grad: torch.Tensor | None = None   # summed gradients at level O, for the update
         self._gather: Any = None                    # handle of the gather in flight
@@ -90,30 +91,27 @@ class Bucket:
 
     # -- gradients -------------------------------------------------------------------------------
     def fold(self, i: int, grad: torch.Tensor, first_micro: bool) -> bool:
-        """Take parameter ``i``'s gradient from this backward; True once all of them are in."""
+        """Take parameter ``i``'s gradient from this backward; True once all of them are in.
+
+        When G shards gradients, autograd's tensor is only kept here: ``reduce_micro`` packs the
+        bucket once its gathered parameters are freed, so the packed buffer never coexists with
+        them (FSDP2 also frees before it copies)."""
         if self.strategy.grads == "N":
             view = self.views(self.acc)[i]
             view.copy_(grad) if first_micro else view.add_(grad)
         else:
-            if self.micro is None:
-                self.micro = _new(self.layout.padded, self.dtype)
-                self.micro[self.numel:].zero_()
-            self.views(self.micro)[i].copy_(grad)
+            self.stash[i] = grad
         self.folded[i] = True
         return all(self.folded)
 
     def fill_missing(self, first_micro: bool) -> None:
-        """Zero the gradients backward did not deliver (parameters the forward did not use)."""
-        if self.strategy.grads != "N" and self.micro is None:
-            self.micro = _new(self.layout.padded, self.dtype)
-            self.micro.zero_()
-        target = self.acc if self.strategy.grads == "N" else self.micro
-        assert target is not None  # made just above
-        if self.strategy.grads != "N" or first_micro:
-            for i, view in enumerate(self.views(target)):
+        """Count the gradients backward did not deliver (parameters the forward did not use) as
+        zero."""
+        if self.strategy.grads == "N" and first_micro:
+            for i, view in enumerate(self.views(self.acc)):
                 if not self.folded[i]:
                     view.zero_()
-        self.folded = [True] * len(self.named)
+        self.folded = [True] * len(self.named)      # missing stash entries pack as zeros
 
     def reduce_micro(self, first_micro: bool) -> Any:
         """Start this micro-batch's reduction into ``acc`` (None when G is N: nothing to do).
@@ -123,12 +121,21 @@ class Bucket:
         level = self.strategy.grads
         if level == "N":
             return None
-        assert self.micro is not None  # fold or fill_missing made it
+        self._pack()
+        assert self.micro is not None
         if not first_micro:
             lo, hi = self.layout.range_of(level)
             self.micro[lo:hi].add_(self.acc)
         comm, algo = self.groups.use(self.groups.level_comm(level))
         return comm.reduce_scatter(_alias(self.micro), out=self.acc, algo=algo, async_op=True)
+
+    def _pack(self) -> None:
+        """Copy the stashed gradients into a new padded ``micro`` buffer and let them go."""
+        self.micro = _new(self.layout.padded, self.dtype)
+        self.micro[self.numel:].zero_()
+        for i, view in enumerate(self.views(self.micro)):
+            grad, self.stash[i] = self.stash[i], None
+            view.copy_(grad) if grad is not None else view.zero_()
 
     def drop_micro(self) -> None:
         """Free the micro-batch's gradient buffer (its reduction has landed)."""

@@ -72,7 +72,9 @@ class ParoDataParallel(torch.nn.Module):
             strategy's levels). Floating inputs are cast to bfloat16 and floating outputs back to
             the parameters' original dtype, which must be float32.
         max_inflight: gradient reductions allowed in flight at once during backward (each holds
-            one bucket's gradients).
+            one bucket's gradients while the next units' backward runs). 0 finishes each
+            reduction before backward goes on, as FSDP2 does on CPU: no overlap, one bucket less
+            at the peak.
     """
 
     def __init__(self, module: torch.nn.Module, strategy: str, comm: Any,
@@ -86,10 +88,10 @@ class ParoDataParallel(torch.nn.Module):
         if not callable(optimizer) or isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError("optimizer must be a callable that builds a torch optimizer from a "
                             "list of parameters, e.g. lambda ps: torch.optim.AdamW(ps, lr=1e-3)")
-        for name, value in (("accumulation_steps", accumulation_steps),
-                            ("max_inflight", max_inflight)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name, value, least in (("accumulation_steps", accumulation_steps, 1),
+                                   ("max_inflight", max_inflight, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
         self.module = module
         self.accumulation_steps = accumulation_steps
         self.mixed_precision = bool(mixed_precision)

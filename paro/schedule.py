@@ -6,12 +6,12 @@ started, so it travels while this one computes; after the unit, its parameters a
 
 Backward: when the first gradient reaches a unit's output, its parameters are gathered again and
 the next unit's (in reverse order of the forward's finish) are prefetched. Each parameter's
-gradient is folded into its bucket as soon as autograd has accumulated it; when a bucket is
-complete its gathered parameters are freed and its reduction starts, in flight while backward goes
-on. At most ``max_inflight`` reductions wait at once; older ones are finished first (their
-buffers freed). At the end of backward every bucket is reduced (unused parameters count as zero)
-and, on the last micro-batch of a step, the once-per-step reductions to the optimizer level are
-started.
+gradient is handed to its bucket as soon as autograd has accumulated it; when a bucket is
+complete its gathered parameters are freed, then its gradients are packed and its reduction
+starts, in flight while backward goes on. At most ``max_inflight`` reductions wait at once;
+older ones are finished first (their buffers freed); 0 finishes each before backward goes on. At
+the end of backward every bucket is reduced (unused parameters count as zero) and, on the last
+micro-batch of a step, the once-per-step reductions to the optimizer level are started.
 
 Every rank must run the same units in the same order, as with FSDP: collectives are issued in
 the order hooks fire.
@@ -101,9 +101,11 @@ class Schedule:
         self._enter_backward()
         grad, p.grad = p.grad, None
         assert grad is not None  # autograd accumulated it just now
-        if b.micro is None:
-            self._drain(self.max_inflight)   # free landed buffers before making another
-        if b.fold(i, grad, self.first_micro):
+        if not any(b.folded):
+            self._drain(self.max_inflight)   # free landed buffers before this bucket's arrive
+        complete = b.fold(i, grad, self.first_micro)
+        del grad                             # the bucket holds it now, until it is packed
+        if complete:
             self._reduce(b)
 
     def _reduce(self, b: Bucket) -> None:

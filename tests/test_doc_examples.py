@@ -210,7 +210,7 @@ SHELL_RUN: dict[str, Shell] = {
         "    [--links inter=20us:1.25GB/s] [--flops 100e12]", ""),)),
     "docs/primepar.md#sh1": Shell("the bracketed option is a synopsis", edits=((
         " [--links inter=20us:1.25GB/s]", ""),)),
-    "docs/paro.md#sh3": Shell("the saved runs are the repository's; the plot goes to the run's "
+    "docs/paro.md#sh4": Shell("the saved runs are the repository's; the plot goes to the run's "
                               "directory", edits=(
         ("--from-json docs/figures/paro-cluster-two.json,docs/figures/paro-cluster-four.json",
          "--from-json {ROOT}/docs/figures/paro-cluster-two.json,"
@@ -245,9 +245,11 @@ SHELL_NOT_RUN: dict[str, str] = {
                         "the part that needs no GPU",
     "docs/paro.md#sh0": "the peak-memory benchmark (8 strategies and FSDP2 on 4 ranks) takes "
                         "minutes; tests/test_paro_peak.py checks what the page claims of it",
-    "docs/paro.md#sh1": "the PaRO benchmark takes minutes on 4 emulated ranks and writes "
+    "docs/paro.md#sh1": "the same benchmark with --max-inflight 0 (minutes); "
+                        "tests/test_paro_peak.py runs it on a smaller model",
+    "docs/paro.md#sh2": "the PaRO benchmark takes minutes on 4 emulated ranks and writes "
                         "docs/figures/paro.png",
-    "docs/paro.md#sh2": "needs root: brings up two namespaced clusters, probes them and runs the "
+    "docs/paro.md#sh3": "needs root: brings up two namespaced clusters, probes them and runs the "
                         "PaRO benchmark on each (about 10 minutes)",
     "docs/primepar.md#sh3": "needs root: brings up a namespaced cluster and benchmarks on it "
                             "(minutes)",

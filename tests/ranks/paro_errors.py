@@ -45,7 +45,7 @@ def body():
             torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double()), "NIG",
             comm, optimizer=sgd))
         expect(ValueError, "max_inflight", lambda: paro.ParoDataParallel(
-            net, "NIG", comm, optimizer=sgd, max_inflight=0))
+            net, "NIG", comm, optimizer=sgd, max_inflight=-1))
         expect(TypeError, "units must be torch.nn.Module", lambda: paro.ParoDataParallel(
             net, "NIG", comm, optimizer=sgd, units=["weight"]))
         expect(ValueError, "submodules of the wrapped module",

@@ -161,7 +161,7 @@ def body():
     g = len(comm.topology.nodes()[0])
     steps = 3
     cases = [("sgd", 1, torch.float64, "default", 2), ("adamw", 3, torch.float64, "block", 1),
-             ("adamw", 2, torch.float32, "default", 2)]
+             ("adamw", 2, torch.float32, "default", 0)]
     for strategy in strategies:
         for opt_name, k, dtype, units, inflight in cases:
             what = f"{strategy} {opt_name} k={k} {dtype} units={units}"
