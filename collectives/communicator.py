@@ -580,15 +580,16 @@ class Communicator:
 
     def _prepared_call(self, kind: str, x: Any, out: Any,
                        args: tuple[Any, ...]) -> Prepared | None:
-        """The prepared call that this one repeats, where it may run at once: the calling thread
-        owns the communicator, nothing is queued, broken or closed, and calls aren't traced."""
+        """The prepared call that this one repeats (None: take the general path). ``_repeat``
+        decides whether it runs inline or in issue order behind what is queued."""
         entry = self._prepared.find(kind, x, out, args)
-        if entry is None or entry.check != self.check or not self._may_repeat():
+        if entry is None or entry.check != self.check:
             return None
         return entry
 
     def _may_repeat(self) -> bool:
-        """Whether a prepared call may run inline now (see ``_prepared_call``); a started one
+        """Whether a prepared call may run inline now: the calling thread owns the communicator,
+        nothing is queued, broken or closed, and calls aren't traced; a started one
         completes here if its peers arrive within a short spin (async calls issued back to back,
         as a benchmark or a bucketed reduction does, then stay inline instead of queueing)."""
         return self._broken is None and not self._closed and not self._executor._pending and \
@@ -599,11 +600,13 @@ class Communicator:
         return self._complete(False)
 
     def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
-        """Run a prepared call inline (``_prepared_call`` found it): the general path's flight
-        record and failure handling, in a fraction of its time. Async, the algorithm's prepared
-        run is only started here; its handle, or the next operation, completes it."""
+        """Run a prepared call (``_prepared_call`` found it): inline where it may
+        (``_may_repeat``), with the general path's flight record and failure handling in a
+        fraction of its time; else through ``_submit`` like any call, but without preparing it
+        again. Async and inline, the algorithm's prepared run is only started here; its handle,
+        or the next operation, completes it."""
         run = entry.lean
-        if run is None:
+        if run is None or not self._may_repeat():
             return self._submit(entry.kind, entry, async_op, entry.what)
         flight = self._flight
         seq = flight.issue_running(entry.kind, entry.what)

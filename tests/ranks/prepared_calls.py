@@ -8,6 +8,7 @@ from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main, reference
 
 import gc
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -279,6 +280,34 @@ def async_repeats(c):
         assert np.all(c.all_reduce(x, async_op=True).wait() == p)
 
 
+def queued_repeats_are_not_prepared_again(c):
+    """A repeat that can't run inline (an earlier one is still waiting for a late peer) is
+    queued behind it in issue order, and still runs the kept preparation: nothing is prepared
+    again, and every result is exact."""
+    if c.size < 2:
+        return
+    from topocoll.collectives import select
+
+    x = np.ones(3, np.float64)
+    c.all_reduce(x, async_op=True).wait()    # prepares it
+    calls = []
+    originals = dict(select.PREPARERS)
+    for name, fn in originals.items():
+        select.PREPARERS[name] = (lambda f: lambda *a: calls.append(1) or f(*a))(fn)
+    try:
+        handles = []
+        for k in range(40):
+            if c.rank == 0 and k % 10 == 0:
+                time.sleep(0.01)             # longer than the inline spin: rank 1 must queue
+            handles.append(c.all_reduce(x, async_op=True))
+        for h in handles:
+            assert h.wait() is x
+    finally:
+        select.PREPARERS.update(originals)
+    assert np.all(x == float(c.size) ** 41), x
+    assert not calls, f"{len(calls)} repeats were prepared again"
+
+
 def flight_record_counts_repeats(c):
     x = np.ones(2, np.float32)
     for _ in range(5):
@@ -343,6 +372,7 @@ def body():
         divergence_fails_everywhere(c)
     ordering_with_async_and_threads(c)
     async_repeats(c)
+    queued_repeats_are_not_prepared_again(c)
     flight_record_counts_repeats(c)
     persistent_runs_prepared(c)
     if c.size > 1:
