@@ -867,13 +867,10 @@ class Persistent:
         self._handle: Any = None
 
     def start(self) -> Any:
-        """Start the operation on the communicator's progress thread; returns its Handle (also
-        what ``wait``/``test`` follow). Raises CollectiveError while the previous start is active."""
+        """Start the operation (on the calling thread where it may, else queued in issue order);
+        returns its Handle (also what ``wait``/``test`` follow). Raises CollectiveError while the previous start is active."""
         self._check_idle()
-        if self._entry.lean is not None and self.comm._may_repeat():
-            self._handle = self.comm._repeat(self._entry, async_op=True)
-        else:
-            self._handle = self.comm._submit(self.kind, self._entry, True, self._entry.what)
+        self._handle = self.comm._repeat(self._entry, async_op=True)  # inline, or queued
         return self._handle
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -889,9 +886,7 @@ class Persistent:
     def __call__(self) -> Any:
         """Run it now, blocking, on the calling thread (no thread hop); returns the result."""
         self._check_idle()
-        if self.comm._may_repeat():
-            return self.comm._repeat(self._entry)
-        return self.comm._submit(self.kind, self._entry, False, self._entry.what)
+        return self.comm._repeat(self._entry)  # inline, or behind what is queued
 
     def _check_idle(self) -> None:
         handle = self._handle

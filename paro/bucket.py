@@ -121,21 +121,22 @@ class Bucket:
         level = self.strategy.grads
         if level == "N":
             return None
-        self._pack()
-        assert self.micro is not None
+        micro = self._pack()
         if not first_micro:
             lo, hi = self.layout.range_of(level)
-            self.micro[lo:hi].add_(self.acc)
+            micro[lo:hi].add_(self.acc)
         comm, algo = self.groups.use(self.groups.level_comm(level))
-        return comm.reduce_scatter(_alias(self.micro), out=self.acc, algo=algo, async_op=True)
+        return comm.reduce_scatter(_alias(micro), out=self.acc, algo=algo, async_op=True)
 
-    def _pack(self) -> None:
-        """Copy the stashed gradients into a new padded ``micro`` buffer and let them go."""
-        self.micro = _new(self.layout.padded, self.dtype)
-        self.micro[self.numel:].zero_()
-        for i, view in enumerate(self.views(self.micro)):
+    def _pack(self) -> torch.Tensor:
+        """Copy the stashed gradients into a new padded ``micro`` buffer (returned) and let
+        them go."""
+        self.micro = micro = _new(self.layout.padded, self.dtype)
+        micro[self.numel:].zero_()
+        for i, view in enumerate(self.views(micro)):
             grad, self.stash[i] = self.stash[i], None
             view.copy_(grad) if grad is not None else view.zero_()
+        return micro
 
     def drop_micro(self) -> None:
         """Free the micro-batch's gradient buffer (its reduction has landed)."""

@@ -282,7 +282,7 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
 
     def begin() -> None:
         ctx.deadline = None
-        state[:] = arena.begin_epoch()
+        state[:] = begin_epoch()
 
     def finish(code: int) -> None:
         if code == 0:
