@@ -92,6 +92,7 @@ class Communicator:
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
         self._prepared = PreparedCalls()  # small calls kept ready to repeat
         self._started: tuple[StartedHandle, Prepared, int] | None = None  # started async repeat
+        self._completing = threading.Lock()  # held while the started repeat completes
         self._local = threading.local()  # .submitted: this thread's call reached _submit
 
     # -- identity --
@@ -612,7 +613,8 @@ class Communicator:
         seq = flight.issue_running(entry.kind, entry.what)
         if async_op:
             run.start()  # publishes and enters the barrier; never waits
-            handle = StartedHandle(entry, self._complete, self._complete_later)
+            handle = StartedHandle(entry.kind, self._complete, self._complete_later,
+                                   self._completing)
             self._started = (handle, entry, seq)
             return handle
         try:
@@ -636,7 +638,7 @@ class Communicator:
         if started is None:
             return True
         handle, entry, seq = started
-        with handle.lock:
+        with self._completing:
             if self._started is not started:
                 return True  # another thread completed it meanwhile
             assert entry.lean is not None  # only prepared runs are started
@@ -651,7 +653,9 @@ class Communicator:
                 error = self._fail(entry.kind, err, self._flight.take(seq))
             self._started = None
             self._flight.finished(seq)
-            handle.settle(None if error else entry.result, error)
+            callbacks = handle.settle(None if error else entry.result, error)
+        if callbacks:
+            handle.run_callbacks(callbacks)  # outside the lock: a callback may issue a call
         return True
 
     def _complete_later(self) -> None:

@@ -67,8 +67,12 @@ class Prepared:
             return False
         if self._out is None:
             return out is None
-        return out is not None and _form(out) == self._out_form and _writable(out) and \
-            self._out() is out
+        if out is None or self._out() is not out:
+            return False
+        if type(out) is np.ndarray:  # the same, inlined
+            return (out.shape, out.dtype, out.strides) == self._out_form and \
+                out.flags.writeable
+        return _form(out) == self._out_form
 
     def __call__(self) -> Any:
         """Run it once (on whichever thread runs the communicator's operations) and return
@@ -154,19 +158,22 @@ class StartedHandle:
     published and its barrier entered (no thread hop, nothing blocks); ``wait``, ``test`` and
     the communicator's next operation complete it, in issue order; once a done-callback is
     added, the progress thread completes it (a callback must fire without anyone polling, as
-    torch futures expect). The interface of ``handle.Handle``."""
+    torch futures expect). The interface of ``handle.Handle``; made per call, so kept lean: the
+    lock is the communicator's (``lock``), the callback list made by the first callback."""
 
-    def __init__(self, entry: Prepared, finish: Callable[[bool], bool],
-                 finish_later: Callable[[], None]) -> None:
-        self.name = entry.kind
+    __slots__ = ("name", "_finish", "_finish_later", "_lock", "_done", "_result", "_error",
+                 "_callbacks")
+
+    def __init__(self, name: str, finish: Callable[[bool], bool],
+                 finish_later: Callable[[], None], lock: threading.Lock) -> None:
+        self.name = name
         self._finish = finish          # the communicator's completion (Communicator._complete)
         self._finish_later = finish_later  # the same, queued for the progress thread
-        self._queued = False
+        self._lock = lock              # held while a started call completes
         self._done = False
         self._result: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[Any], None]] = []
-        self._lock = threading.Lock()  # wait() and the communicator's next call may race
+        self._callbacks: list[Callable[[Any], None]] | None = None  # None: none added yet
 
     @property
     def done(self) -> bool:
@@ -215,26 +222,32 @@ class StartedHandle:
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(handle)`` once done (at once if already done), from the finishing thread."""
         with self._lock:
-            done, first = self._done, not self._queued
+            done, first = self._done, self._callbacks is None
             if not done:
-                self._callbacks.append(fn)
-                self._queued = True
+                if first:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)  # type: ignore[union-attr]  # not first
         if done:
             fn(self)
         elif first:  # one completion queued, however many callbacks
             self._finish_later()
 
-    def settle(self, result: Any, error: BaseException | None) -> None:
-        """Record the outcome (called once, by the communicator, under ``lock``), then run
-        the callbacks."""
+    def settle(self, result: Any, error: BaseException | None) -> list[Callable[[Any], None]]:
+        """Record the outcome (called once, by the communicator, under ``lock``); the callbacks
+        to run, which the caller runs once it has released the lock (``run_callbacks``)."""
         self._result, self._error, self._done = result, error, True
         callbacks, self._callbacks = self._callbacks, []
+        return callbacks or []
+
+    def run_callbacks(self, callbacks: list[Callable[[Any], None]]) -> None:
+        """Run what ``settle`` returned."""
         for fn in callbacks:
             fn(self)
 
     @property
     def lock(self) -> threading.Lock:
-        """Held while the operation completes."""
+        """Held while the operation completes (the communicator's, shared by its handles)."""
         return self._lock
 
     def __repr__(self) -> str:

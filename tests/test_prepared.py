@@ -34,9 +34,10 @@ def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
     plan_type = compiled._PLAN
     flag, slot, src = np.zeros(1, np.int64), np.zeros(16, np.uint8), np.zeros(32, np.uint8)
     sig, words = b"12345678", [np.zeros(1, np.int64), np.zeros(1, np.int64)]
+    counters = np.zeros(3, np.int64)  # the arena's (step, published, epoch)
 
     def plan(source=src, sig_words=words, reduction=None, copies=([], [])):
-        return plan_type([memoryview(flag)], 0, sig, tuple(memoryview(w) for w in sig_words),
+        return plan_type([memoryview(flag)], 0, memoryview(counters), sig, tuple(memoryview(w) for w in sig_words),
                          tuple([memoryview(w)] for w in sig_words),
                          (memoryview(slot), memoryview(slot)), memoryview(source), copies,
                          reduction)
@@ -52,6 +53,14 @@ def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
     with pytest.raises(ValueError, match="needed"):
         plan(source=src[:8], reduction=("f", 0, memoryview(out), ins, 5))  # 5 floats in 4
     one = plan(source=src[:8], reduction=("f", 0, memoryview(out), ins, 4))
+    with pytest.raises(ValueError, match="needed"):
+        plan_type([memoryview(flag)], 0, memoryview(counters[:2]), sig,  # 2 counters of 3
+                  tuple(memoryview(w) for w in words), tuple([memoryview(w)] for w in words),
+                  None, memoryview(src[:8]), ([], []), None)
     flag[0] = 0
-    assert one.complete(0, 0, 1, 0) == 0  # its own flag is not raised yet: not arrived
-    assert one.run(0, 0, 1, 0) == 1 and flag[0] == 1  # one rank: arrives, reduces, done
+    counters[:] = (4, 6, 9)
+    assert one.run(0) == 1 and flag[0] == 10  # one rank: arrives, reduces, done
+    assert list(counters) == [5, 7, 10]  # stepped as the arena's begin + arrive step them
+    assert one.state() == (4, 1, 1, 10)  # the mark to rewind to, half, area, epoch
+    flag[0] = 9
+    assert one.complete(0) == 0  # a flag below the run's epoch: not arrived

@@ -25,6 +25,10 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     int ranks;
+    int64_t *counters;          /* the arena's (step, published, epoch), stepped per run */
+    int64_t mark;               /* the run begun last: the step to rewind to, */
+    int half, area;             /* its data half and publication area, */
+    int64_t epoch;              /* and its barrier's epoch */
     int64_t *my_flag;
     int64_t **flags;            /* every rank's flag */
     const char *sig;            /* this call's signature bytes (kept alive by sig_obj) */
@@ -133,20 +137,34 @@ arrived(Plan *p, int64_t epoch)
     return 1;
 }
 
+/* Begin a run: step the arena's counters as SharedArena.begin and arrive do, and remember
+ * where this run is (mark, half, area, epoch). */
 static void
-start(Plan *p, int half, int area, int64_t epoch)
+begin(Plan *p)
+{
+    int64_t *c = p->counters;
+    p->mark = c[0]++;
+    c[1]++;
+    p->epoch = ++c[2];
+    p->half = (int)(c[0] & 1);
+    p->area = (int)(c[1] & 1);
+}
+
+static void
+start(Plan *p)
 {
     if (p->sig_len)
-        memcpy(p->my_sig[area], p->sig, p->sig_len);
-    if (p->publish[half])
-        memcpy(p->publish[half], p->source, p->source_len);
-    __atomic_store_n(p->my_flag, epoch, __ATOMIC_RELEASE);
+        memcpy(p->my_sig[p->area], p->sig, p->sig_len);
+    if (p->publish[p->half])
+        memcpy(p->publish[p->half], p->source, p->source_len);
+    __atomic_store_n(p->my_flag, p->epoch, __ATOMIC_RELEASE);
 }
 
 /* After the barrier: the signatures, then the copies and the reduction. */
 static int
-finish(Plan *p, int half, int area)
+finish(Plan *p)
 {
+    int half = p->half, area = p->area;
     for (int q = 0; q < p->ranks; q++)
         if (p->sig_len && memcmp(p->every_sig[area][q], p->sig, p->sig_len) != 0)
             return MISMATCH;
@@ -163,61 +181,61 @@ finish(Plan *p, int half, int area)
 /* Poll the flags a little (yielding the core: ranks may share it); NOT_YET hands the wait
  * to Python, which sleeps and enforces the deadline. */
 static int
-complete(Plan *p, int half, int area, int64_t epoch, int spins)
+complete(Plan *p, int spins)
 {
-    int ok = arrived(p, epoch);
+    int ok = arrived(p, p->epoch);
     if (!ok && spins) {
         Py_BEGIN_ALLOW_THREADS
-        for (int i = 0; i < spins && !(ok = arrived(p, epoch)); i++)
+        for (int i = 0; i < spins && !(ok = arrived(p, p->epoch)); i++)
             sched_yield();
         Py_END_ALLOW_THREADS
     }
-    return ok ? finish(p, half, area) : NOT_YET;
+    return ok ? finish(p) : NOT_YET;
 }
 
-static PyObject *
-plan_start(Plan *p, PyObject *args)
-{
-    int half, area;
-    long long epoch;
-    if (!PyArg_ParseTuple(args, "iiL", &half, &area, &epoch))
-        return NULL;
-    start(p, half & 1, area & 1, epoch);
-    Py_RETURN_NONE;
-}
-
-/* complete()'s and run()'s arguments: half, area, epoch, spins. */
+/* complete()'s and run()'s argument: how many polls before handing the wait to Python. */
 static int
-run_args(PyObject *args, int *half, int *area, int64_t *epoch, int *spins)
+spins_arg(PyObject *arg, int *spins)
 {
-    long long e;
-    if (!PyArg_ParseTuple(args, "iiLi", half, area, &e, spins))
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
         return -1;
-    *half &= 1;
-    *area &= 1;
-    *epoch = e;
+    *spins = n < 0 ? 0 : (n > 1 << 20 ? 1 << 20 : (int)n);
     return 0;
 }
 
 static PyObject *
-plan_complete(Plan *p, PyObject *args)
+plan_start(Plan *p, PyObject *unused)
 {
-    int half, area, spins;
-    int64_t epoch;
-    if (run_args(args, &half, &area, &epoch, &spins) < 0)
-        return NULL;
-    return PyLong_FromLong(complete(p, half, area, epoch, spins));
+    begin(p);
+    start(p);
+    Py_RETURN_NONE;
 }
 
 static PyObject *
-plan_run(Plan *p, PyObject *args)
+plan_complete(Plan *p, PyObject *arg)
 {
-    int half, area, spins;
-    int64_t epoch;
-    if (run_args(args, &half, &area, &epoch, &spins) < 0)
+    int spins;
+    if (spins_arg(arg, &spins) < 0)
         return NULL;
-    start(p, half, area, epoch);
-    return PyLong_FromLong(complete(p, half, area, epoch, spins));
+    return PyLong_FromLong(complete(p, spins));
+}
+
+static PyObject *
+plan_run(Plan *p, PyObject *arg)
+{
+    int spins;
+    if (spins_arg(arg, &spins) < 0)
+        return NULL;
+    begin(p);
+    start(p);
+    return PyLong_FromLong(complete(p, spins));
+}
+
+static PyObject *
+plan_state(Plan *p, PyObject *unused)
+{
+    return Py_BuildValue("(LiiL)", (long long)p->mark, p->half, p->area, (long long)p->epoch);
 }
 
 static void
@@ -239,7 +257,7 @@ plan_dealloc(Plan *p)
 #define LAST_LEN(p) ((p)->views[(p)->n_views - 1].len)
 
 static int
-plan_fill(Plan *p, PyObject *flags, int rank, PyObject *sig, PyObject *my_sig,
+plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig, PyObject *my_sig,
           PyObject *every_sig, PyObject *publish, PyObject *source, PyObject *copies,
           PyObject *reduction)
 {
@@ -259,6 +277,8 @@ plan_fill(Plan *p, PyObject *flags, int rank, PyObject *sig, PyObject *my_sig,
         if (addr(p, PyList_GET_ITEM(flags, q), q == rank, 8, (char **)&p->flags[q]) < 0)
             return -1;
     p->my_flag = p->flags[rank];
+    if (addr(p, counters, 1, 3 * sizeof(int64_t), (char **)&p->counters) < 0)
+        return -1;
     if (addr(p, sig, 0, 0, (char **)&p->sig) < 0)
         return -1;
     p->sig_len = LAST_LEN(p);
@@ -320,16 +340,17 @@ plan_fill(Plan *p, PyObject *flags, int rank, PyObject *sig, PyObject *my_sig,
 static PyObject *
 plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    PyObject *flags, *sig, *my_sig, *every_sig, *publish, *source, *copies, *reduction;
+    PyObject *flags, *counters, *sig, *my_sig, *every_sig, *publish, *source, *copies;
+    PyObject *reduction;
     int rank;
-    if (!PyArg_ParseTuple(args, "O!iOOOOOOO", &PyList_Type, &flags, &rank, &sig, &my_sig,
-                          &every_sig, &publish, &source, &copies, &reduction))
+    if (!PyArg_ParseTuple(args, "O!iOOOOOOOO", &PyList_Type, &flags, &rank, &counters, &sig,
+                          &my_sig, &every_sig, &publish, &source, &copies, &reduction))
         return NULL;
     Plan *p = (Plan *)type->tp_alloc(type, 0);
     if (!p)
         return NULL;
     p->keep = Py_NewRef(args);
-    if (plan_fill(p, flags, rank, sig, my_sig, every_sig, publish, source, copies,
+    if (plan_fill(p, flags, rank, counters, sig, my_sig, every_sig, publish, source, copies,
                   reduction) < 0) {
         Py_DECREF(p);
         return NULL;
@@ -338,19 +359,23 @@ plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 }
 
 static PyMethodDef plan_methods[] = {
-    {"start", (PyCFunction)plan_start, METH_VARARGS,
-     "start(half, area, epoch): publish the signature and this rank's part, raise the flag."},
-    {"complete", (PyCFunction)plan_complete, METH_VARARGS,
-     "complete(half, area, epoch, spins) -> 1 done, 2 barrier passed (finish in Python), "
-     "0 peers not all arrived, -1 signatures differ."},
-    {"run", (PyCFunction)plan_run, METH_VARARGS, "start, then complete."},
+    {"start", (PyCFunction)plan_start, METH_NOARGS,
+     "start(): step the arena's counters, publish the signature and this rank's part, raise "
+     "the flag."},
+    {"complete", (PyCFunction)plan_complete, METH_O,
+     "complete(spins) -> 1 done, 2 barrier passed (finish in Python), 0 peers not all "
+     "arrived, -1 signatures differ."},
+    {"run", (PyCFunction)plan_run, METH_O, "run(spins): start, then complete."},
+    {"state", (PyCFunction)plan_state, METH_NOARGS,
+     "state() -> (mark, half, area, epoch) of the run begun last."},
     {NULL},
 };
 
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "topocoll.collectives.algorithms._shmrun.Plan",
-    .tp_doc = "Plan(flags, rank, sig, my_sig, every_sig, publish, source, copies, reduction)",
+    .tp_doc = "Plan(flags, rank, counters, sig, my_sig, every_sig, publish, source, copies, "
+              "reduction)",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = plan_new,

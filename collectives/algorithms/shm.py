@@ -266,7 +266,7 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
             compiled.reduces(out.dtype.char, _COMPILED_OPS[after.op]):
         reduction = (out.dtype.char, _COMPILED_OPS[after.op], out,
                      tuple(list(ins) for ins in after.ins), out.size)
-    plan = plan_type(arena.flag_words(), arena.rank, sig, tuple(mine_words),
+    plan = plan_type(arena.flag_words(), arena.rank, arena.counters, sig, tuple(mine_words),
                      tuple(every_words), None if publish is None else tuple(publish), source,
                      tuple(list(c) for c in after.copies), reduction)
     return plan, reduction is not None or after.out is None
@@ -274,33 +274,29 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
 
 def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: AfterBarrier,
                   check: Callable[..., None] | None, sig: bytes) -> Run:
-    """``prepare``'s run through the compiled plan: one C call publishes, polls and finishes;
-    a wait longer than its spins goes to ``arena.wait`` (deadline, timeout naming the peer)."""
+    """``prepare``'s run through the compiled plan: one C call steps the arena's counters,
+    publishes, polls and finishes; a wait longer than its spins goes to ``arena.wait``
+    (deadline, timeout naming the peer)."""
     plan, finishes_all = compiled
-    state = [0, 0, 0, 0]  # (arena mark, half, publication area, epoch)
-    begin_epoch = arena.begin_epoch
-
-    def begin() -> None:
-        ctx.deadline = None
-        state[:] = begin_epoch()
+    run, complete_spins = plan.run, plan.complete
 
     def finish(code: int) -> None:
         if code == 0:
             arena.wait(ctx)
-            code = plan.complete(state[1], state[2], state[3], 0)
+            code = complete_spins(0)
         if code < 0:
-            arena.rewind(state[0])
+            arena.rewind(plan.state()[0])
             assert check is not None  # signatures only differ where there is one
             check(*arena.agreed(len(sig) // 8))  # raises, naming the field
         if code == 2 and not finishes_all:
-            after.reduce(state[1])
+            after.reduce(plan.state()[1])
 
     def start() -> None:
-        begin()
-        plan.start(state[1], state[2], state[3])
+        ctx.deadline = None
+        plan.start()
 
     def complete(block: bool) -> bool:
-        code = plan.complete(state[1], state[2], state[3], COMPILED_SPINS if block else 0)
+        code = complete_spins(COMPILED_SPINS if block else 0)
         if code == 0 and not block:
             return False
         finish(code)
@@ -308,8 +304,7 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
 
     def both() -> None:
         ctx.deadline = None
-        state[:] = mark, half, area, epoch = begin_epoch()
-        code = plan.run(half, area, epoch, COMPILED_SPINS)
+        code = run(COMPILED_SPINS)
         if code != 1:
             finish(code)
 

@@ -19,6 +19,7 @@ the memory goes away with the processes even when a rank crashes: nothing can le
 """
 from __future__ import annotations
 
+import array
 import os
 import platform
 from typing import Any, Callable
@@ -33,6 +34,9 @@ HEADER_BYTES = 4096
 
 WORDS_OFFSET, AREA_WORDS = 64, 248
 """Where the two alternating areas of ``publish`` start, and their size in int64s."""
+
+STEP, PUBLISHED, EPOCH = 0, 1, 2
+"""Indices of ``SharedArena.counters`` (``_shmrun.c`` steps them in the same order)."""
 
 SIG_WORDS = 240
 """The first ``SIG_WORDS`` words of an area hold a call's signature (``agree``); the words after
@@ -59,10 +63,11 @@ class SharedArena:
         self.rank = rank
         self.size = size
         self.slot_bytes = slot_bytes
-        self._epoch = 0
-        self._step = 0
+        self.counters = array.array("q", [0, 0, 0])
+        """How many halves were handed out (``flip``), publications made and barriers entered:
+        the sequence every rank steps through alike. An int64 array, so a compiled run steps
+        it in place, with no Python call."""
         self._broken = False
-        self._published = 0
         self._flags: list[np.ndarray] = []
         self._flag_words: list[memoryview] = []
         self._areas: list[np.ndarray] = []
@@ -104,18 +109,19 @@ class SharedArena:
 
     def flip(self) -> int:
         """The half the next pipeline step uses (the same sequence on every rank)."""
-        self._step += 1
-        return self._step % 2
+        counters = self.counters
+        counters[STEP] += 1
+        return counters[STEP] % 2
 
     def mark(self) -> int:
         """How many halves ``flip`` has handed out (to ``rewind`` to)."""
-        return self._step
+        return self.counters[STEP]
 
     def rewind(self, mark: int) -> None:
         """Back to ``mark``: a call that some ranks began and all abandoned at its first barrier
         (a signature mismatch) must leave every rank on the same half. (Publication areas need no
         rewind: every rank publishes exactly once before that barrier, whatever its path.)"""
-        self._step = mark
+        self.counters[STEP] = mark
 
     def slots(self, half: int, dtype: Any) -> list[np.ndarray]:
         """Half ``half`` of every rank's segment as 1-D arrays of ``dtype``, indexed by owner
@@ -139,10 +145,11 @@ class SharedArena:
     def arrive(self) -> None:
         """The first half of ``sync``: publish this rank's writes and raise its flag, without
         waiting (a started operation completes later with ``wait``)."""
-        self._epoch += 1
+        counters = self.counters
+        counters[EPOCH] += 1
         if not ORDERED_STORES:
             self._win.Sync()  # data stores before the flag store (a fence where memory is weak)
-        self._flag_words[self.rank][0] = self._epoch
+        self._flag_words[self.rank][0] = counters[EPOCH]
 
     def wait(self, ctx: OpContext) -> None:
         """The second half of ``sync``: wait until every rank has arrived."""
@@ -157,21 +164,11 @@ class SharedArena:
 
     def arrived(self) -> bool:
         """Whether every rank has arrived at the barrier this rank last entered."""
-        epoch = self._epoch
+        epoch = self.counters[EPOCH]
         for flag in self._flag_words:
             if flag[0] < epoch:
                 return False
         return True
-
-    def begin_epoch(self) -> tuple[int, int, int, int]:
-        """``begin`` and ``arrive`` without raising the flag, for a compiled run that stores the
-        flag itself (after its data, with release order): the mark, half and area, and the
-        barrier's new epoch."""
-        mark = self._step
-        self._step += 1
-        self._published += 1
-        self._epoch += 1
-        return mark, self._step % 2, self._published % 2, self._epoch
 
     def flag_words(self) -> list[memoryview]:
         """Every rank's flag word (this rank's writable), by rank."""
@@ -180,10 +177,11 @@ class SharedArena:
     def begin(self) -> tuple[int, int, int]:
         """``mark``, ``flip`` and ``next_area`` in one call, for a prepared run: the step to
         rewind to, the half it uses and its publication area."""
-        mark = self._step
-        self._step += 1
-        self._published += 1
-        return mark, self._step % 2, self._published % 2
+        counters = self.counters
+        mark = counters[STEP]
+        counters[STEP] += 1
+        counters[PUBLISHED] += 1
+        return mark, counters[STEP] % 2, counters[PUBLISHED] % 2
 
     def agree(self, sig: np.ndarray, ctx: OpContext) -> tuple[np.ndarray, np.ndarray]:
         """Element-wise (min, max) of an int64 signature over the arena's ranks: publish, sync,
@@ -198,8 +196,8 @@ class SharedArena:
         halves, so the next call's words never overwrite ones a slower peer is still reading."""
         if sig is not None and len(sig) > SIG_WORDS:
             raise ValueError(f"a signature of {len(sig)} words exceeds the arena's {SIG_WORDS}")
-        self._published += 1
-        area = self._areas[self.rank][self._published % 2]
+        self.counters[PUBLISHED] += 1
+        area = self._areas[self.rank][self.counters[PUBLISHED] % 2]
         if sig is not None:
             area[:len(sig)] = sig
         if reg is not None:
@@ -209,7 +207,7 @@ class SharedArena:
         """After the sync: (min, max) over ranks of the first ``n`` signature words published;
         when every rank published the same words, both are that one array (``lo is hi``), a view
         of this rank's area: read it before this rank's next ``publish``."""
-        at = self._published % 2
+        at = self.counters[PUBLISHED] % 2
         mine = self._areas[self.rank][at, :n]
         words = mine.tobytes()  # a byte comparison costs ~0.2 us; min/max over a stack ~5 us
         if all(a[at, :n].tobytes() == words for a in self._areas):
@@ -230,12 +228,12 @@ class SharedArena:
     def next_area(self) -> int:
         """Advance to the next publication area and return its index: ``publish`` without
         writing, for callers that write ``signature_words`` themselves."""
-        self._published += 1
-        return self._published % 2
+        self.counters[PUBLISHED] += 1
+        return self.counters[PUBLISHED] % 2
 
     def published(self, n: int) -> list[list[int]]:
         """After the sync: every rank's first ``n`` registration words, indexed by rank."""
-        at = self._published % 2
+        at = self.counters[PUBLISHED] % 2
         return [a[at, SIG_WORDS:SIG_WORDS + n].tolist() for a in self._areas]
 
     # -- registered buffers --
@@ -328,7 +326,7 @@ class SharedArena:
             pass
 
     def _missing(self) -> str:
-        late = [q for q, f in enumerate(self._flag_words) if f[0] < self._epoch]
+        late = [q for q, f in enumerate(self._flag_words) if f[0] < self.counters[EPOCH]]
         names = ", ".join(self.peer_name(q) for q in late) or "the other ranks"
         return f"{names} at the shared-memory barrier"
 
