@@ -145,7 +145,8 @@ class Communicator:
 
         Returns the result array, or a Handle whose ``wait()`` returns it if ``async_op``.
         """
-        prepared = self._prepared_call("all_reduce", x, out, (op, algo, async_op, timeout))
+        prepared = self._prepared.find("all_reduce", x, out, (op, algo, async_op, timeout),
+                                       self.check)
         if prepared is not None:
             return self._repeat(prepared, async_op)
         return self._all_reduce(x, op, algo, async_op, out, timeout)
@@ -171,7 +172,7 @@ class Communicator:
     def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
-        prepared = self._prepared_call("all_gather", x, out, (algo, async_op, timeout))
+        prepared = self._prepared.find("all_gather", x, out, (algo, async_op, timeout), self.check)
         if prepared is not None:
             return self._repeat(prepared, async_op)
         return self._all_gather(x, out, algo, async_op, timeout)
@@ -193,7 +194,8 @@ class Communicator:
                        async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
         ``numpy.array_split`` (the first ``len(x) % size`` parts have one more row)."""
-        prepared = self._prepared_call("reduce_scatter", x, out, (op, algo, async_op, timeout))
+        prepared = self._prepared.find("reduce_scatter", x, out, (op, algo, async_op, timeout),
+                                       self.check)
         if prepared is not None:
             return self._repeat(prepared, async_op)
         return self._reduce_scatter(x, out, op, algo, async_op, timeout)
@@ -214,7 +216,8 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
-        prepared = self._prepared_call("broadcast", x, None, (root, algo, async_op, timeout))
+        prepared = self._prepared.find("broadcast", x, None, (root, algo, async_op, timeout),
+                                       self.check)
         if prepared is not None:
             return self._repeat(prepared, async_op)
         return self._broadcast(x, root, algo, async_op, timeout)
@@ -234,7 +237,8 @@ class Communicator:
     def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
-        prepared = self._prepared_call("reduce", x, None, (root, op, algo, async_op, timeout))
+        prepared = self._prepared.find("reduce", x, None, (root, op, algo, async_op, timeout),
+                                       self.check)
         if prepared is not None:
             return self._repeat(prepared, async_op)
         return self._reduce(x, root, op, algo, async_op, timeout)
@@ -257,7 +261,7 @@ class Communicator:
                    timeout: float | None = None) -> Any:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
         ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
-        prepared = self._prepared_call("all_to_all", x, out, (algo, async_op, timeout))
+        prepared = self._prepared.find("all_to_all", x, out, (algo, async_op, timeout), self.check)
         if prepared is not None:
             return self._repeat(prepared, async_op)
         return self._all_to_all(x, out, algo, async_op, timeout)
@@ -277,7 +281,8 @@ class Communicator:
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
         into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
-        prepared = self._prepared_call("rotate", x, out, (shift, algo, async_op, timeout))
+        prepared = self._prepared.find("rotate", x, out, (shift, algo, async_op, timeout),
+                                       self.check)
         if prepared is not None:
             return self._repeat(prepared, async_op)
         return self._rotate(x, out, shift, algo, async_op, timeout)
@@ -579,15 +584,6 @@ class Communicator:
             self._submit(f"{kind}_init", agree, async_op=False)
         return Persistent(self, entry)
 
-    def _prepared_call(self, kind: str, x: Any, out: Any,
-                       args: tuple[Any, ...]) -> Prepared | None:
-        """The prepared call that this one repeats (None: take the general path). ``_repeat``
-        decides whether it runs inline or in issue order behind what is queued."""
-        entry = self._prepared.find(kind, x, out, args)
-        if entry is None or entry.check != self.check:
-            return None
-        return entry
-
     def _may_repeat(self) -> bool:
         """Whether a prepared call may run inline now: the calling thread owns the communicator,
         nothing is queued, broken or closed, and calls aren't traced; a started one
@@ -601,11 +597,11 @@ class Communicator:
         return self._complete(False)
 
     def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
-        """Run a prepared call (``_prepared_call`` found it): inline where it may
-        (``_may_repeat``), with the general path's flight record and failure handling in a
-        fraction of its time; else through ``_submit`` like any call, but without preparing it
-        again. Async and inline, the algorithm's prepared run is only started here; its handle,
-        or the next operation, completes it."""
+        """Run a prepared call (``PreparedCalls.find`` found it; every front method looks
+        first): inline where it may (``_may_repeat``), with the general path's flight record
+        and failure handling in a fraction of its time; else through ``_submit`` like any call,
+        but without preparing it again. Async and inline, the algorithm's prepared run is only
+        started here; its handle, or the next operation, completes it."""
         run = entry.lean
         if run is None or not self._may_repeat():
             return self._submit(entry.kind, entry, async_op, entry.what)

@@ -90,13 +90,15 @@ class PreparedCalls:
     def __init__(self) -> None:
         self._by_kind: dict[str, dict[int, list[Prepared]]] = {}
 
-    def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...]) -> Prepared | None:
-        """The prepared call that ``kind(x, out=out, *args)`` repeats, if any."""
+    def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
+             check: bool) -> Prepared | None:
+        """The prepared call that ``kind(x, out=out, *args)`` repeats with the agreement check
+        ``check`` (the communicator's, as it is now), if any; None: take the general path."""
         entries = self._by_kind.get(kind)
         if entries is None:
             return None
         for entry in entries.get(id(x), ()):
-            if entry.fits(x, out, args):
+            if entry.check is check and entry.fits(x, out, args):
                 return entry
         return None
 
