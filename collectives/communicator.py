@@ -584,26 +584,24 @@ class Communicator:
             self._submit(f"{kind}_init", agree, async_op=False)
         return Persistent(self, entry)
 
-    def _may_repeat(self) -> bool:
-        """Whether a prepared call may run inline now: the calling thread owns the communicator,
-        nothing is queued, broken or closed, and calls aren't traced; a started one
-        completes here if its peers arrive within a short spin (async calls issued back to back,
-        as a benchmark or a bucketed reduction does, then stay inline instead of queueing)."""
-        return self._broken is None and not self._closed and not self._executor._pending and \
-            threading.get_ident() == self._owner and not tracing() and \
-            (self._started is None or spin(self._complete_now, HANDOFF_SPIN_SECONDS))
-
     def _complete_now(self) -> bool:
         return self._complete(False)
 
     def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
         """Run a prepared call (``PreparedCalls.find`` found it; every front method looks
-        first): inline where it may (``_may_repeat``), with the general path's flight record
-        and failure handling in a fraction of its time; else through ``_submit`` like any call,
-        but without preparing it again. Async and inline, the algorithm's prepared run is only
-        started here; its handle, or the next operation, completes it."""
+        first), with the general path's flight record and failure handling in a fraction of its
+        time. Inline where it may: the calling thread owns the communicator, nothing is queued,
+        broken or closed, and calls aren't traced; a started one completes here if its peers
+        arrive within a short spin (async calls issued back to back, as a benchmark or a
+        bucketed reduction does, then stay inline instead of queueing). Else through
+        ``_submit`` like any call, but without preparing it again. Async and inline, the
+        algorithm's prepared run is only started here; its handle, or the next operation,
+        completes it."""
         run = entry.lean
-        if run is None or not self._may_repeat():
+        if run is None or self._broken is not None or self._closed or self._executor._pending \
+                or threading.get_ident() != self._owner or tracing() or \
+                (self._started is not None and
+                 not spin(self._complete_now, HANDOFF_SPIN_SECONDS)):
             return self._submit(entry.kind, entry, async_op, entry.what)
         flight = self._flight
         seq = flight.issue_running(entry.kind, entry.what)

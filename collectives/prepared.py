@@ -55,25 +55,6 @@ class Prepared:
         self._out_form = _form(out) if out is not None else None
         self._x_written = x_written  # the call writes x: it must still be writable
 
-    def fits(self, x: Any, out: Any, args: tuple[Any, ...]) -> bool:
-        """Whether a call with ``x``, ``out`` and ``args`` is this one, with nothing changed."""
-        if self._x() is not x or args != self.args:
-            return False
-        if type(x) is np.ndarray:  # _form and _writable, inlined: every repeat pays this
-            if (x.shape, x.dtype, x.strides) != self._x_form or \
-                    (self._x_written and not x.flags.writeable):
-                return False
-        elif _form(x) != self._x_form:
-            return False
-        if self._out is None:
-            return out is None
-        if out is None or self._out() is not out:
-            return False
-        if type(out) is np.ndarray:  # the same, inlined
-            return (out.shape, out.dtype, out.strides) == self._out_form and \
-                out.flags.writeable
-        return _form(out) == self._out_form
-
     def __call__(self) -> Any:
         """Run it once (on whichever thread runs the communicator's operations) and return
         the result."""
@@ -93,13 +74,31 @@ class PreparedCalls:
     def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
              check: bool) -> Prepared | None:
         """The prepared call that ``kind(x, out=out, *args)`` repeats with the agreement check
-        ``check`` (the communicator's, as it is now), if any; None: take the general path."""
+        ``check`` (the communicator's, as it is now), if any; None: take the general path. An
+        entry matches only if nothing changed: the very same ``x`` and ``out`` objects, their
+        layout (``_form``), writability where the call writes them, and every argument."""
         entries = self._by_kind.get(kind)
         if entries is None:
             return None
-        for entry in entries.get(id(x), ()):
-            if entry.check is check and entry.fits(x, out, args):
-                return entry
+        for e in entries.get(id(x), ()):  # each test inlined: every repeat pays this
+            if e._x() is not x or args != e.args or e.check is not check:
+                continue
+            if type(x) is np.ndarray:
+                if (x.shape, x.dtype, x.strides) != e._x_form or \
+                        (e._x_written and not x.flags.writeable):
+                    continue
+            elif _form(x) != e._x_form:
+                continue
+            if e._out is None:
+                if out is None:
+                    return e
+            elif out is not None and e._out() is out:
+                if type(out) is np.ndarray:
+                    if (out.shape, out.dtype, out.strides) == e._out_form and \
+                            out.flags.writeable:
+                        return e
+                elif _form(out) == e._out_form:
+                    return e
         return None
 
     def add(self, entry: Prepared, x: Any) -> None:

@@ -37,7 +37,8 @@ def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
     counters = np.zeros(3, np.int64)  # the arena's (step, published, epoch)
 
     def plan(source=src, sig_words=words, reduction=None, copies=([], [])):
-        return plan_type([memoryview(flag)], 0, memoryview(counters), sig, tuple(memoryview(w) for w in sig_words),
+        return plan_type([memoryview(flag)], 0, memoryview(counters), sig,
+                         tuple(memoryview(w) for w in sig_words),
                          tuple([memoryview(w)] for w in sig_words),
                          (memoryview(slot), memoryview(slot)), memoryview(source), copies,
                          reduction)
@@ -64,3 +65,38 @@ def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
     assert one.state() == (4, 1, 1, 10)  # the mark to rewind to, half, area, epoch
     flag[0] = 9
     assert one.complete(0) == 0  # a flag below the run's epoch: not arrived
+
+
+def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():
+    if not compiled.available():
+        pytest.skip("the compiled run is not built here (no C compiler at install)")
+    import numpy as np
+
+    flags = [np.zeros(1, np.int64), np.zeros(1, np.int64)]  # rank 0's, and a peer's
+    counters, src = np.zeros(3, np.int64), np.zeros(8, np.uint8)
+    out, ins = np.zeros(2, np.float32), [np.ones(2, np.float32), np.full(2, 2, np.float32)]
+
+    def plan(ranks, reduction):
+        return compiled._PLAN([memoryview(f) for f in flags[:ranks]], 0, memoryview(counters),
+                              b"", (memoryview(b""), memoryview(b"")),
+                              tuple([memoryview(b"")] * ranks for _ in (0, 1)), None,
+                              memoryview(src), ([], []), reduction)
+
+    calls = []
+    reducing = plan(2, ("f", 0, memoryview(out), tuple([memoryview(a) for a in ins]
+                                                        for _ in (0, 1)), 2))
+    with pytest.raises(RuntimeError, match="on_wait"):
+        reducing.go()  # nothing bound to finish a wait with
+    reducing.on_wait(lambda p, code: calls.append((p, code)), 3)
+    reducing.go()
+    assert calls == [(reducing, 0)]  # the peer's flag never rose: the wait goes to Python
+    flags[1][0] = counters[2]
+    assert reducing.complete(0) == 1 and list(out) == [3, 3]  # then C reduces
+    calls.clear()
+    flags[1][0] = counters[2] + 1
+    reducing.go()
+    assert calls == []  # arrived and reduced in C: no Python
+    moving = plan(1, None)
+    moving.on_wait(lambda p, code: calls.append((p, code)), 3)
+    moving.go()
+    assert calls == [(moving, 2)]  # barrier passed, the rest is Python's

@@ -46,6 +46,8 @@ typedef struct {
     const char **inputs[2];     /* every rank's slot to reduce, per half */
     Py_ssize_t count;
     PyObject *keep;             /* every buffer object above, kept alive */
+    PyObject *finish;           /* go(): finish(plan, code) where the run isn't done in C */
+    int spins;                  /* go(): polls before handing the wait to finish */
     Py_buffer *views;
     Py_ssize_t n_views;
 } Plan;
@@ -232,6 +234,41 @@ plan_run(Plan *p, PyObject *arg)
     return PyLong_FromLong(complete(p, spins));
 }
 
+/* The whole run, blocking, in one call from Python: what run(spins) does, then the Python
+ * finish bound with on_wait (a longer wait, a mismatch, a reduction left to numpy) only where
+ * the run did not end in C. */
+static PyObject *
+plan_go(Plan *p, PyObject *unused)
+{
+    if (!p->finish) {
+        PyErr_SetString(PyExc_RuntimeError, "go() before on_wait()");
+        return NULL;
+    }
+    begin(p);
+    start(p);
+    int code = complete(p, p->spins);
+    if (code == DONE)
+        Py_RETURN_NONE;
+    PyObject *c = PyLong_FromLong(code);
+    if (!c)
+        return NULL;
+    PyObject *r = PyObject_CallFunctionObjArgs(p->finish, (PyObject *)p, c, NULL);
+    Py_DECREF(c);
+    return r;
+}
+
+static PyObject *
+plan_on_wait(Plan *p, PyObject *args)
+{
+    PyObject *finish;
+    int spins;
+    if (!PyArg_ParseTuple(args, "Oi", &finish, &spins))
+        return NULL;
+    Py_XSETREF(p->finish, Py_NewRef(finish));
+    p->spins = spins < 0 ? 0 : spins;
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 plan_state(Plan *p, PyObject *unused)
 {
@@ -251,6 +288,7 @@ plan_dealloc(Plan *p)
         PyMem_Free(p->inputs[h]);
     }
     Py_XDECREF(p->keep);
+    Py_XDECREF(p->finish);
     Py_TYPE(p)->tp_free((PyObject *)p);
 }
 
@@ -366,6 +404,11 @@ static PyMethodDef plan_methods[] = {
      "complete(spins) -> 1 done, 2 barrier passed (finish in Python), 0 peers not all "
      "arrived, -1 signatures differ."},
     {"run", (PyCFunction)plan_run, METH_O, "run(spins): start, then complete."},
+    {"go", (PyCFunction)plan_go, METH_NOARGS,
+     "go(): run(spins), then finish(plan, code) unless done (both bound by on_wait)."},
+    {"on_wait", (PyCFunction)plan_on_wait, METH_VARARGS,
+     "on_wait(finish, spins): what go() polls, and calls where the run is not done in C "
+     "(finish must not hold the plan: it is passed in)."},
     {"state", (PyCFunction)plan_state, METH_NOARGS,
      "state() -> (mark, half, area, epoch) of the run begun last."},
     {NULL},

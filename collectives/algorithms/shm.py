@@ -274,16 +274,17 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
 
 def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: AfterBarrier,
                   check: Callable[..., None] | None, sig: bytes) -> Run:
-    """``prepare``'s run through the compiled plan: one C call steps the arena's counters,
-    publishes, polls and finishes; a wait longer than its spins goes to ``arena.wait``
-    (deadline, timeout naming the peer)."""
+    """``prepare``'s run through the compiled plan: one C call (``go``) steps the arena's
+    counters, publishes, polls and finishes; only a wait longer than its spins (``arena.wait``:
+    deadline, timeout naming the peer), a mismatch or a reduction left to numpy come back to
+    Python, in ``finish``."""
     plan, finishes_all = compiled
-    run, complete_spins = plan.run, plan.complete
 
-    def finish(code: int) -> None:
+    def finish(plan: Any, code: int) -> None:  # takes the plan: holding it would be a cycle
         if code == 0:
+            ctx.deadline = None  # armed by this run's first wait
             arena.wait(ctx)
-            code = complete_spins(0)
+            code = plan.complete(0)
         if code < 0:
             arena.rewind(plan.state()[0])
             assert check is not None  # signatures only differ where there is one
@@ -291,24 +292,16 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
         if code == 2 and not finishes_all:
             after.reduce(plan.state()[1])
 
-    def start() -> None:
-        ctx.deadline = None
-        plan.start()
-
     def complete(block: bool) -> bool:
-        code = complete_spins(COMPILED_SPINS if block else 0)
+        code = plan.complete(COMPILED_SPINS if block else 0)
         if code == 0 and not block:
             return False
-        finish(code)
+        if code != 1:
+            finish(plan, code)
         return True
 
-    def both() -> None:
-        ctx.deadline = None
-        code = run(COMPILED_SPINS)
-        if code != 1:
-            finish(code)
-
-    return Run(start, complete, both)
+    plan.on_wait(finish, COMPILED_SPINS)
+    return Run(plan.start, complete, plan.go)
 
 
 def _mv(a: np.ndarray) -> memoryview:
