@@ -1,6 +1,7 @@
 """Prepared calls (collectives/prepared.py): repeated small blocking collectives on real ranks,
 through the compiled shared-memory run where it is built and through the pure-Python run."""
 import shutil
+import warnings
 
 import pytest
 
@@ -24,6 +25,10 @@ def test_the_compiled_run_is_built_where_a_compiler_is():
     if not (shutil.which("cc") or shutil.which("gcc")):
         pytest.skip("no C compiler here: the install falls back to the pure-Python run")
     assert compiled.available(), "a C compiler is present but _shmrun was not built"
+    from topocoll.collectives import prepared
+
+    assert prepared._checked_match() is not None, \
+        "a C compiler is present but _match was not built, or reads arrays unlike numpy"
 
 
 def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
@@ -100,3 +105,67 @@ def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():
     moving.on_wait(lambda p, code: calls.append((p, code)), 3)
     moving.go()
     assert calls == [(moving, 2)]  # barrier passed, the rest is Python's
+
+
+def test_the_compiled_match_sees_every_change_the_python_test_sees():
+    import numpy as np
+
+    from topocoll.collectives import prepared
+
+    match = prepared._match_type()
+    if match is None:
+        pytest.skip("the compiled match is not built here (no C compiler at install)")
+    x, out, args = np.zeros(8, np.float32), np.zeros(16, np.float32), ("auto", False, None)
+    m = match(np.ndarray, x, out, args, True, True).matches
+    assert m(x, out, args, True)
+    assert m(x, out, ("auto", False, None), True)  # equal arguments, another tuple
+    assert not m(x, out, ("ring", False, None), True)
+    assert not m(x, out, args, False)  # the agreement check turned off
+    assert not m(x, None, args, True) and not m(x, out.copy(), args, True)
+    assert not m(x.copy(), out, args, True) and not m(x[:], out, args, True)  # other objects
+    x.shape = (2, 4)
+    assert not m(x, out, args, True)  # reshaped in place
+    x.shape = (8,)
+    assert m(x, out, args, True)
+    x.flags.writeable = False
+    assert not m(x, out, args, True)  # the call writes x
+    assert match(np.ndarray, x, None, args, True, False).matches(x, None, args, True)  # reads it
+    x.flags.writeable = True
+    out.flags.writeable = False
+    assert not m(x, out, args, True)  # out is always written
+    out.flags.writeable = True
+    y = np.zeros(8, np.float32)
+    my = match(np.ndarray, y, None, args, True, True).matches
+    y.dtype = np.int32  # reinterpreted in place
+    assert not my(y, None, args, True)
+    z = x.view()
+    mz = match(np.ndarray, z, None, args, True, True).matches
+    w = np.zeros((4, 4), np.float32)[:, :2]
+    mw = match(np.ndarray, w, None, args, True, True).matches
+    with warnings.catch_warnings():  # setting strides: deprecated in numpy 2.4, still allowed
+        warnings.simplefilter("ignore", DeprecationWarning)
+        z.strides = (4,)  # unchanged
+        w.strides = (8, 4)
+    assert mz(z, None, args, True)
+    assert not mw(w, None, args, True)  # restrided in place
+    with pytest.raises(TypeError):
+        match(np.ndarray, [1.0], None, args, True, True)  # numpy arrays only
+
+
+def test_a_new_array_where_a_prepared_one_was_is_not_a_repeat():
+    import gc
+
+    import numpy as np
+
+    from topocoll.collectives import prepared
+
+    match = prepared._match_type()
+    if match is None:
+        pytest.skip("the compiled match is not built here (no C compiler at install)")
+    args = ("auto", False, None)
+    x = np.zeros(8, np.float32)
+    m = match(np.ndarray, x, None, args, True, True).matches
+    del x
+    gc.collect()
+    for _ in range(100):  # some land at the freed address: none matches
+        assert not m(np.zeros(8, np.float32), None, args, True)
