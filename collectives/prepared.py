@@ -25,9 +25,14 @@ import numpy as np
 from .algorithms.compiled import ENV_COMPILED
 from .errors import CollectiveTimeoutError
 
-PREPARED_MAX_BYTES = 64 << 10
-"""Largest input (and output) a prepared call is kept for: larger calls gain little from
-skipping the checks, and an entry keeps its arrays alive."""
+PREPARED_MAX_BYTES = 1 << 20
+"""Largest input a prepared call is kept for (its output may be up to 16 times that: an
+all-gather's): a shared-memory slot's step, beyond which a call takes several steps and gains
+little from skipping the checks."""
+
+PREPARED_KEPT_BYTES = 32 << 20
+"""Bytes of arrays (inputs and outputs) the kept entries of one communicator may hold alive,
+arrays the caller dropped included; the oldest entries go first."""
 
 PREPARED_PER_COLLECTIVE = 16
 """Arrays whose calls are kept, per collective; the oldest goes first."""
@@ -39,8 +44,8 @@ PREPARED_PER_ARRAY = 4
 class Prepared:
     """One prepared call: what a reuse must match, and how to run it."""
 
-    __slots__ = ("kind", "args", "check", "what", "result", "lean", "run", "matches", "_x",
-                 "_out", "_x_form", "_out_form", "_x_written")
+    __slots__ = ("kind", "args", "check", "what", "result", "lean", "run", "matches", "nbytes",
+                 "_x", "_out", "_x_form", "_out_form", "_x_written")
 
     def __init__(self, kind: str, args: tuple[Any, ...], check: bool, x: Any,
                  out: Any, x_written: bool, what: Any, result: Any,
@@ -57,6 +62,8 @@ class Prepared:
         self._x_form = _form(x) if x is not None else ()
         self._out_form = _form(out) if out is not None else None
         self._x_written = x_written  # the call writes x: it must still be writable
+        self.nbytes = (_nbytes(x) if x is not None else 0) + \
+            (_nbytes(out) if out is not None else 0)  # what it holds alive (PREPARED_KEPT_BYTES)
         match = _match_type() if type(x) is np.ndarray and \
             (out is None or type(out) is np.ndarray) else None
         self.matches: Callable[[Any, Any, tuple[Any, ...], bool], bool] | None = \
@@ -78,6 +85,7 @@ class PreparedCalls:
 
     def __init__(self) -> None:
         self._by_kind: dict[str, dict[int, list[Prepared]]] = {}
+        self._kept = 0  # bytes the entries hold alive
 
     def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
              check: bool) -> Prepared | None:
@@ -114,16 +122,32 @@ class PreparedCalls:
         return None
 
     def add(self, entry: Prepared, x: Any) -> None:
-        """Keep ``entry`` for input ``x`` (replacing the oldest beyond the limits)."""
+        """Keep ``entry`` for input ``x`` (replacing the oldest beyond the limits: per array,
+        per collective, and ``PREPARED_KEPT_BYTES`` over all)."""
         entries = self._by_kind.setdefault(entry.kind, {})
-        same = [e for e in entries.pop(id(x), []) if e._x() is x][-(PREPARED_PER_ARRAY - 1):]
+        before = entries.pop(id(x), [])
+        same = [e for e in before if e._x() is x][-(PREPARED_PER_ARRAY - 1):]
+        self._kept -= sum(e.nbytes for e in before) - sum(e.nbytes for e in same)
         if len(entries) >= PREPARED_PER_COLLECTIVE:
-            entries.pop(next(iter(entries)))
+            self._kept -= sum(e.nbytes for e in entries.pop(next(iter(entries))))
         entries[id(x)] = same + [entry]
+        self._kept += entry.nbytes
+        for kept in self._by_kind.values():  # oldest first, in each collective
+            for key in list(kept):
+                if self._kept <= PREPARED_KEPT_BYTES:
+                    return
+                if kept is not entries or key != id(x):
+                    self._kept -= sum(e.nbytes for e in kept.pop(key))
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of arrays the kept entries hold alive."""
+        return self._kept
 
     def clear(self) -> None:
         """Forget every entry (the communicator closed or broke)."""
         self._by_kind.clear()
+        self._kept = 0
 
 
 def keepable(x: Any, out: Any, result: Any) -> bool:

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { DONE = 1, FINISH_IN_PYTHON = 2, NOT_YET = 0, MISMATCH = -1 };
+enum { DONE = 1, FINISH_IN_PYTHON = 2, SYNC_AGAIN = 3, NOT_YET = 0, MISMATCH = -1 };
 enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX };
 
 typedef struct {
@@ -35,6 +35,10 @@ typedef struct {
     Py_ssize_t sig_len;
     char *my_sig[2];            /* this rank's signature words, per publication area */
     const char **every_sig[2];  /* every rank's, per area */
+    const char *gate;           /* the registration gate's words of an unregistered rank */
+    Py_ssize_t gate_len;        /* (0: the call has no gate) */
+    char *my_gate[2];           /* this rank's gate words, per area */
+    const char **every_gate[2]; /* every rank's, per area */
     char *publish[2];           /* this rank's slot, per half (NULL: publishes nothing) */
     const char *source;
     Py_ssize_t source_len;
@@ -49,13 +53,17 @@ typedef struct {
     PyObject *finish;           /* go(): finish(plan, code) where the run isn't done in C */
     int spins;                  /* go(): polls before handing the wait to finish */
     Py_buffer *views;
-    Py_ssize_t n_views;
+    Py_ssize_t n_views, max_views;
 } Plan;
 
 /* Borrow obj's memory for the plan's lifetime: its address, at least `need` bytes. */
 static int
 addr(Plan *p, PyObject *obj, int writable, Py_ssize_t need, char **out)
 {
+    if (p->n_views >= p->max_views) {
+        PyErr_SetString(PyExc_ValueError, "more buffers than the plan has room for");
+        return -1;
+    }
     Py_buffer *v = &p->views[p->n_views];
     if (PyObject_GetBuffer(obj, v, (writable ? PyBUF_WRITABLE : PyBUF_SIMPLE)) < 0)
         return -1;
@@ -157,19 +165,18 @@ start(Plan *p)
 {
     if (p->sig_len)
         memcpy(p->my_sig[p->area], p->sig, p->sig_len);
+    if (p->gate_len)
+        memcpy(p->my_gate[p->area], p->gate, p->gate_len);
     if (p->publish[p->half])
         memcpy(p->publish[p->half], p->source, p->source_len);
     __atomic_store_n(p->my_flag, p->epoch, __ATOMIC_RELEASE);
 }
 
-/* After the barrier: the signatures, then the copies and the reduction. */
+/* After the barrier (and the gate's second one, if any): the copies and the reduction. */
 static int
-finish(Plan *p)
+after(Plan *p)
 {
-    int half = p->half, area = p->area;
-    for (int q = 0; q < p->ranks; q++)
-        if (p->sig_len && memcmp(p->every_sig[area][q], p->sig, p->sig_len) != 0)
-            return MISMATCH;
+    int half = p->half;
     for (Py_ssize_t k = 0; k < p->n_copies; k++) {
         Copy *c = &p->copies[half][k];
         memcpy(c->dst, c->src, c->n);
@@ -178,6 +185,22 @@ finish(Plan *p)
         return FINISH_IN_PYTHON;
     reduce(p, half);
     return DONE;
+}
+
+/* After the barrier: the signatures; then, where a peer's gate words say its buffer is
+ * registered, SYNC_AGAIN (it copies in only after this barrier: Python syncs, then after());
+ * else after(). */
+static int
+finish(Plan *p)
+{
+    int area = p->area;
+    for (int q = 0; q < p->ranks; q++)
+        if (p->sig_len && memcmp(p->every_sig[area][q], p->sig, p->sig_len) != 0)
+            return MISMATCH;
+    for (int q = 0; q < p->ranks; q++)
+        if (p->gate_len && memcmp(p->every_gate[area][q], p->gate, p->gate_len) != 0)
+            return SYNC_AGAIN;
+    return after(p);
 }
 
 /* Poll the flags a little (yielding the core: ranks may share it); NOT_YET hands the wait
@@ -270,6 +293,12 @@ plan_on_wait(Plan *p, PyObject *args)
 }
 
 static PyObject *
+plan_after(Plan *p, PyObject *unused)
+{
+    return PyLong_FromLong(after(p));
+}
+
+static PyObject *
 plan_state(Plan *p, PyObject *unused)
 {
     return Py_BuildValue("(LiiL)", (long long)p->mark, p->half, p->area, (long long)p->epoch);
@@ -284,6 +313,7 @@ plan_dealloc(Plan *p)
     PyMem_Free(p->flags);
     for (int h = 0; h < 2; h++) {
         PyMem_Free(p->every_sig[h]);
+        PyMem_Free(p->every_gate[h]);
         PyMem_Free(p->copies[h]);
         PyMem_Free(p->inputs[h]);
     }
@@ -294,6 +324,41 @@ plan_dealloc(Plan *p)
 
 #define LAST_LEN(p) ((p)->views[(p)->n_views - 1].len)
 
+/* The gate's words: (words, (mine per area), ([every rank's] per area)), or None. */
+static int
+gate_fill(Plan *p, PyObject *gate)
+{
+    PyObject *words, *mine, *every;
+    if (gate == Py_None)
+        return 0;
+    if (!PyArg_ParseTuple(gate, "OO!O!", &words, &PyTuple_Type, &mine, &PyTuple_Type, &every))
+        return -1;
+    if (PyTuple_GET_SIZE(mine) != 2 || PyTuple_GET_SIZE(every) != 2) {
+        PyErr_SetString(PyExc_ValueError, "gate words: two areas");
+        return -1;
+    }
+    if (addr(p, words, 0, 0, (char **)&p->gate) < 0)
+        return -1;
+    p->gate_len = LAST_LEN(p);
+    for (int h = 0; h < 2; h++) {
+        PyObject *all = PyTuple_GET_ITEM(every, h);
+        if (!PyList_Check(all) || PyList_GET_SIZE(all) != p->ranks) {
+            PyErr_SetString(PyExc_ValueError, "gate words: one per rank");
+            return -1;
+        }
+        p->every_gate[h] = PyMem_Calloc(p->ranks, sizeof(char *));
+        if (!p->every_gate[h])
+            return PyErr_NoMemory(), -1;
+        if (addr(p, PyTuple_GET_ITEM(mine, h), 1, p->gate_len, &p->my_gate[h]) < 0)
+            return -1;
+        for (int q = 0; q < p->ranks; q++)
+            if (addr(p, PyList_GET_ITEM(all, q), 0, p->gate_len,
+                     (char **)&p->every_gate[h][q]) < 0)
+                return -1;
+    }
+    return 0;
+}
+
 static int
 plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig, PyObject *my_sig,
           PyObject *every_sig, PyObject *publish, PyObject *source, PyObject *copies,
@@ -303,7 +368,9 @@ plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig,
     Py_ssize_t n_copies = PyList_GET_SIZE(PyTuple_GET_ITEM(copies, 0));
     p->ranks = ranks;
     p->n_copies = n_copies;
-    p->views = PyMem_Calloc(4 * ranks + 4 * n_copies + 16, sizeof(Py_buffer));
+    /* flags, signatures, gate words and reduction inputs: at most 7 per rank; 4 per copy */
+    p->max_views = 8 * (Py_ssize_t)ranks + 4 * n_copies + 16;
+    p->views = PyMem_Calloc(p->max_views, sizeof(Py_buffer));
     p->flags = PyMem_Calloc(ranks, sizeof(int64_t *));
     if (!p->views || !p->flags)
         return PyErr_NoMemory(), -1;
@@ -379,17 +446,17 @@ static PyObject *
 plan_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *flags, *counters, *sig, *my_sig, *every_sig, *publish, *source, *copies;
-    PyObject *reduction;
+    PyObject *reduction, *gate = Py_None;
     int rank;
-    if (!PyArg_ParseTuple(args, "O!iOOOOOOOO", &PyList_Type, &flags, &rank, &counters, &sig,
-                          &my_sig, &every_sig, &publish, &source, &copies, &reduction))
+    if (!PyArg_ParseTuple(args, "O!iOOOOOOOO|O", &PyList_Type, &flags, &rank, &counters, &sig,
+                          &my_sig, &every_sig, &publish, &source, &copies, &reduction, &gate))
         return NULL;
     Plan *p = (Plan *)type->tp_alloc(type, 0);
     if (!p)
         return NULL;
     p->keep = Py_NewRef(args);
     if (plan_fill(p, flags, rank, counters, sig, my_sig, every_sig, publish, source, copies,
-                  reduction) < 0) {
+                  reduction) < 0 || gate_fill(p, gate) < 0) {
         Py_DECREF(p);
         return NULL;
     }
@@ -401,14 +468,17 @@ static PyMethodDef plan_methods[] = {
      "start(): step the arena's counters, publish the signature and this rank's part, raise "
      "the flag."},
     {"complete", (PyCFunction)plan_complete, METH_O,
-     "complete(spins) -> 1 done, 2 barrier passed (finish in Python), 0 peers not all "
-     "arrived, -1 signatures differ."},
+     "complete(spins) -> 1 done, 2 barrier passed (finish in Python), 3 a peer's buffer is "
+     "registered (sync again, then after()), 0 peers not all arrived, -1 signatures differ."},
     {"run", (PyCFunction)plan_run, METH_O, "run(spins): start, then complete."},
     {"go", (PyCFunction)plan_go, METH_NOARGS,
      "go(): run(spins), then finish(plan, code) unless done (both bound by on_wait)."},
     {"on_wait", (PyCFunction)plan_on_wait, METH_VARARGS,
      "on_wait(finish, spins): what go() polls, and calls where the run is not done in C "
      "(finish must not hold the plan: it is passed in)."},
+    {"after", (PyCFunction)plan_after, METH_NOARGS,
+     "after() -> 1 or 2, as complete(): the copies and the reduction alone (after the gate's "
+     "second barrier)."},
     {"state", (PyCFunction)plan_state, METH_NOARGS,
      "state() -> (mark, half, area, epoch) of the run begun last."},
     {NULL},
@@ -418,7 +488,7 @@ static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "topocoll.collectives.algorithms._shmrun.Plan",
     .tp_doc = "Plan(flags, rank, counters, sig, my_sig, every_sig, publish, source, copies, "
-              "reduction)",
+              "reduction, gate=None)",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = plan_new,

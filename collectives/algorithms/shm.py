@@ -97,15 +97,20 @@ def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
 
 
 def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
-    """The run of a small ``call`` made ready for repeating (the communicator's prepared and
-    persistent calls): what ``_run`` would do, one step through the slots, with every view, bound
-    and reducer worked out here, so a run only publishes, syncs once (checking ``call.agreement``
-    there, as ``_Gate`` does) and finishes. ``ctx`` is reused by every run. None where the call
-    would take another path (one rank, zero-copy, several steps): those run the general way."""
+    """The run of a ``call`` that fits one step made ready for repeating (the communicator's
+    prepared and persistent calls): what ``_run`` would do, one step through the slots, with
+    every view, bound and reducer worked out here, so a run only publishes, syncs once (checking
+    ``call.agreement`` there, as ``_Gate`` does) and finishes. From ``REGISTERED_FROM`` on, where
+    ``_run`` opens with the registration gate, the run publishes what an unregistered rank
+    publishes there (``GATE_EARLY``) and, should a peer's buffer be registered, syncs a second
+    time as that gate does. ``ctx`` is reused by every run. None where the call would take
+    another path (one rank, this rank's buffer registered, broadcast's gate, several steps):
+    those run the general way."""
     arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
     moved = call.kind in ("all_gather", "broadcast", "rotate")  # one step, not combined
+    gated = call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate"
     if arena is None or call.kind not in _PREPARED or \
-            (call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate") or \
+            (gated and (call.kind == "broadcast" or arena.locate(call.send) is not None)) or \
             call.send.nbytes > (arena.slot_bytes if moved else
                                 one_shot_bytes(call.kind, b.size, arena)):
         return None
@@ -118,19 +123,23 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     sig, check = call.agreement if call.agreement is not None else (None, None)
     sig_bytes = sig.tobytes() if sig is not None else b""
     mine_words, every_words = arena.signature_words(len(sig) if sig is not None else 0)
+    gate = arena.registration_words(len(GATE_EARLY)) if gated else None
     compiled = _compiled_plan(arena, after, sig_bytes, mine_words, every_words,
-                              publish if writes else None, source)
+                              publish if writes else None, source, gate)
     if compiled is not None:
         return _compiled_run(arena, ctx, compiled, after, check, sig_bytes)
 
     done = after.run
     state = [0, 0, 0]  # the started run's (arena mark, half, publication area): arena.begin()
+    early = GATE_EARLY.tobytes()
 
     def start() -> None:
         ctx.deadline = None
         state[:] = arena.begin()
         if check is not None:
             mine_words[state[2]][:] = sig_bytes
+        if gate is not None:
+            gate[0][state[2]][:] = early
         if writes:
             publish[state[1]][:] = source
         arena.arrive()
@@ -147,6 +156,8 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
                 if words != sig_bytes:
                     arena.rewind(state[0])
                     check(*arena.agreed(len(sig_bytes) // 8))  # raises, naming the field
+        if gate is not None and not all(words == early for words in gate[1][state[2]]):
+            arena.sync(ctx)  # a peer's buffer is registered: it copies in after this barrier
         done(state[1])
         return True
 
@@ -250,10 +261,12 @@ COMPILED_SPINS = 256
 
 def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
                    mine_words: list[memoryview], every_words: list[list[memoryview]],
-                   publish: list[memoryview] | None, source: memoryview) -> Any:
+                   publish: list[memoryview] | None, source: memoryview,
+                   gate: tuple[list[memoryview], list[list[memoryview]]] | None) -> Any:
     """The compiled form of a prepared run (``_shmrun.Plan``), or None where the extension
     isn't built or is turned off (``TOPOCOLL_SHM_COMPILED=0``). A reduction it has no loop for
-    (float min/max, float16, complex, avg's division) it leaves to ``after.reduce``."""
+    (float min/max, float16, complex, avg's division) it leaves to ``after.reduce``. ``gate``:
+    this rank's and every rank's registration words, where the call passes the gate."""
     from . import compiled
 
     plan_type = compiled.plan_type()
@@ -268,7 +281,9 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
                      tuple(list(ins) for ins in after.ins), out.size)
     plan = plan_type(arena.flag_words(), arena.rank, arena.counters, sig, tuple(mine_words),
                      tuple(every_words), None if publish is None else tuple(publish), source,
-                     tuple(list(c) for c in after.copies), reduction)
+                     tuple(list(c) for c in after.copies), reduction,
+                     None if gate is None else (GATE_EARLY.tobytes(), tuple(gate[0]),
+                                                tuple(gate[1])))
     return plan, reduction is not None or after.out is None
 
 
@@ -276,8 +291,8 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
                   check: Callable[..., None] | None, sig: bytes) -> Run:
     """``prepare``'s run through the compiled plan: one C call (``go``) steps the arena's
     counters, publishes, polls and finishes; only a wait longer than its spins (``arena.wait``:
-    deadline, timeout naming the peer), a mismatch or a reduction left to numpy come back to
-    Python, in ``finish``."""
+    deadline, timeout naming the peer), a mismatch, the gate's second barrier or a reduction
+    left to numpy come back to Python, in ``finish``."""
     plan, finishes_all = compiled
 
     def finish(plan: Any, code: int) -> None:  # takes the plan: holding it would be a cycle
@@ -289,6 +304,9 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
             arena.rewind(plan.state()[0])
             assert check is not None  # signatures only differ where there is one
             check(*arena.agreed(len(sig) // 8))  # raises, naming the field
+        if code == 3:  # a peer's buffer is registered: it copies in after the first barrier
+            arena.sync(ctx)
+            code = plan.after()
         if code == 2 and not finishes_all:
             after.reduce(plan.state()[1])
 
@@ -509,6 +527,11 @@ def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
 
 
 # -- helpers --
+GATE_EARLY = np.array([1, 0, 0, 0, 0], np.int64)
+"""What a rank whose buffer is not registered publishes at ``_Gate``'s barrier: it is early (it
+copies into the slots before syncing), with no registered buffer or input to offer."""
+
+
 class _Gate:
     """The first barrier of a call, which also decides its path identically on every rank.
 
@@ -541,12 +564,13 @@ class _Gate:
             return
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
         self.early = early and needed and where is None
-        reg = [int(self.early), *(where or (0, 0)), *(source or (0, 0))]
-        arena.publish(sig=sig, reg=np.array(reg, np.int64))
+        reg = GATE_EARLY if self.early else \
+            np.array([0, *(where or (0, 0)), *(source or (0, 0))], np.int64)
+        arena.publish(sig=sig, reg=reg)
         if not self.early:
             arena.sync(ctx)
             self._check_agreement()
-            words = arena.published(5)
+            words = arena.published(len(GATE_EARLY))
             ready = [q for q in range(arena.size) if words[q][1] and only in (None, q)]
             if len(ready) == (1 if only is not None else arena.size):
                 self.peers = [(w[1], w[2]) for w in words]

@@ -221,7 +221,18 @@ class SharedArena:
         sync), for a prepared call that publishes the same signature run after run."""
         if n > SIG_WORDS:
             raise ValueError(f"a signature of {n} words exceeds the arena's {SIG_WORDS}")
-        views = [[memoryview(a[at, :n].view(np.uint8))  # type: ignore[arg-type]
+        return self._word_views(0, n)
+
+    def registration_words(self, n: int) -> tuple[list[memoryview], list[list[memoryview]]]:
+        """The first ``n`` registration words (``publish``'s ``reg``, ``published``) of the two
+        areas, as ``signature_words`` gives the signature's."""
+        if n > AREA_WORDS - SIG_WORDS:
+            raise ValueError(f"{n} registration words exceed the arena's "
+                             f"{AREA_WORDS - SIG_WORDS}")
+        return self._word_views(SIG_WORDS, n)
+
+    def _word_views(self, start: int, n: int) -> tuple[list[memoryview], list[list[memoryview]]]:
+        views = [[memoryview(a[at, start:start + n].view(np.uint8))  # type: ignore[arg-type]
                   for a in self._areas] for at in (0, 1)]
         return [v[self.rank] for v in views], views
 

@@ -17,6 +17,8 @@ from mpi4py import MPI
 from topocoll import collectives
 from topocoll.collectives import faults
 from topocoll.collectives.algorithms import compiled
+from topocoll.collectives.algorithms.shm import REGISTERED_FROM
+from topocoll.collectives.prepared import PREPARED_KEPT_BYTES, PREPARED_MAX_BYTES
 from topocoll.collectives import (CollectiveError, CollectiveTimeoutError,
                                   CommunicatorBrokenError, MismatchError)
 
@@ -208,7 +210,7 @@ def ordering_with_async_and_threads(c):
     assert np.all(x == c.size)
     for i, h in enumerate(handles):
         assert np.all(h.wait() == i * c.size)
-    big = np.ones(1 << 15)              # 256 KiB: never kept prepared
+    big = np.ones(PREPARED_MAX_BYTES // 4)  # 2 MiB: never kept prepared
     gone = weakref.ref(big)
     c.all_reduce(big, async_op=True).wait()
     del big
@@ -349,6 +351,66 @@ def async_timeout(c):
     WORLD.Barrier()
 
 
+def large_plain_calls_repeat_prepared(c):
+    """From REGISTERED_FROM on a call passes the registration gate; with plain arrays on every
+    rank its repeats run prepared too (publishing what the gate's unregistered ranks publish),
+    exact and alike everywhere."""
+    p, r = c.size, c.rank
+    n = REGISTERED_FROM // 4 * 2  # 256 KiB of float32
+    x, gathered = np.empty(n, np.float32), np.empty(n * p, np.float32)
+    for step in range(4):
+        every = [rank_data(n, "float32", q, salt=step) for q in range(p)]
+        x[...] = every[r]
+        assert c.all_gather(x, out=gathered) is gathered
+        assert np.array_equal(gathered, np.concatenate(every)), (step, "all_gather")
+        assert c.all_reduce(x) is x
+        assert np.array_equal(x, reference(every, "sum")), (step, "all_reduce")
+        same_everywhere(x, "large all_reduce")
+    if p > 1:
+        ran = [e for e in c._prepared._by_kind["all_gather"].get(id(x), []) if e._x() is x]
+        assert ran and ran[-1].lean is not None, "a large plain all_gather was not prepared"
+
+
+def registered_peer_meets_a_prepared_repeat(c):
+    """Rank 0's buffer is registered, so it takes the gate's general branch every time; its
+    peers' plain repeats run prepared and must sync a second time there, as the gate's
+    unregistered ranks do: results exact, nothing hangs."""
+    p, r = c.size, c.rank
+    n = REGISTERED_FROM // 4 * 2
+    mem = c.alloc(n, np.float32)  # collective; only rank 0 calls with it
+    x = mem if r == 0 else np.empty(n, np.float32)
+    gathered = np.empty(n * p, np.float32)
+    for step in range(4):
+        every = [rank_data(n, "float32", q, salt=10 + step) for q in range(p)]
+        x[...] = every[r]
+        assert c.all_gather(x, out=gathered) is gathered
+        assert np.array_equal(gathered, np.concatenate(every)), (step, "mixed all_gather")
+        assert c.all_reduce(x) is x
+        assert np.array_equal(x, reference(every, "sum")), (step, "mixed all_reduce")
+    if p > 1:
+        lean = [e.lean is not None for e in c._prepared._by_kind["all_gather"].get(id(x), [])
+                if e._x() is x]
+        assert lean and lean[-1] == (r != 0), (r, lean)  # registered: the general path
+    del x
+    c.free(mem)
+
+
+def kept_bytes_stay_bounded(c):
+    """Entries hold their arrays alive; PREPARED_KEPT_BYTES bounds what they hold, oldest
+    entries going first, so arrays the caller dropped are freed."""
+    alive = []
+    for i in range(24):
+        x = np.full(1 << 18, i, np.float32)  # 1 MiB, kept prepared
+        out = np.empty(x.size * c.size, np.float32)
+        c.all_gather(x, out=out)
+        alive.append(weakref.ref(x))
+        assert c._prepared.kept_bytes <= PREPARED_KEPT_BYTES, c._prepared.kept_bytes
+    del x, out
+    gc.collect()
+    held = sum(ref() is not None for ref in alive) * (1 << 20) * (1 + c.size)
+    assert 0 < held <= PREPARED_KEPT_BYTES, held
+
+
 def persistent_runs_prepared(c):
     x = np.zeros(3, np.float32)
     p = c.all_reduce_init(x)
@@ -375,6 +437,9 @@ def body():
     queued_repeats_are_not_prepared_again(c)
     flight_record_counts_repeats(c)
     persistent_runs_prepared(c)
+    large_plain_calls_repeat_prepared(c)
+    registered_peer_meets_a_prepared_repeat(c)
+    kept_bytes_stay_bounded(c)
     if c.size > 1:
         timeout_on_a_repeat(c)
         async_timeout(c)
