@@ -169,3 +169,8 @@ def test_a_new_array_where_a_prepared_one_was_is_not_a_repeat():
     gc.collect()
     for _ in range(100):  # some land at the freed address: none matches
         assert not m(np.zeros(8, np.float32), None, args, True)
+
+
+def test_prepared_runs_have_room_for_many_ranks():
+    out = run_ranks("prepared_many_ranks.py", 12, timeout=300)
+    assert "prepared on many ranks: all checks passed" in out
