@@ -2,8 +2,9 @@
 its argument checks, algorithm choice and set-up, done once on its first call, and runs the form
 its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
 
-Entries are kept per collective and input array (numpy arrays and CPU torch tensors, a few
-calls each, small ones only: an entry holds its arrays alive). Each reuse re-checks, in a few
+Entries are kept per collective and input array (numpy arrays and CPU torch tensors up to
+1 MiB, a few calls each; an entry holds its arrays alive, so their bytes are bounded per
+communicator). Each reuse re-checks, in a few
 hundred nanoseconds, what could have changed since: the very same array objects (a weak
 reference, so a new array at a recycled address never matches), their shape, dtype, strides
 and writability (a tensor's data pointer too: ``set_`` swaps storage under the same object), and
@@ -177,11 +178,6 @@ def _form(a: Any) -> tuple[Any, ...]:
     if type(a) is np.ndarray:
         return (a.shape, a.dtype, a.strides)
     return (a.shape, a.dtype, a.stride(), a.data_ptr())
-
-
-def _writable(a: Any) -> bool:
-    """A numpy array's flag (a tensor has none: collectives write into any CPU tensor)."""
-    return a.flags.writeable if type(a) is np.ndarray else True
 
 
 def _match_type() -> Any:

@@ -360,9 +360,9 @@ gate_fill(Plan *p, PyObject *gate)
 }
 
 static int
-plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig, PyObject *my_sig,
-          PyObject *every_sig, PyObject *publish, PyObject *source, PyObject *copies,
-          PyObject *reduction)
+plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig,
+          PyObject *my_sig, PyObject *every_sig, PyObject *publish, PyObject *source,
+          PyObject *copies, PyObject *reduction)
 {
     int ranks = (int)PyList_GET_SIZE(flags);
     Py_ssize_t n_copies = PyList_GET_SIZE(PyTuple_GET_ITEM(copies, 0));

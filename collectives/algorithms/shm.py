@@ -306,7 +306,7 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
             assert check is not None  # signatures only differ where there is one
             check(*arena.agreed(len(sig) // 8))  # raises, naming the field
         if code == 3:  # a peer's buffer is registered: it copies in after the first barrier
-            arena.sync(ctx)
+            arena.sync(ctx)  # waits even in test(): only for that copy, which waits on no one
             code = plan.after()
         if code == 2 and not finishes_all:
             after.reduce(plan.state()[1])
