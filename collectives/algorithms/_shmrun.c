@@ -246,15 +246,22 @@ plan_complete(Plan *p, PyObject *arg)
     return PyLong_FromLong(complete(p, spins));
 }
 
+/* One whole run: begin, publish, then complete within `spins` polls. */
+static int
+run(Plan *p, int spins)
+{
+    begin(p);
+    start(p);
+    return complete(p, spins);
+}
+
 static PyObject *
 plan_run(Plan *p, PyObject *arg)
 {
     int spins;
     if (spins_arg(arg, &spins) < 0)
         return NULL;
-    begin(p);
-    start(p);
-    return PyLong_FromLong(complete(p, spins));
+    return PyLong_FromLong(run(p, spins));
 }
 
 /* The whole run, blocking, in one call from Python: what run(spins) does, then the Python
@@ -267,9 +274,7 @@ plan_go(Plan *p, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "go() before on_wait()");
         return NULL;
     }
-    begin(p);
-    start(p);
-    int code = complete(p, p->spins);
+    int code = run(p, p->spins);
     if (code == DONE)
         Py_RETURN_NONE;
     PyObject *c = PyLong_FromLong(code);
