@@ -11,9 +11,9 @@ from typing import Sequence
 from .colls import SPECS
 from .options import launcher_rank
 
-INTERNAL = {"__init__", "__main__", "baseline", "colls", "micro", "options", "paro_peak", "report",
-            "sizes"}
-"""Modules of this package that are parts of the microbenchmark, not tools."""
+INTERNAL = {"micro", "paro_peak"}
+"""Modules with a ``main`` that are not tools of their own (the microbenchmark; ``paro --peak``).
+Every other module beside this one that defines ``main`` is a tool; the rest are its parts."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,15 +36,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def tools() -> dict[str, str]:
-    """Tool modules beside this one and the first line of their docstrings (read, not imported)."""
+    """Tool modules beside this one (those defining ``main``) and the first line of their
+    docstrings (read, not imported)."""
     out = {}
     for path in sorted(Path(__file__).parent.glob("*.py")):
         if path.stem in INTERNAL or path.stem.startswith("_"):
             continue
         try:
-            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            tree = ast.parse(path.read_text())
         except SyntaxError:
-            doc = ""
+            continue
+        if not any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body):
+            continue  # a part of the tools or of the microbenchmark
+        doc = ast.get_docstring(tree) or ""
         out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
     return out
 

@@ -22,6 +22,8 @@ import time
 from typing import Any, Sequence
 
 from . import paro_budget
+from .paro_budget import FSDP
+from .paro_model import batches, fully_shard_units, mlp
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,8 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 LOCAL = "local"
 """Baseline row: the same training on one rank's data with no communication at all."""
 
-FSDP = "FSDP2"
-"""Row of torch's FSDP2 (``fully_shard`` on the same units) over the topocoll torch backend."""
 
 
 class _Local:
@@ -136,8 +136,6 @@ class _Local:
 
     def __init__(self, net: Any, k: int, units: str | None = None) -> None:
         import torch
-
-        from .paro_peak import fully_shard_units
 
         self.net, self.k, self.micro = net, k, 0
         self.group = None if units is None else \
@@ -195,28 +193,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(list(argv) if argv is not None else None)
 
 
-def mlp(width: int, layers: int) -> Any:
-    """The benchmark's model: ``layers`` blocks of Linear, LayerNorm, GELU, and a Linear head."""
-    import torch
-
-    blocks = [torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.LayerNorm(width),
-                                  torch.nn.GELU()) for _ in range(layers)]
-    return torch.nn.Sequential(*blocks, torch.nn.Linear(width, 1))
-
-
 def _units(net: Any, kind: str) -> Any:
     """The units ParoDataParallel gathers: ``layers`` (its default: each Linear and LayerNorm)
     or ``blocks`` (each block; the head in the root's bucket)."""
     return None if kind == "layers" else list(net)[:-1]
-
-
-def batches(args: argparse.Namespace, k: int, rank: int) -> list[tuple[Any, Any]]:
-    """``k`` micro-batches of this rank's random data (inputs, targets)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(rank)
-    return [(torch.randn(args.batch, args.width, generator=gen),
-             torch.randn(args.batch, 1, generator=gen)) for _ in range(k)]
 
 
 def _time_steps(model: Any, data: list[tuple[Any, Any]], steps: int, comm: Any) -> float:

@@ -24,15 +24,16 @@ with mmap (a fixed ``M_MMAP_THRESHOLD``), so freed buffers leave the resident se
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import statistics
 import sys
 from typing import Any, Callable, Sequence
 
-FSDP2 = "FSDP2"
-MMAP_THRESHOLD = 64 << 10
+from .memory import fixed_mmap_threshold, reset_high_water_mark, status
+from .paro_budget import FSDP
+from .paro_model import batches, fully_shard_units, mlp
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -45,11 +46,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
     from topocoll import collectives
 
-    _fixed_mmap_threshold()
+    fixed_mmap_threshold()
     torch.set_num_threads(1)
     comm = collectives.init()
     dist.init_process_group("topocoll")
-    names = [*args.strategies, *([FSDP2] if args.fsdp else [])]
+    names = [*args.strategies, *([FSDP] if args.fsdp else [])]
     samples: dict[str, list[tuple[int, int]]] = {n: [] for n in names}
     formula: dict[str, dict[str, int]] = {}
     for r in range(1 + args.rounds):
@@ -83,7 +84,7 @@ def table(worst: dict[str, tuple[float, float]], formula: dict[str, dict[str, in
     """Markdown rows: the model states' formula, kept and peak MiB (the worst rank's), ratios."""
     mib = 2 ** 20
     base = worst.get("NNG", (0.0, 0.0))[1]
-    fsdp = worst.get(FSDP2, (0.0, 0.0))[1]
+    fsdp = worst.get(FSDP, (0.0, 0.0))[1]
     rows = ["| run | model states kept, formula (MiB) | kept (MiB) | peak (MiB) | peak vs NNG "
             "| peak vs FSDP2 |", "| --- | --- | --- | --- | --- | --- |"]
     for name, (kept, peak) in worst.items():
@@ -96,21 +97,19 @@ def table(worst: dict[str, tuple[float, float]], formula: dict[str, dict[str, in
 def _measure(name: str, args: argparse.Namespace, comm: Any
              ) -> tuple[int, int, dict[str, int] | None]:
     """Kept and peak bytes of one fresh run (see the module docstring), and its formula."""
-    from .paro import batches
-
     data = batches(args, args.accum, comm.rank)
     gc.collect()
     comm.barrier()
-    before = _status("VmRSS")
-    step, finish = (_fsdp(args) if name == FSDP2 else _paro(name, args, comm))
+    before = status("VmRSS")
+    step, finish = (_fsdp(args) if name == FSDP else _paro(name, args, comm))
     step(data)                                         # warm-up: optimizer states, lazy init
     gc.collect()
     comm.barrier()
-    _reset_hwm()
+    reset_high_water_mark()
     step(data)
-    peak = _status("VmHWM") - before
+    peak = status("VmHWM") - before
     gc.collect()
-    kept = _status("VmRSS") - before
+    kept = status("VmRSS") - before
     expect = finish()
     gc.collect()
     return kept, peak, expect
@@ -121,7 +120,6 @@ def _paro(strategy: str, args: argparse.Namespace, comm: Any
     import torch
 
     import topocoll.paro as paro
-    from .paro import mlp
 
     torch.manual_seed(0)
     model = paro.ParoDataParallel(mlp(args.width, args.layers), strategy, comm,
@@ -151,7 +149,6 @@ def _fsdp(args: argparse.Namespace) -> tuple[Callable[[Any], None], Callable[[],
     import torch
     import torch.distributed as dist
 
-    from .paro import mlp
 
     torch.manual_seed(0)
     net = mlp(args.width, args.layers)
@@ -168,28 +165,6 @@ def _fsdp(args: argparse.Namespace) -> tuple[Callable[[Any], None], Callable[[],
         dist.destroy_process_group(group)
 
     return step, finish
-
-
-def fully_shard_units(net: Any, units: Any, mixed: bool) -> Any:
-    """Apply FSDP2's ``fully_shard`` to the units ParoDataParallel would gather (``units`` as it
-    takes them), then to ``net``, over a new ``topocoll`` group (returned, to destroy)."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from topocoll.paro.units import plan_units
-
-    group = dist.new_group(backend="topocoll")        # its communicator counts, as paro's do
-    mesh = DeviceMesh.from_group(group, "cpu")
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
-                                  output_dtype=torch.float32) if mixed else \
-        MixedPrecisionPolicy()
-    for unit, _ in plan_units(net, units):
-        if unit is not net:
-            fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(net, mesh=mesh, mp_policy=policy)
-    return group
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -224,30 +199,6 @@ def _header(args: argparse.Namespace, comm: Any) -> str:
 
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b > 0 else "-"
-
-
-def _status(field: str) -> int:
-    """A ``/proc/self/status`` memory field in bytes (VmRSS, VmHWM)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"/proc/self/status has no {field} (Linux only)")
-
-
-def _reset_hwm() -> None:
-    """Restart VmHWM from the current resident set (Linux ``clear_refs`` 5)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
-def _fixed_mmap_threshold() -> None:
-    """Serve allocations of ``MMAP_THRESHOLD`` bytes and more with mmap, so a freed buffer leaves
-    the resident set at once (glibc's threshold otherwise grows after large frees)."""
-    libc = ctypes.CDLL(None)
-    m_mmap_threshold = -3
-    if hasattr(libc, "mallopt") and not libc.mallopt(m_mmap_threshold, MMAP_THRESHOLD):
-        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
 
 
 if __name__ == "__main__":

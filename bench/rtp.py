@@ -36,7 +36,7 @@ from topocoll import collectives
 import topocoll.rtp as rtp
 from topocoll.rtp.models import GPT
 
-from .paro_peak import _fixed_mmap_threshold as fixed_mmap_threshold
+from .memory import fixed_mmap_threshold, reset_high_water_mark, status
 
 if TYPE_CHECKING:
     from topocoll.rtp.ring import RowShards
@@ -87,20 +87,18 @@ def peak_bytes(name: str, cfg: dict, comm: Any, backend: str, data: list[torch.T
     on its own communicator / process group (see the module docstring)."""
     from torch import distributed as dist
 
-    from .paro_peak import _reset_hwm, _status
-
     gc.collect()
     comm.barrier()
-    before = _status("VmRSS")
+    before = status("VmRSS")
     sub = comm.split(0, comm.rank) if name.startswith("rtp") else None
     group = dist.new_group(backend=backend) if sub is None else None
     run = _Run(name, BUILDERS[name](cfg, comm if sub is None else sub, group))
     run.step(data[0], comm, timed=True)              # warm-up: Adam states, lazy init
     gc.collect()
     comm.barrier()
-    _reset_hwm()
+    reset_high_water_mark()
     run.step(data[-1], comm, timed=True)
-    peak = np.array([float(_status("VmHWM") - before)])
+    peak = np.array([float(status("VmHWM") - before)])
     comm.all_reduce(peak, op="max")
     del run
     if sub is not None:

@@ -232,6 +232,17 @@ def test_help_lists_collectives_and_tools():
     assert "overlap" in tools() and "micro" not in tools()
 
 
+def test_every_listed_tool_has_a_main_and_parts_are_not_listed():
+    import importlib
+
+    for name in tools():
+        assert callable(getattr(importlib.import_module(f"topocoll.bench.{name}"), "main", None)), \
+            f"bench {name} is listed as a tool but has no main()"
+    assert not {"paro_budget", "paro_model", "memory", "colls", "report"} & set(tools())
+    out = _bench("paro_budget")
+    assert out.returncode == 2 and "unknown collective or tool 'paro_budget'" in out.stderr
+
+
 def _bench(*args, timeout=120):
     env = {**__import__("os").environ, **YIELD_ENV}
     return subprocess.run([sys.executable, "-m", "topocoll", "bench", *args], cwd=ROOT, env=env,
