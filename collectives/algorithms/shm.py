@@ -212,15 +212,20 @@ class AfterBarrier:
 
     def reduce(self, half: int) -> None:
         """The reduction alone (what the compiled run leaves to Python: see ``_compiled_plan``)."""
-        out, combine = self.out, self._combine
-        if out is None or combine is None:
-            return
-        slots = self.ins[half]
-        combine(slots[0], slots[1], out=out)  # never reads out: safe in place
-        for q in range(2, self.ranks):
-            combine(out, slots[q], out=out)
-        if self.op == "avg":
-            finish_avg(self.dtype, out, self.ranks)
+        if self.out is not None and self._combine is not None:
+            _combine_in_rank_order(self._combine, self.ins[half], self.out, self.op, self.dtype)
+
+
+def _combine_in_rank_order(combine: Any, slots: list[np.ndarray], out: np.ndarray,
+                           op: str | None, dtype: Any) -> None:
+    """``out = slots[0] (op) slots[1] (op) ...`` over every rank's slot in rank order (then the
+    mean, for 'avg'): the one order, so every rank's result is bitwise alike. Reads no ``out``
+    before writing it, so ``out`` may be the caller's input; at least two slots."""
+    combine(slots[0], slots[1], out=out)
+    for q in range(2, len(slots)):
+        combine(out, slots[q], out=out)
+    if op == "avg":
+        finish_avg(dtype, out, len(slots))
 
 
 def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
@@ -390,12 +395,8 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
         lo, hi, out = 0, n, call.send
     else:
         return                                          # reduce: only the root sums
-    combine = reducer(call.dtype, call.op or "sum")
-    combine(slots[0][lo:hi], slots[1][lo:hi], out=out)  # never reads out: safe in place
-    for q in range(2, p):
-        combine(out, slots[q][lo:hi])
-    if call.op == "avg":
-        finish_avg(call.dtype, out, p)
+    _combine_in_rank_order(reducer(call.dtype, call.op or "sum"), [s[lo:hi] for s in slots],
+                           out, call.op, call.dtype)
 
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
