@@ -265,7 +265,7 @@ SHELL_SLOW: dict[str, str] = {
     "docs/tesseract.md#sh0": "four launches of 4 and 8 ranks, each importing torch: ~110 s here",
     "README.md#sh1": "nine tools, the model benchmarks among them: ~75 s here",
     "docs/shm.md#sh0": "twelve sweeps: ~60 s here",
-    "docs/torch.md#sh4": "two FSDP2 runs: ~40 s here",
+    "docs/torch.md#sh5": "two FSDP2 runs: ~40 s here",
 }
 FULL = os.environ.get("TOPOCOLL_DOC_EXAMPLES", "").lower() == "full"
 
