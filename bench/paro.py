@@ -129,7 +129,6 @@ LOCAL = "local"
 """Baseline row: the same training on one rank's data with no communication at all."""
 
 
-
 class _Local:
     """Training with the wrapper's call/step interface: plain and single-rank (the compute
     floor), or with ``units`` given, FSDP2 on those units over a new ``topocoll`` group."""

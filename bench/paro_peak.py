@@ -35,7 +35,6 @@ from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the measurement; rank 0 prints the table. Returns 0."""
     args = _parse(argv)
