@@ -24,10 +24,11 @@ from topocoll.cluster.launcher import YIELD_ENV, mpiexec_path  # noqa: E402,F401
 
 
 def run_ranks(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
-              env: dict[str, str] | None = None) -> str:
-    """Run ``script`` on ``n`` ranks; return the combined output, or fail naming ranks and output."""
+              env: dict[str, str] | None = None, launcher: Sequence[str] = ()) -> str:
+    """Run ``script`` on ``n`` ranks (``launcher``: extra mpiexec flags); return the combined
+    output, or fail naming ranks and output."""
     path = _script(script)
-    cmd = [mpiexec_path(), "-n", str(n), sys.executable, "-u", str(path), *args]
+    cmd = [mpiexec_path(), *launcher, "-n", str(n), sys.executable, "-u", str(path), *args]
     return _launch(cmd, path, n, timeout, env)
 
 

@@ -7,64 +7,74 @@ pytestmark = pytest.mark.mpi
 
 SCRIPT = "collectives_faults.py"
 
+NO_CLEANUP = ["-disable-auto-cleanup"]
+"""The scenarios end every rank with ``faults.exit_without_finalize`` (after a fault MPI_Finalize
+could wait forever). Hydra takes a process that exits without finalizing for a failed one and,
+with its auto-cleanup on, SIGKILLs the ranks still exiting: under load that turned a run whose
+ranks had all finished into exit code 9."""
+
+
+def run(n, args, timeout=90, env=None):
+    return run_ranks(SCRIPT, n, args=args, timeout=timeout, env=env, launcher=NO_CLEANUP)
+
 
 @pytest.mark.parametrize("algo,n", [("ring", 4096), ("ring", 65536), ("all_gather", 4096)])
 def test_late_data_lands_in_no_freed_memory(algo, n):
-    run_ranks(SCRIPT, 2, args=["late", algo, str(n)], timeout=90)
+    run(2, ["late", algo, str(n)], timeout=90)
 
 
 @pytest.mark.parametrize("algo", ["ring", "native", "auto"])
 def test_calls_queued_behind_a_timeout_fail_at_once_and_none_is_wrong(algo):
-    run_ranks(SCRIPT, 2, args=["queued", algo], timeout=90)
+    run(2, ["queued", algo], timeout=90)
 
 
 @pytest.mark.parametrize("algo", ["ring", "native", "auto"])
 def test_stopped_peer_returns_no_wrong_data(algo):
-    out = run_ranks(SCRIPT, 2, args=["stopped", algo], timeout=90)
+    out = run(2, ["stopped", algo], timeout=90)
     assert "rank 0 outcomes ['error', 'error', 'error', 'error']" in out, out
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_nan_max_min_identical_on_every_rank(n):
-    run_ranks(SCRIPT, n, args=["nan"], timeout=90)
+    run(n, ["nan"], timeout=90)
 
 
 def test_nan_max_min_identical_on_every_rank_hierarchical():
-    run_ranks(SCRIPT, 4, args=["nan"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    run(4, ["nan"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_split_with_a_bad_color_raises_on_every_rank(n):
-    run_ranks(SCRIPT, n, args=["split"], timeout=90)
+    run(n, ["split"], timeout=90)
 
 
 def test_split_rejection_without_shared_memory():
-    run_ranks(SCRIPT, 2, args=["split"], timeout=90, env={"TOPOCOLL_SHM": "0"})
+    run(2, ["split"], timeout=90, env={"TOPOCOLL_SHM": "0"})
 
 
 def test_a_second_thread_is_refused_clearly():
-    run_ranks(SCRIPT, 2, args=["threads"], timeout=90)
+    run(2, ["threads"], timeout=90)
 
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_numpy_timeouts_closed_communicator_impossible_alloc(n):
-    run_ranks(SCRIPT, n, args=["minor"], timeout=90)
+    run(n, ["minor"], timeout=90)
 
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_mpi_errors_become_transport_errors(n):
-    run_ranks(SCRIPT, n, args=["mpi_error"], timeout=90)
+    run(n, ["mpi_error"], timeout=90)
 
 
 def test_hierarchical_timeouts_name_world_ranks():
-    out = run_ranks(SCRIPT, 4, args=["hier"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    out = run(4, ["hier"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
     assert "world rank 3" in out, out
 
 
 @pytest.mark.parametrize("algo", ["ring", "auto", "native"])
 def test_killed_peer_survivors_raise_and_exit_non_zero(algo, tmp_path):
     code, out = run_ranks_status(SCRIPT, 3, args=["killed", algo], timeout=90,
-                                 launcher=["-disable-auto-cleanup"],
+                                 launcher=NO_CLEANUP,
                                  env={"FAULTS_OUT": str(tmp_path)})
     reports = {f.name: f.read_text() for f in tmp_path.glob("survivor-*")}
     assert sorted(reports) == ["survivor-0", "survivor-1"], (reports, out)
