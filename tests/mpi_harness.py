@@ -23,6 +23,14 @@ RANKS_DIR = Path(__file__).resolve().parent / "ranks"
 from topocoll.cluster.launcher import YIELD_ENV, mpiexec_path  # noqa: E402,F401
 
 
+NO_CLEANUP = ("-disable-auto-cleanup",)
+"""mpiexec flags for scripts whose ranks end with ``faults.exit_without_finalize`` (after a fault
+MPI_Finalize could wait forever): hydra takes a process that exits without finalizing for a
+failed one and, with its auto-cleanup on, SIGKILLs the ranks still exiting, which under load
+turned runs whose ranks had all finished into exit code 9. A failing rank still ends the job
+(``rank_main`` calls MPI_Abort)."""
+
+
 def run_ranks(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
               env: dict[str, str] | None = None, launcher: Sequence[str] = ()) -> str:
     """Run ``script`` on ``n`` ranks (``launcher``: extra mpiexec flags); return the combined

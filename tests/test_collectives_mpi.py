@@ -1,7 +1,7 @@
 """Multi-rank correctness of every collective under the real mpiexec, world sizes 1 to 4."""
 import pytest
 
-from mpi_harness import leaked_mpich_segments, run_ranks
+from mpi_harness import NO_CLEANUP, leaked_mpich_segments, run_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -23,7 +23,8 @@ def test_mismatches_raise_on_every_rank_without_shared_memory():
 @pytest.mark.parametrize("algo", ["ring", "native"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_absent_peer_times_out_naming_the_operation(n, algo):
-    out = run_ranks("collectives_timeout.py", n, args=[algo], timeout=90)
+    out = run_ranks("collectives_timeout.py", n, args=[algo], timeout=90,
+                    launcher=NO_CLEANUP)
     assert out.count("all_reduce timed out") == n - 1
     # Ending without MPI_Finalize (faults.exit_without_finalize) still removes MPICH's segment.
     assert not leaked_mpich_segments(out)

@@ -1,20 +1,15 @@
 """After a fault, nothing is wrong, nothing is corrupted, nothing hangs (tests/ranks/collectives_faults.py)."""
 import pytest
 
-from mpi_harness import leaked_mpich_segments, run_ranks, run_ranks_status
+from mpi_harness import NO_CLEANUP, leaked_mpich_segments, run_ranks, run_ranks_status
 
 pytestmark = pytest.mark.mpi
 
 SCRIPT = "collectives_faults.py"
 
-NO_CLEANUP = ["-disable-auto-cleanup"]
-"""The scenarios end every rank with ``faults.exit_without_finalize`` (after a fault MPI_Finalize
-could wait forever). Hydra takes a process that exits without finalizing for a failed one and,
-with its auto-cleanup on, SIGKILLs the ranks still exiting: under load that turned a run whose
-ranks had all finished into exit code 9."""
-
 
 def run(n, args, timeout=90, env=None):
+    """A scenario (each ends every rank with ``exit_without_finalize``: see NO_CLEANUP)."""
     return run_ranks(SCRIPT, n, args=args, timeout=timeout, env=env, launcher=NO_CLEANUP)
 
 

@@ -5,19 +5,20 @@ import warnings
 
 import pytest
 
-from mpi_harness import run_ranks
+from mpi_harness import NO_CLEANUP, run_ranks
 from topocoll.collectives.algorithms import compiled
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_prepared_calls_stay_exact_and_checked(n):
-    out = run_ranks("prepared_calls.py", n, timeout=240)
+    out = run_ranks("prepared_calls.py", n, timeout=240, launcher=NO_CLEANUP)
     assert "prepared calls: all checks passed" in out
 
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_pure_python_run_passes_the_same_checks(n):
-    out = run_ranks("prepared_calls.py", n, timeout=240, env={compiled.ENV_COMPILED: "0"})
+    out = run_ranks("prepared_calls.py", n, timeout=240, env={compiled.ENV_COMPILED: "0"},
+                    launcher=NO_CLEANUP)
     assert "prepared calls: all checks passed" in out
 
 

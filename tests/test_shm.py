@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from mpi_harness import ROOT, RANKS_DIR, YIELD_ENV, mpiexec_path, run_ranks
+from mpi_harness import NO_CLEANUP, RANKS_DIR, ROOT, YIELD_ENV, mpiexec_path, run_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -33,7 +33,7 @@ def test_disabled_by_env_falls_back(n):
 @pytest.mark.parametrize("kind", ["all_reduce", "broadcast"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_absent_peer_times_out_naming_it(n, kind):
-    out = run_ranks("shm_timeout.py", n, args=[kind], timeout=60)
+    out = run_ranks("shm_timeout.py", n, args=[kind], timeout=60, launcher=NO_CLEANUP)
     assert out.count(f"{kind} timed out") == n - 1
     assert out.count(f"rank {n - 1} at the shared-memory barrier") == n - 1
 

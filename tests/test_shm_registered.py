@@ -2,7 +2,7 @@
 against numpy, the fallback when only some ranks' buffers are registered, and alloc/free."""
 import pytest
 
-from mpi_harness import run_ranks
+from mpi_harness import NO_CLEANUP, run_ranks
 
 pytestmark = pytest.mark.mpi
 
@@ -33,11 +33,12 @@ def test_alloc_free_and_zero_copy_leaves_the_slots_alone(n):
 
 @pytest.mark.parametrize("kind", ["all_reduce", "broadcast"])
 def test_absent_peer_times_out_on_the_registered_path(kind):
-    out = run_ranks("shm_timeout.py", 3, args=[kind, "registered"], timeout=60)
+    out = run_ranks("shm_timeout.py", 3, args=[kind, "registered"], timeout=60,
+                    launcher=NO_CLEANUP)
     assert out.count(f"{kind} timed out") == 2
     assert out.count("rank 2 at the shared-memory barrier") == 2
 
 
 def test_alloc_with_an_absent_peer_times_out():
-    out = run_ranks("shm_timeout.py", 2, args=["alloc"], timeout=60)
+    out = run_ranks("shm_timeout.py", 2, args=["alloc"], timeout=60, launcher=NO_CLEANUP)
     assert out.count("alloc timed out") == 1 and "rank 1 at the shared-memory barrier" in out
