@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -158,7 +158,7 @@ class Case:
             for _ in range(iters):
                 self._call(False)
             return
-        handles = []
+        handles: list[Any] = []
         for _ in range(iters):
             for _ in range(agg):
                 handles.extend(self._call(True))
@@ -187,7 +187,7 @@ class Case:
                                            else 0)
 
     # -- helpers --
-    def _build(self) -> Callable[[bool], list[Any]]:
+    def _build(self) -> Callable[[bool], Sequence[Any]]:
         name, comm = self.spec.name, self.comm
         x, out = self._in.user, self._out.user
         if name == "sendrecv":
@@ -205,15 +205,15 @@ class Case:
         blocking = _positional(method, x, async_op=False, **kwargs)
         nonblocking = _positional(method, x, async_op=True, **kwargs)
 
-        def call(async_op: bool) -> list[Any]:
+        def call(async_op: bool) -> Sequence[Any]:
             if async_op:
                 return [method(*nonblocking)]
             method(*blocking)
-            return _NO_HANDLES
+            return ()
 
         return call
 
-    def _sendrecv(self, x: Any, out: Any) -> Callable[[bool], list[Any]]:
+    def _sendrecv(self, x: Any, out: Any) -> Callable[[bool], Sequence[Any]]:
         """Send to the next rank, receive from the previous (nccl-tests' sendrecv_perf); even
         ranks send first and odd ranks receive first, so the ring never waits on itself."""
         comm, n, r = self.comm, self.comm.size, self.comm.rank
@@ -345,10 +345,6 @@ class _Array:
         if self.dtype != "bfloat16":
             return stored
         return (stored.astype(np.uint32) << 16).view(np.float32)
-
-
-_NO_HANDLES: list[Any] = []
-"""What a blocking call hands ``run`` (never added to)."""
 
 
 def _positional(method: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, ...]:

@@ -866,7 +866,8 @@ class Persistent:
 
     def start(self) -> Any:
         """Start the operation (on the calling thread where it may, else queued in issue order);
-        returns its Handle (also what ``wait``/``test`` follow). Raises CollectiveError while the previous start is active."""
+        returns its Handle (also what ``wait``/``test`` follow). Raises CollectiveError while the
+        previous start is active."""
         self._check_idle()
         self._handle = self.comm._repeat(self._entry, async_op=True)  # inline, or queued
         return self._handle

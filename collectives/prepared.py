@@ -61,7 +61,7 @@ class Prepared:
         self._x = weakref.ref(x) if x is not None else lambda: None  # None: a persistent call's
         self._out = weakref.ref(out) if out is not None else None   # (never looked up)
         self._x_form = _form(x) if x is not None else ()
-        self._out_form = _form(out) if out is not None else None
+        self._out_form = _form(out) if out is not None else ()
         self._x_written = x_written  # the call writes x: it must still be writable
         self.nbytes = (_nbytes(x) if x is not None else 0) + \
             (_nbytes(out) if out is not None else 0)  # what it holds alive (PREPARED_KEPT_BYTES)
@@ -97,29 +97,19 @@ class PreparedCalls:
         entries = self._by_kind.get(kind)
         if entries is None:
             return None
-        for e in entries.get(id(x), ()):  # each test inlined: every repeat pays this
+        for e in entries.get(id(x), ()):
             if e.matches is not None:
                 if e.matches(x, out, args, check):
                     return e
                 continue
-            if e._x() is not x or args != e.args or e.check is not check:
-                continue
-            if type(x) is np.ndarray:
-                if (x.shape, x.dtype, x.strides) != e._x_form or \
-                        (e._x_written and not x.flags.writeable):
-                    continue
-            elif _form(x) != e._x_form:
+            if e._x() is not x or args != e.args or e.check is not check or \
+                    not _unchanged(x, e._x_form, e._x_written):
                 continue
             if e._out is None:
                 if out is None:
                     return e
-            elif out is not None and e._out() is out:
-                if type(out) is np.ndarray:
-                    if (out.shape, out.dtype, out.strides) == e._out_form and \
-                            out.flags.writeable:
-                        return e
-                elif _form(out) == e._out_form:
-                    return e
+            elif out is not None and e._out() is out and _unchanged(out, e._out_form, True):
+                return e
         return None
 
     def add(self, entry: Prepared, x: Any) -> None:
@@ -180,6 +170,14 @@ def _form(a: Any) -> tuple[Any, ...]:
     return (a.shape, a.dtype, a.stride(), a.data_ptr())
 
 
+def _unchanged(a: Any, form: tuple[Any, ...], written: bool) -> bool:
+    """Whether array ``a`` still has the layout ``form`` (``_form``) and, if the call writes
+    it, is still writable (a tensor has no flag: collectives write into any CPU tensor)."""
+    if _form(a) != form:
+        return False
+    return not written or type(a) is not np.ndarray or a.flags.writeable
+
+
 def _match_type() -> Any:
     """``_match.Match``, once checked against numpy on this install; None where the extension
     isn't built, is turned off (``TOPOCOLL_SHM_COMPILED=0``, as for the compiled run) or reads
@@ -199,9 +197,9 @@ def _checked_match() -> Any:
     ro = np.arange(3, dtype=np.int16)
     ro.flags.writeable = False
     for a in (np.zeros((3, 4), np.float32)[::2, 1:], ro, np.zeros(0, np.float64)):
-        if _match.layout(np.ndarray, a) != (a.ctypes.data, a.ndim, a.shape, a.strides, a.dtype,
-                                            a.flags.writeable) or \
-                _match.layout(np.ndarray, a)[4] is not a.dtype:
+        read = _match.layout(np.ndarray, a)
+        if read != (a.ctypes.data, a.ndim, a.shape, a.strides, a.dtype, a.flags.writeable) or \
+                read[4] is not a.dtype:
             return None
     return _match.Match
 
@@ -222,7 +220,7 @@ class StartedHandle:
     the communicator's next operation complete it, in issue order; once a done-callback is
     added, the progress thread completes it (a callback must fire without anyone polling, as
     torch futures expect). The interface of ``handle.Handle``; made per call, so kept lean: the
-    lock is the communicator's (``lock``), the callback list made by the first callback."""
+    lock is the communicator's, the callback list made by the first callback."""
 
     __slots__ = ("name", "_finish", "_finish_later", "_lock", "_done", "_result", "_error",
                  "_callbacks")
@@ -307,11 +305,6 @@ class StartedHandle:
         """Run what ``settle`` returned."""
         for fn in callbacks:
             fn(self)
-
-    @property
-    def lock(self) -> threading.Lock:
-        """Held while the operation completes (the communicator's, shared by its handles)."""
-        return self._lock
 
     def __repr__(self) -> str:
         return f"<Handle {self.name} {'done' if self._done else 'started'}>"

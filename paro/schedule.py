@@ -102,7 +102,7 @@ class Schedule:
         grad, p.grad = p.grad, None
         assert grad is not None  # autograd accumulated it just now
         if not any(b.folded):
-            self._drain(self.max_inflight)   # free landed buffers before this bucket's gradients arrive
+            self._drain(self.max_inflight)   # free landed buffers before its gradients arrive
         complete = b.fold(i, grad, self.first_micro)
         del grad                             # the bucket holds it now, until it is packed
         if complete:

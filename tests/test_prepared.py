@@ -66,7 +66,8 @@ def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
                   None, memoryview(src[:8]), ([], []), None)
     flag[0] = 0
     counters[:] = (4, 6, 9)
-    assert one.run(0) == 1 and flag[0] == 10  # one rank: arrives, reduces, done
+    one.start()
+    assert one.complete(0) == 1 and flag[0] == 10  # one rank: arrives, reduces, done
     assert list(counters) == [5, 7, 10]  # stepped as the arena's begin + arrive step them
     assert one.state() == (4, 1, 1, 10)  # the mark to rewind to, half, area, epoch
     flag[0] = 9

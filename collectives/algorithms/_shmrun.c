@@ -246,27 +246,10 @@ plan_complete(Plan *p, PyObject *arg)
     return PyLong_FromLong(complete(p, spins));
 }
 
-/* One whole run: begin, publish, then complete within `spins` polls. */
-static int
-run(Plan *p, int spins)
-{
-    begin(p);
-    start(p);
-    return complete(p, spins);
-}
 
-static PyObject *
-plan_run(Plan *p, PyObject *arg)
-{
-    int spins;
-    if (spins_arg(arg, &spins) < 0)
-        return NULL;
-    return PyLong_FromLong(run(p, spins));
-}
-
-/* The whole run, blocking, in one call from Python: what run(spins) does, then the Python
- * finish bound with on_wait (a longer wait, a mismatch, a reduction left to numpy) only where
- * the run did not end in C. */
+/* The whole run, blocking, in one call from Python: start, complete within the spins bound
+ * with on_wait, then the Python finish bound there (a longer wait, a mismatch, the gate's second
+ * barrier, a reduction left to numpy) only where the run did not end in C. */
 static PyObject *
 plan_go(Plan *p, PyObject *unused)
 {
@@ -274,7 +257,9 @@ plan_go(Plan *p, PyObject *unused)
         PyErr_SetString(PyExc_RuntimeError, "go() before on_wait()");
         return NULL;
     }
-    int code = run(p, p->spins);
+    begin(p);
+    start(p);
+    int code = complete(p, p->spins);
     if (code == DONE)
         Py_RETURN_NONE;
     PyObject *c = PyLong_FromLong(code);
@@ -475,9 +460,9 @@ static PyMethodDef plan_methods[] = {
     {"complete", (PyCFunction)plan_complete, METH_O,
      "complete(spins) -> 1 done, 2 barrier passed (finish in Python), 3 a peer's buffer is "
      "registered (sync again, then after()), 0 peers not all arrived, -1 signatures differ."},
-    {"run", (PyCFunction)plan_run, METH_O, "run(spins): start, then complete."},
     {"go", (PyCFunction)plan_go, METH_NOARGS,
-     "go(): run(spins), then finish(plan, code) unless done (both bound by on_wait)."},
+     "go(): start, complete, then finish(plan, code) unless done (spins and finish bound by "
+     "on_wait)."},
     {"on_wait", (PyCFunction)plan_on_wait, METH_VARARGS,
      "on_wait(finish, spins): what go() polls, and calls where the run is not done in C "
      "(finish must not hold the plan: it is passed in)."},

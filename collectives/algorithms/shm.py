@@ -200,7 +200,6 @@ class AfterBarrier:
         self.copies, self.out, self.ins = copies, out, ins
         self.op = (call.op or "sum") if call is not None else "sum"
         self.dtype: Any = call.dtype if call is not None else None
-        self.ranks = len(ins[0])
         self._combine: Any = None
         if out is not None and call is not None:
             self._combine = host_ufunc(call.dtype, self.op) or reducer(call.dtype, self.op)
@@ -385,7 +384,7 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     small messages feel most (NCCL's one-shot/LL all-reduce). The same order everywhere:
     bitwise identical."""
     mine = call.input
-    n, p = mine.size, b.size
+    n = mine.size
     slots = _slots(gate.arena, mine.dtype)
     slots[b.rank][:n] = mine
     gate.sync()
