@@ -106,7 +106,13 @@ def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():
     moving = plan(1, None)
     moving.on_wait(lambda p, code: calls.append((p, code)), 3)
     moving.go()
-    assert calls == [(moving, 2)]  # barrier passed, the rest is Python's
+    assert calls == []  # nothing to reduce: barrier passed and copied in C, no Python
+    left = plan(1, "numpy")
+    left.on_wait(lambda p, code: calls.append((p, code)), 3)
+    left.go()
+    assert calls == [(left, 2)]  # barrier passed, the reduction is numpy's
+    with pytest.raises(ValueError, match="numpy"):
+        plan(1, "python")
 
 
 def test_the_compiled_match_sees_every_change_the_python_test_sees():

@@ -45,6 +45,7 @@ typedef struct {
     Copy *copies[2];            /* what moves after the barrier, per half */
     Py_ssize_t n_copies;
     char dtype;                 /* reduce: numpy type char, 0 for none */
+    int numpy_reduces;          /* the reduction is left to Python (numpy): FINISH_IN_PYTHON */
     int op;
     char *out;
     const char **inputs[2];     /* every rank's slot to reduce, per half */
@@ -182,7 +183,7 @@ after(Plan *p)
         memcpy(c->dst, c->src, c->n);
     }
     if (!p->dtype)
-        return FINISH_IN_PYTHON;
+        return p->numpy_reduces ? FINISH_IN_PYTHON : DONE;
     reduce(p, half);
     return DONE;
 }
@@ -408,7 +409,13 @@ plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig,
                 return -1;
         }
     }
-    if (reduction != Py_None) {
+    if (PyUnicode_Check(reduction)) {
+        if (PyUnicode_CompareWithASCIIString(reduction, "numpy") != 0) {
+            PyErr_SetString(PyExc_ValueError, "reduction: None, a tuple or \"numpy\"");
+            return -1;
+        }
+        p->numpy_reduces = 1;
+    } else if (reduction != Py_None) {
         const char *type;
         PyObject *out, *ins;
         if (!PyArg_ParseTuple(reduction, "siOOn", &type, &p->op, &out, &ins, &p->count))
@@ -458,8 +465,8 @@ static PyMethodDef plan_methods[] = {
      "start(): step the arena's counters, publish the signature and this rank's part, raise "
      "the flag."},
     {"complete", (PyCFunction)plan_complete, METH_O,
-     "complete(spins) -> 1 done, 2 barrier passed (finish in Python), 3 a peer's buffer is "
-     "registered (sync again, then after()), 0 peers not all arrived, -1 signatures differ."},
+     "complete(spins) -> 1 done, 2 barrier passed (the reduction is numpy's), 3 a peer's "
+     "buffer is registered (sync again, then after()), 0 peers not all arrived, -1 signatures differ."},
     {"go", (PyCFunction)plan_go, METH_NOARGS,
      "go(): start, complete, then finish(plan, code) unless done (spins and finish bound by "
      "on_wait)."},
@@ -478,7 +485,8 @@ static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "topocoll.collectives.algorithms._shmrun.Plan",
     .tp_doc = "Plan(flags, rank, counters, sig, my_sig, every_sig, publish, source, copies, "
-              "reduction, gate=None)",
+              "reduction, gate=None); reduction: None (nothing to reduce), (type, op, out, ins, "
+              "count), or 'numpy' (complete returns 2 for Python to reduce)",
     .tp_basicsize = sizeof(Plan),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = plan_new,

@@ -285,22 +285,21 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
             compiled.reduces(out.dtype.char, _COMPILED_OPS[after.op]):
         reduction = (out.dtype.char, _COMPILED_OPS[after.op], out,
                      tuple(list(ins) for ins in after.ins), out.size)
-    plan = plan_type(arena.flag_words(), arena.rank, arena.counters, sig, tuple(mine_words),
+    elif out is not None:
+        reduction = "numpy"  # complete() returns 2: finish calls after.reduce
+    return plan_type(arena.flag_words(), arena.rank, arena.counters, sig, tuple(mine_words),
                      tuple(every_words), None if publish is None else tuple(publish), source,
                      tuple(list(c) for c in after.copies), reduction,
                      None if gate is None else (GATE_EARLY.tobytes(), tuple(gate[0]),
                                                 tuple(gate[1])))
-    return plan, reduction is not None or after.out is None
 
 
-def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: AfterBarrier,
+def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBarrier,
                   check: Callable[..., None] | None, sig: bytes) -> Run:
     """``prepare``'s run through the compiled plan: one C call (``go``) steps the arena's
     counters, publishes, polls and finishes; only a wait longer than its spins (``arena.wait``:
     deadline, timeout naming the peer), a mismatch, the gate's second barrier or a reduction
     left to numpy come back to Python, in ``finish``."""
-    plan, finishes_all = compiled
-
     def finish(plan: Any, code: int) -> None:  # takes the plan: holding it would be a cycle
         if code == 0:
             ctx.deadline = None  # armed by this run's first wait
@@ -313,7 +312,7 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, compiled: Any, after: Afte
         if code == 3:  # a peer's buffer is registered: it copies in after the first barrier
             arena.sync(ctx)  # waits even in test(): only for that copy, which waits on no one
             code = plan.after()
-        if code == 2 and not finishes_all:
+        if code == 2:  # the reduction is left to numpy (the plan was made with "numpy")
             after.reduce(plan.state()[1])
 
     def complete(block: bool) -> bool:
