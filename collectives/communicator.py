@@ -604,25 +604,26 @@ class Communicator:
                  not spin(self._complete_now, HANDOFF_SPIN_SECONDS)):
             return self._submit(entry.kind, entry, async_op, entry.what)
         flight = self._flight
-        seq = flight.issue_running(entry.kind, entry.what)
+        record = flight.issue_running(entry.kind, entry.what)
         if async_op:
             run.start()  # publishes and enters the barrier; never waits
             handle = StartedHandle(entry.kind, self._complete, self._complete_later,
                                    self._completing)
-            self._started = (handle, entry, seq)
+            self._started = (handle, entry, record.last)
             return handle
         try:
             run.go()
         except (MismatchError, TypeError, ValueError) as err:
-            flight.take(seq).end(f"failed: {type(err).__name__}")  # alike everywhere: not broken
+            # alike everywhere: not broken
+            flight.take(record.last).end(f"failed: {type(err).__name__}")
             raise
         except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
-            failure = self._fail(entry.kind, err, flight.take(seq))
+            failure = self._fail(entry.kind, err, flight.take(record.last))
             if failure is err:
                 raise
             raise failure from err
         finally:
-            flight.finished(seq)
+            record.running = 0  # done (or taken out of the record, failed)
         return entry.result
 
     def _complete(self, block: bool) -> bool:

@@ -23,12 +23,12 @@ class FlightEntry:
 
     __slots__ = ("seq", "name", "what", "state", "issued", "started", "ended")
 
-    def __init__(self, seq: int, name: str, what: Any) -> None:
+    def __init__(self, seq: int, name: str, what: Any, issued: float | None = None) -> None:
         self.seq = seq
         self.name = name
         self.what = what      # (dtype name, element count, algorithm) or None; formatted lazily
         self.state = "queued"
-        self.issued = time.monotonic()
+        self.issued: float | None = time.monotonic() if issued is None else issued  # None: unknown
         self.started: float | None = None
         self.ended: float | None = None
 
@@ -55,83 +55,136 @@ class FlightEntry:
         if self.what is not None:
             dtype, count, algo = self.what
             what = f" {dtype}[{count}] {algo}"
-        if self.ended is not None:
-            took = self.ended - (self.started or self.issued)
-            when = f"{self.state} after {_duration(took)}"
-        elif self.started is not None:
+        began = self.started if self.started is not None else self.issued
+        if self.ended is not None and began is not None:
+            when = f"{self.state} after {_duration(self.ended - began)}"
+        elif self.state == "running" and self.started is not None:
             when = f"running for {_duration(now - self.started)}"
-        else:
+        elif self.state == "queued" and self.issued is not None:
             when = f"queued for {_duration(now - self.issued)}"
+        else:
+            when = self.state  # a repeat of a prepared call: its own times aren't kept
         return f"#{self.seq} {self.name}{what}: {when}"
+
+
+class Repeats:
+    """Back-to-back runs of one prepared call (``FlightRecorder.issue_running``), numbered
+    ``first`` to ``last``: one record updated in place, so that a repeated small call allocates
+    nothing and reads no clock here. ``running`` is the number still running (0: none); the
+    caller sets it to 0 when that run ends."""
+
+    __slots__ = ("name", "what", "first", "last", "running", "issued")
+
+    def __init__(self, seq: int, name: str, what: Any) -> None:
+        self.name, self.what = name, what
+        self.first = self.last = self.running = seq
+        self.issued = time.monotonic()  # when the first of them was issued
+
+    def part(self, first: int, last: int) -> "Repeats":
+        """The runs ``first`` to ``last`` of this record, as a record of their own."""
+        part = Repeats(first, self.name, self.what)
+        part.last, part.issued = last, self.issued
+        part.running = self.running if first <= self.running <= last else 0
+        return part
+
+    def expand(self) -> list[FlightEntry]:
+        """One entry per run: ``done``, or ``running`` for the one still running. Each carries
+        the first run's issue time; the runs' own times aren't kept."""
+        entries = []
+        for seq in range(self.first, self.last + 1):
+            entry = FlightEntry(seq, self.name, self.what, self.issued)
+            entry.state = "running" if seq == self.running else "done"
+            entries.append(entry)
+        return entries
 
 
 class FlightRecorder:
     """A bounded record of one communicator's operations on this rank, newest last."""
 
     def __init__(self, size: int = FLIGHT_RECORD_SIZE) -> None:
-        self._entries: deque[FlightEntry] = deque(maxlen=size)
+        self._size = size
+        self._entries: deque[FlightEntry | Repeats] = deque(maxlen=size)
         self._seq = 0
-        self._running = 0  # the sequence number of an ``issue_running`` operation not finished
+        self._repeats: Repeats | None = None  # the newest record, while it is a Repeats
 
     def issue(self, name: str, what: Any = None) -> FlightEntry:
         """Record a newly issued operation and return its entry."""
         self._seq += 1
+        self._repeats = None
         entry = FlightEntry(self._seq, name, what)
         self._entries.append(entry)
         return entry
 
-    def issue_running(self, name: str, what: Any = None) -> int:
-        """Record an operation that starts at once on the calling thread, in a few hundred
-        nanoseconds (a repeated small call): a tuple that ``entries``, ``summary`` and ``take``
-        expand into a FlightEntry, ``running`` until ``finished`` says otherwise. Its number."""
-        self._seq += 1
-        self._running = self._seq
-        self._entries.append((self._seq, name, what, time.monotonic()))  # type: ignore[arg-type]
-        return self._seq
+    def issue_running(self, name: str, what: Any = None) -> Repeats:
+        """Record a run of a prepared call that starts at once on the calling thread: the same
+        call as the newest record's (``name`` and ``what`` the same objects) extends it, another
+        starts a new one. The record; its ``last`` is this run's number."""
+        seq = self._seq = self._seq + 1
+        record = self._repeats
+        if record is None or record.what is not what or record.name is not name:
+            record = self._repeats = Repeats(seq, name, what)
+            self._entries.append(record)
+        else:
+            record.last = record.running = seq
+        return record
 
     def finished(self, seq: int) -> None:
-        """The operation ``issue_running`` recorded as ``seq`` is done (or ended as ``take``'s
-        entry says)."""
-        if self._running == seq:
-            self._running = 0
+        """Run ``seq`` of a prepared call (``issue_running``) is done, unless ``take`` ended it
+        otherwise."""
+        record = self._repeats
+        if record is not None and record.running == seq:
+            record.running = 0
 
     def take(self, seq: int) -> FlightEntry:
-        """Operation ``seq`` as a FlightEntry, to end with the state it reached (one recorded by
-        ``issue_running`` is expanded in place; one no longer remembered, a detached entry)."""
+        """Operation ``seq`` as a FlightEntry, to end with the state it reached (a run within a
+        Repeats record is split out of it in place; one no longer remembered, a detached
+        entry)."""
         for i in range(len(self._entries) - 1, -1, -1):
-            entry = self._entries[i]
-            if entry.seq == seq if not isinstance(entry, tuple) else entry[0] == seq:
-                full = self._expand(entry)
-                self._entries[i] = full
-                return full
+            record = self._entries[i]
+            if isinstance(record, FlightEntry):
+                if record.seq == seq:
+                    return record
+                continue
+            if not record.first <= seq <= record.last:
+                continue
+            self._repeats = None  # later runs start a new record, after this one
+            taken = FlightEntry(seq, record.name, record.what)
+            taken.state, taken.issued = "running", None  # when this run began isn't kept
+            parts: list[FlightEntry | Repeats] = [taken]
+            if record.first < seq:
+                parts.insert(0, record.part(record.first, seq - 1))
+            if seq < record.last:
+                parts.append(record.part(seq + 1, record.last))
+            records = list(self._entries)
+            records[i:i + 1] = parts
+            self._entries = deque(records, maxlen=self._size)  # the oldest drop out if full
+            return taken
         return FlightEntry(seq, "forgotten", None)
 
     def entries(self) -> list[dict[str, Any]]:
         """Every remembered operation as plain data, oldest first."""
-        return [self._expand(e).as_dict() for e in list(self._entries)]
+        return [e.as_dict() for e in self._newest(self._size)]
 
     def summary(self, rank: int, comm: str, last: int = SHOWN_IN_ERRORS) -> str:
         """A few lines for an error: the newest ``last`` operations and where each stands."""
         now = time.monotonic()
-        entries = [self._expand(e) for e in list(self._entries)[-last:]]
         lines = [f"Flight record of rank {rank} on communicator {comm} (newest last; compare "
                  f"the ranks' sequence numbers to see which rank is behind):"]
-        lines += [f"  {e.describe(now)}" for e in entries]
+        lines += [f"  {e.describe(now)}" for e in self._newest(last)]
         return "\n".join(lines)
 
-    def _expand(self, entry: Any) -> FlightEntry:
-        """A recorded operation as a FlightEntry (``issue_running``'s tuples, done unless it is
-        the one still running)."""
-        if not isinstance(entry, tuple):
-            return entry
-        seq, name, what, at = entry
-        full = FlightEntry(seq, name, what)
-        full.issued = full.started = at
-        if seq == self._running:
-            full.state = "running"
-        else:
-            full.state, full.ended = "done", at
-        return full
+    def _newest(self, count: int) -> list[FlightEntry]:
+        """The newest ``count`` operations, oldest first (Repeats expanded)."""
+        found: list[FlightEntry] = []
+        for record in reversed(list(self._entries)):
+            if len(found) >= count:
+                break
+            if isinstance(record, FlightEntry):
+                found.append(record)
+            else:
+                first = max(record.first, record.last - (count - len(found)) + 1)
+                found.extend(reversed(record.part(first, record.last).expand()))
+        return found[::-1]
 
 
 def _duration(seconds: float) -> str:

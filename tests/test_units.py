@@ -83,3 +83,37 @@ def test_executor_runs_in_issue_order():
     with pytest.raises(ZeroDivisionError):
         boom.wait()
     ex.close()
+
+
+def test_flight_record_folds_repeats_and_splits_out_a_failed_one():
+    from topocoll.collectives.flight import FlightRecorder
+
+    flight, what = FlightRecorder(size=6), ("float32", 2, "shm")
+    flight.issue("all_gather", ("float32", 8, "ring")).end("done")      # 1
+    for _ in range(3):                                                  # 2, 3, 4
+        record = flight.issue_running("all_reduce", what)
+        record.running = 0
+    assert record.first == 2 and record.last == 4  # one record for the three runs
+    running = flight.issue_running("all_reduce", what)                  # 5, still running
+    states = [(e["seq"], e["state"]) for e in flight.entries()]
+    assert states == [(1, "done"), (2, "done"), (3, "done"), (4, "done"), (5, "running")]
+    assert "#5 all_reduce float32[2] shm: running" in flight.summary(0, "world")
+    flight.take(running.last).end("failed: CollectiveTimeoutError")
+    running.running = 0
+    flight.issue_running("all_reduce", what).running = 0                # 6: a new record
+    flight.issue_running("broadcast", what)                             # 7: another call
+    flight.finished(7)
+    seqs = [(e["seq"], e["state"]) for e in flight.entries()]
+    assert seqs == [(2, "done"), (3, "done"), (4, "done"),  # the newest six operations
+                    (5, "failed: CollectiveTimeoutError"), (6, "done"), (7, "done")]
+    lines = flight.summary(0, "world", last=3).splitlines()[1:]
+    assert lines == ["  #5 all_reduce float32[2] shm: failed: CollectiveTimeoutError",
+                     "  #6 all_reduce float32[2] shm: done", "  #7 broadcast float32[2] shm: done"]
+    middle = FlightRecorder(size=2)  # full: splitting a record drops the oldest
+    middle.issue("barrier")
+    for _ in range(3):
+        middle.issue_running("all_reduce", what)
+    middle.take(3).end("failed: MismatchError")  # split from inside: 2 | 3 | 4
+    assert [(e["seq"], e["state"]) for e in middle.entries()] == \
+        [(3, "failed: MismatchError"), (4, "running")]
+    assert middle.take(99).name == "forgotten"

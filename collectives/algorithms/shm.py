@@ -278,7 +278,7 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
     plan_type = compiled.plan_type()
     if plan_type is None:
         return None
-    reduction = None
+    reduction: Any = None  # None: nothing to reduce; "numpy": left to after.reduce
     out = after.out
     if out is not None and after.op in _COMPILED_OPS and after.dtype is not None and \
             host_ufunc(after.dtype, after.op) is not None and \
