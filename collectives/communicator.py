@@ -15,7 +15,7 @@ import os
 import threading
 import zlib
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -28,11 +28,11 @@ from .context import OpContext, spin
 from .dtypes import check_reducible, parse_op
 from .errors import CollectiveError, CommunicatorBrokenError, MismatchError, TransportError
 from .faults import note_broken, peer_exited
-from .flight import FlightEntry, FlightRecorder
+from .flight import FlightEntry, FlightRecorder, Repeats
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
-from .prepared import Prepared, PreparedCalls, StartedHandle, keepable
+from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, keepable
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
@@ -91,8 +91,10 @@ class Communicator:
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
         self._prepared = PreparedCalls()  # small calls kept ready to repeat
-        self._started: tuple[StartedHandle, Prepared, int] | None = None  # started async repeat
+        self._started: tuple[StartedHandle, Prepared, Repeats] | None = None  # started async
+        # repeat, and its flight record (whose last run it is)
         self._completing = threading.Lock()  # held while the started repeat completes
+        self._completion = Completion(self._complete, self._complete_later, self._completing)
         self._local = threading.local()  # .submitted: this thread's call reached _submit
 
     # -- identity --
@@ -595,8 +597,8 @@ class Communicator:
         arrive within a short spin (async calls issued back to back, as a benchmark or a
         bucketed reduction does, then stay inline instead of queueing). Else through
         ``_submit`` like any call, but without preparing it again. Async and inline, the
-        algorithm's prepared run is only started here; its handle, or the next operation,
-        completes it."""
+        algorithm's prepared run is started here and completed at once only if every peer is
+        in already (one poll, no wait); else its handle, or the next operation, completes it."""
         run = entry.lean
         if run is None or self._broken is not None or self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \
@@ -607,9 +609,10 @@ class Communicator:
         record = flight.issue_running(entry.kind, entry.what)
         if async_op:
             run.start()  # publishes and enters the barrier; never waits
-            handle = StartedHandle(entry.kind, self._complete, self._complete_later,
-                                   self._completing)
-            self._started = (handle, entry, record.last)
+            handle = StartedHandle(entry.kind, self._completion)
+            started = (handle, entry, record)
+            if self._settle(started, False) is False:  # else its peers were in: done already,
+                self._started = started                # before any other thread can see it
             return handle
         try:
             run.go()
@@ -632,26 +635,40 @@ class Communicator:
         started = self._started
         if started is None:
             return True
-        handle, entry, seq = started
-        with self._completing:
+        lock = self._completing
+        lock.acquire()  # not `with`: this is the async repeat's hot path
+        try:
             if self._started is not started:
                 return True  # another thread completed it meanwhile
-            assert entry.lean is not None  # only prepared runs are started
-            error: BaseException | None = None
-            try:
-                if not entry.lean.complete(block):
-                    return False
-            except (MismatchError, TypeError, ValueError) as err:
-                self._flight.take(seq).end(f"failed: {type(err).__name__}")
-                error = err
-            except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
-                error = self._fail(entry.kind, err, self._flight.take(seq))
+            callbacks = self._settle(started, block)
+            if callbacks is False:
+                return False
             self._started = None
-            self._flight.finished(seq)
-            callbacks = handle.settle(None if error else entry.result, error)
+        finally:
+            lock.release()
         if callbacks:
-            handle.run_callbacks(callbacks)  # outside the lock: a callback may issue a call
+            started[0].run_callbacks(callbacks)  # outside the lock: a callback may issue a call
         return True
+
+    def _settle(self, started: tuple[StartedHandle, Prepared, Repeats],
+                block: bool) -> "list[Any] | None | Literal[False]":
+        """Complete a started repeat (handle, entry, flight record) if its peers are in
+        (waiting for them if ``block``) and settle its handle, its error included: False if not
+        done, else the done-callbacks to run (None: none). Under the completion lock, or before
+        the handle is returned."""
+        handle, entry, record = started
+        assert entry.lean is not None  # only prepared runs are started
+        error: BaseException | None = None
+        try:
+            if not entry.lean.complete(block):
+                return False
+        except (MismatchError, TypeError, ValueError) as err:
+            self._flight.take(record.last).end(f"failed: {type(err).__name__}")
+            error = err
+        except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
+            error = self._fail(entry.kind, err, self._flight.take(record.last))
+        record.running = 0  # done (or taken out of the record, failed)
+        return handle.settle(None if error else entry.result, error)
 
     def _complete_later(self) -> None:
         """Complete the started prepared call on the progress thread (a done-callback was added
@@ -890,7 +907,7 @@ class Persistent:
 
     def _check_idle(self) -> None:
         handle = self._handle
-        if handle is not None and not (handle.settled if isinstance(handle, StartedHandle)
+        if handle is not None and not (handle.claimed if isinstance(handle, StartedHandle)
                                        else handle.done):  # as MPI_Start: wait or test first
             raise CollectiveError(f"persistent {self.kind}: started again before the previous "
                                   f"start finished (wait() for it first)")

@@ -128,13 +128,6 @@ class FlightRecorder:
             record.last = record.running = seq
         return record
 
-    def finished(self, seq: int) -> None:
-        """Run ``seq`` of a prepared call (``issue_running``) is done, unless ``take`` ended it
-        otherwise."""
-        record = self._repeats
-        if record is not None and record.running == seq:
-            record.running = 0
-
     def take(self, seq: int) -> FlightEntry:
         """Operation ``seq`` as a FlightEntry, to end with the state it reached (a run within a
         Repeats record is split out of it in place; one no longer remembered, a detached

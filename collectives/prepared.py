@@ -214,41 +214,53 @@ def _torch_strided() -> Any:
     return torch.strided
 
 
+class Completion:
+    """How a communicator completes its started prepared call, made once and shared by every
+    StartedHandle it makes: ``finish(block)`` (whether none is left), ``finish_later()`` (the
+    same, queued for the progress thread) and ``lock``, held while a started call completes."""
+
+    __slots__ = ("finish", "finish_later", "lock")
+
+    def __init__(self, finish: Callable[[bool], bool], finish_later: Callable[[], None],
+                 lock: threading.Lock) -> None:
+        self.finish, self.finish_later, self.lock = finish, finish_later, lock
+
+
 class StartedHandle:
     """The handle of a prepared call started inline with ``async_op=True``: its part is
     published and its barrier entered (no thread hop, nothing blocks); ``wait``, ``test`` and
     the communicator's next operation complete it, in issue order; once a done-callback is
     added, the progress thread completes it (a callback must fire without anyone polling, as
-    torch futures expect). The interface of ``handle.Handle``; made per call, so kept lean: the
-    lock is the communicator's, the callback list made by the first callback."""
+    torch futures expect). The interface of ``handle.Handle``; made per call, so kept lean: how
+    it completes is the communicator's ``Completion``, the outcome is set by ``settle``, the
+    callback list made by the first callback."""
 
-    __slots__ = ("name", "_finish", "_finish_later", "_lock", "_done", "_result", "_error",
-                 "_callbacks")
+    __slots__ = ("name", "_completion", "_done", "_claimed", "_result", "_error", "_callbacks")
 
-    def __init__(self, name: str, finish: Callable[[bool], bool],
-                 finish_later: Callable[[], None], lock: threading.Lock) -> None:
+    def __init__(self, name: str, completion: Completion) -> None:
         self.name = name
-        self._finish = finish          # the communicator's completion (Communicator._complete)
-        self._finish_later = finish_later  # the same, queued for the progress thread
-        self._lock = lock              # held while a started call completes
-        self._done = False
-        self._result: Any = None
-        self._error: BaseException | None = None
+        self._completion = completion
+        self._done = self._claimed = False
         self._callbacks: list[Callable[[Any], None]] | None = None  # None: none added yet
+        # _result and _error: set by settle, read only once _done
 
     @property
     def done(self) -> bool:
         """True once the operation finished (checks, without waiting, whether it can)."""
-        return self._done or self._finish(False)
+        if self._done or self._completion.finish(False):
+            self._claimed = True
+            return True
+        return False
 
     def test(self) -> bool:
         """Non-blocking: whether the operation has finished."""
         return self.done
 
     @property
-    def settled(self) -> bool:
-        """Whether ``wait``, ``test`` or a later operation has completed it (no progress made)."""
-        return self._done
+    def claimed(self) -> bool:
+        """Whether ``wait`` or ``test`` has seen it finish (no progress made): as with MPI's
+        persistent requests, only then may the operation start again."""
+        return self._claimed
 
     def wait(self, timeout: float | None = None) -> Any:
         """Complete the operation (waiting for the peers) and return its result, or raise its
@@ -257,14 +269,15 @@ class StartedHandle:
         if self._done:
             pass
         elif timeout is None:
-            self._finish(True)
+            self._completion.finish(True)
         else:
             end = time.monotonic() + timeout
-            while not self._finish(False):
+            while not self._completion.finish(False):
                 if time.monotonic() > end:
                     raise CollectiveTimeoutError(
                         f"{self.name}: not finished after waiting {timeout:g} s")
                 os.sched_yield()
+        self._claimed = True
         if self._error is not None:
             raise self._error
         return self._result
@@ -275,14 +288,14 @@ class StartedHandle:
 
     def exception(self) -> BaseException | None:
         """The operation's error once done (None if it succeeded or is still running)."""
-        return self._error
+        return self._error if self._done else None
 
     def ensure_waitable(self) -> None:
         """Waiting on a started call can always end (no thread has to finish it)."""
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(handle)`` once done (at once if already done), from the finishing thread."""
-        with self._lock:
+        with self._completion.lock:
             done, first = self._done, self._callbacks is None
             if not done:
                 if first:
@@ -292,14 +305,18 @@ class StartedHandle:
         if done:
             fn(self)
         elif first:  # one completion queued, however many callbacks
-            self._finish_later()
+            self._completion.finish_later()
 
-    def settle(self, result: Any, error: BaseException | None) -> list[Callable[[Any], None]]:
+    def settle(self, result: Any,
+               error: BaseException | None) -> list[Callable[[Any], None]] | None:
         """Record the outcome (called once, by the communicator, under ``lock``); the callbacks
-        to run, which the caller runs once it has released the lock (``run_callbacks``)."""
+        to run (None: none), which the caller runs once it has released the lock
+        (``run_callbacks``)."""
         self._result, self._error, self._done = result, error, True
-        callbacks, self._callbacks = self._callbacks, []
-        return callbacks or []
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = []
+        return callbacks
 
     def run_callbacks(self, callbacks: list[Callable[[Any], None]]) -> None:
         """Run what ``settle`` returned."""

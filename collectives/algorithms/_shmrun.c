@@ -271,6 +271,35 @@ plan_go(Plan *p, PyObject *unused)
     return r;
 }
 
+/* complete(block) for a started run, as its handle waits or tests: poll (the on_wait spins if
+ * block, else once), then the Python finish where the run did not end in C. Whether it is
+ * done: False only where block is false and a peer has not arrived. */
+static PyObject *
+plan_wait(Plan *p, PyObject *arg)
+{
+    int block = PyObject_IsTrue(arg);
+    if (block < 0)
+        return NULL;
+    if (!p->finish) {
+        PyErr_SetString(PyExc_RuntimeError, "wait() before on_wait()");
+        return NULL;
+    }
+    int code = complete(p, block ? p->spins : 0);
+    if (code == NOT_YET && !block)
+        Py_RETURN_FALSE;
+    if (code != DONE) {
+        PyObject *c = PyLong_FromLong(code);
+        if (!c)
+            return NULL;
+        PyObject *r = PyObject_CallFunctionObjArgs(p->finish, (PyObject *)p, c, NULL);
+        Py_DECREF(c);
+        if (!r)
+            return NULL;
+        Py_DECREF(r);
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyObject *
 plan_on_wait(Plan *p, PyObject *args)
 {
@@ -470,6 +499,9 @@ static PyMethodDef plan_methods[] = {
     {"go", (PyCFunction)plan_go, METH_NOARGS,
      "go(): start, complete, then finish(plan, code) unless done (spins and finish bound by "
      "on_wait)."},
+    {"wait", (PyCFunction)plan_wait, METH_O,
+     "wait(block) -> bool: complete a started run (the on_wait spins if block, else one poll), "
+     "finish(plan, code) unless done in C; False only if not block and peers are missing."},
     {"on_wait", (PyCFunction)plan_on_wait, METH_VARARGS,
      "on_wait(finish, spins): what go() polls, and calls where the run is not done in C "
      "(finish must not hold the plan: it is passed in)."},

@@ -297,7 +297,7 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
 def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBarrier,
                   check: Callable[..., None] | None, sig: bytes) -> Run:
     """``prepare``'s run through the compiled plan: one C call (``go``) steps the arena's
-    counters, publishes, polls and finishes; only a wait longer than its spins (``arena.wait``:
+    counters, publishes, polls and finishes (started async: ``start``, then ``wait``); only a wait longer than its spins (``arena.wait``:
     deadline, timeout naming the peer), a mismatch, the gate's second barrier or a reduction
     left to numpy come back to Python, in ``finish``."""
     def finish(plan: Any, code: int) -> None:  # takes the plan: holding it would be a cycle
@@ -315,16 +315,8 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
         if code == 2:  # the reduction is left to numpy (the plan was made with "numpy")
             after.reduce(plan.state()[1])
 
-    def complete(block: bool) -> bool:
-        code = plan.complete(COMPILED_SPINS if block else 0)
-        if code == 0 and not block:
-            return False
-        if code != 1:
-            finish(plan, code)
-        return True
-
     plan.on_wait(finish, COMPILED_SPINS)
-    return Run(plan.start, complete, plan.go)
+    return Run(plan.start, plan.wait, plan.go)
 
 
 def _mv(a: np.ndarray) -> memoryview:
