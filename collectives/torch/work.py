@@ -27,7 +27,8 @@ class Work(dist.Work):
         super().__init__()
         self.name = name
         self._outputs = list(outputs)
-        self._event = threading.Event()
+        self._done = False  # set once, under _lock, by _finish
+        self._event: threading.Event | None = None  # made by the first waiter that must block
         self._error: BaseException | None = None
         self._future: Future | None = None
         self._lock = threading.Lock()
@@ -36,7 +37,7 @@ class Work(dist.Work):
         """Block until done; re-raise the operation's error; raise after ``timeout`` if given."""
         secs = _seconds(timeout)
         driven = self._block(secs)
-        if not self._event.wait(0 if driven else secs):
+        if not self._done and not self._wait_done(0 if driven else secs):
             raise TorchTimeoutError(f"{_TIMED_OUT} {self.name} to complete: not finished after "
                                     f"waiting {secs:g} s (the operation goes on)")
         if self._error is not None:
@@ -45,7 +46,7 @@ class Work(dist.Work):
 
     def is_completed(self) -> bool:
         """Non-blocking: whether the operation finished (successfully or not)."""
-        return self._event.is_set() or self._poll()
+        return self._done or self._poll()
 
     def is_success(self) -> bool:
         """True once finished without error."""
@@ -72,7 +73,7 @@ class Work(dist.Work):
             first = fut is None
             if fut is None:
                 fut = self._future = Future()
-                done = self._event.is_set()
+                done = self._done
         if first:
             if done:
                 _resolve(fut, self._outputs, self._error)
@@ -87,7 +88,7 @@ class Work(dist.Work):
         """CPU work has no stream to block."""
 
     def __repr__(self) -> str:
-        return f"<topocoll Work {self.name} {'done' if self._event.is_set() else 'pending'}>"
+        return f"<topocoll Work {self.name} {'done' if self._done else 'pending'}>"
 
     # -- for subclasses --
     def _finish(self, error: BaseException | None = None, post: Post | None = None) -> None:
@@ -99,13 +100,26 @@ class Work(dist.Work):
         if error is not None:
             error = torch_error(error, self.name)
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return
             self._error = error
-            self._event.set()
-            fut = self._future
+            self._done = True
+            event, fut = self._event, self._future
+        if event is not None:
+            event.set()
         if fut is not None:
             _resolve(fut, self._outputs, error)
+
+    def _wait_done(self, secs: float | None) -> bool:
+        """Block until ``_finish`` ran or ``secs`` passed; whether it ran. The event is made
+        here, by a waiter that must block: most works are done before anyone waits."""
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(secs)
 
     def _block(self, secs: float | None) -> bool:
         """Drive the operation if the subclass needs the waiter to; True if it did (it is done,
@@ -135,7 +149,7 @@ class HandleWork(Work):
     def _block(self, secs: float | None) -> bool:
         """Nothing to drive (the progress thread does); a wait on that very thread, from a
         ``.then()`` callback, raises RuntimeError instead of waiting forever."""
-        if not self._event.is_set():
+        if not self._done:
             self._handles[-1].ensure_waitable()
         return False
 
@@ -173,7 +187,7 @@ class RequestWork(Work):
         if not self._progress.acquire(timeout=-1 if secs is None else secs):
             return False  # another thread is driving it; wait on the event instead
         try:
-            if self._event.is_set():
+            if self._done:
                 return True
             self._backend.wait(self._requests, OpContext(self.name, secs or self._timeout),
                                statuses=self._statuses)
@@ -192,14 +206,14 @@ class RequestWork(Work):
         if not self._progress.acquire(blocking=False):
             return False
         try:
-            if not self._event.is_set() and _MPI().Request.Testall(self._requests,
+            if not self._done and _MPI().Request.Testall(self._requests,
                                                                    self._statuses):
                 self._finish(post=self._post)
         except Exception:  # noqa: BLE001
             self._finish(_translate(self.name))
         finally:
             self._progress.release()
-        return self._event.is_set()
+        return self._done
 
     def _watch(self) -> None:
         threading.Thread(target=self._block, args=(None,), name=f"topocoll-{self.name}",
