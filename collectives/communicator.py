@@ -549,8 +549,8 @@ class Communicator:
         def prepare() -> Any:
             """The algorithm's prepared run of this call, or None (run it the general way)."""
             preparer = select.PREPARERS.get(chosen)
-            if preparer is None or not moves or copy_in is not None:
-                return None
+            if preparer is None or not (moves or agree) or copy_in is not None:
+                return None  # an empty call unchecked does nothing: no run to prepare
             recv = call.recv
             if copy_out is not None:  # staged: an in-place rotate, which some runs don't need
                 if kind != "rotate" or chosen not in select.PREPARED_IN_PLACE:

@@ -423,6 +423,29 @@ def persistent_runs_prepared(c):
         assert np.all(p.wait() == c.size)
 
 
+def empty_calls_repeat_prepared(c):
+    """A repeated empty call (an all_gather of 0 elements, as 8 bytes of float32 over 4 ranks
+    give) runs prepared too: its agreement barrier alone. A rank that diverges still fails
+    every rank, and with the check off an empty call keeps doing nothing."""
+    e, g = np.zeros(0, np.float32), np.zeros(0, np.float32)
+    before = kept(c, "all_gather"), kept(c, "all_reduce")
+    for _ in range(3):
+        assert c.all_gather(e, out=g) is g
+        assert c.all_reduce(e) is e
+    if c.size > 1:  # (one rank has no agreement, so nothing to run)
+        assert (kept(c, "all_gather"), kept(c, "all_reduce")) == (before[0] + 1, before[1] + 1)
+        last = c.size - 1
+        x = np.ones(1, np.float32)
+        expect_raises(MismatchError, lambda: c.all_reduce(x if c.rank == last else e),
+                      "element count")
+        assert c.all_reduce(e) is e  # healthy afterwards
+    quiet = collectives.init(check=False)
+    for _ in range(3):
+        quiet.all_reduce(e)
+    assert kept(quiet, "all_reduce") == 0  # nothing to run, so nothing prepared
+    quiet.close()
+
+
 def body():
     c = collectives.init(timeout=20)
     repeats_stay_exact(c)
@@ -440,6 +463,7 @@ def body():
     large_plain_calls_repeat_prepared(c)
     registered_peer_meets_a_prepared_repeat(c)
     kept_bytes_stay_bounded(c)
+    empty_calls_repeat_prepared(c)
     if c.size > 1:
         timeout_on_a_repeat(c)
         async_timeout(c)
