@@ -36,14 +36,14 @@ REGISTERED_FROM = 128 << 10
 """Bytes of ``x`` from which a call looks for registered buffers: below it the zero-copy path's
 two barriers cost more than the slots' copies, so every rank goes through the slots at once."""
 
-ONE_SHOT_BYTES = {"all_reduce": {0: 32 << 10, 2: 512 << 10, 4: 64 << 10},
+ONE_SHOT_BYTES = {"all_reduce": {0: 32 << 10, 2: 512 << 10, 4: 128 << 10},
                   "reduce_scatter": {0: 32 << 10, 2: 512 << 10},
                   "reduce": {0: 32 << 10}}
 """Largest input done in one shot (``_one_shot``), by collective and number of ranks (0: any
 other number). All-reduce on two ranks reads no more in one shot than in two (each rank reads its
 peer's whole buffer either way) and saves a barrier per step; reduce-scatter on two ranks copies
 twice as much in but repeats prepared (one C call); with more ranks every rank reads every
-buffer, so they go one-shot only when small (all-reduce on 4 ranks up to 64 KiB, where its
+buffer, so they go one-shot only when small (all-reduce on 4 ranks up to 128 KiB, where its
 prepared repeats beat the two-step path's). Measured in docs/shm.md ("One shot")."""
 
 CHUNK_BYTES = 256 << 10

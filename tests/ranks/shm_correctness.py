@@ -61,7 +61,7 @@ def check_reducing(c):
 
 def check_random_floats(c):
     rng = np.random.default_rng(99 + c.rank)
-    for n in (5, 4099, 3 * SLOT // 4 + 1):
+    for n in (5, 4099, 32761, 3 * SLOT // 4 + 1):  # 32761 floats: one shot on 2 and 4 ranks
         x = rng.standard_normal(n).astype(np.float32)
         every = MPI.COMM_WORLD.allgather(x.copy())
         c.all_reduce(x, algo="shm")
