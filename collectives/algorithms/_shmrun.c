@@ -495,7 +495,8 @@ static PyMethodDef plan_methods[] = {
      "the flag."},
     {"complete", (PyCFunction)plan_complete, METH_O,
      "complete(spins) -> 1 done, 2 barrier passed (the reduction is numpy's), 3 a peer's "
-     "buffer is registered (sync again, then after()), 0 peers not all arrived, -1 signatures differ."},
+     "buffer is registered (sync again, then after()), 0 peers not all arrived, -1 signatures "
+     "differ."},
     {"go", (PyCFunction)plan_go, METH_NOARGS,
      "go(): start, complete, then finish(plan, code) unless done (spins and finish bound by "
      "on_wait)."},

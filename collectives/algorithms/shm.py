@@ -297,9 +297,10 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
 def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBarrier,
                   check: Callable[..., None] | None, sig: bytes) -> Run:
     """``prepare``'s run through the compiled plan: one C call (``go``) steps the arena's
-    counters, publishes, polls and finishes (started async: ``start``, then ``wait``); only a wait longer than its spins (``arena.wait``:
-    deadline, timeout naming the peer), a mismatch, the gate's second barrier or a reduction
-    left to numpy come back to Python, in ``finish``."""
+    counters, publishes, polls and finishes (started async: ``start``, then ``wait``); only a
+    wait longer than its spins (``arena.wait``: deadline, timeout naming the peer), a mismatch,
+    the gate's second barrier or a reduction left to numpy come back to Python, in
+    ``finish``."""
     def finish(plan: Any, code: int) -> None:  # takes the plan: holding it would be a cycle
         if code == 0:
             ctx.deadline = None  # armed by this run's first wait
