@@ -76,6 +76,7 @@ class SharedArena:
         self._comm: Any = None
         self.peer_name: Callable[[int], str] = lambda q: f"rank {q}"  # how errors name a rank
         self._windows: dict[int, tuple[Any, list[np.ndarray]]] = {}  # id -> (window, segments)
+        self._mine: dict[int, tuple[int, int]] = {}  # id -> (address, bytes) of my segment
         self._next_window = 1
         for q in range(size):
             mem, _unit = win.Shared_query(q)
@@ -274,7 +275,9 @@ class SharedArena:
                               dtype=np.uint8) for q in range(self.size)]
         wid, self._next_window = self._next_window, self._next_window + 1
         self._windows[wid] = (win, segs)
-        mine = segs[self.rank][:nbytes]
+        seg = segs[self.rank]
+        self._mine[wid] = (seg.__array_interface__["data"][0], max(seg.nbytes, 1))
+        mine = seg[:nbytes]
         mine[:] = 0
         return mine
 
@@ -287,6 +290,7 @@ class SharedArena:
             raise ValueError("free: the array is not a registered buffer from alloc on every rank "
                              "(or ranks passed different allocations)")
         win, _segs = self._windows.pop(int(lo[0]))
+        del self._mine[int(lo[0])]
         win.Free()
 
     def locate(self, buf: np.ndarray, empty_ok: bool = False) -> tuple[int, int] | None:
@@ -294,12 +298,11 @@ class SharedArena:
 
         Empty arrays count only with ``empty_ok`` (``free`` of a zero-byte allocation): a
         collective never needs to read them in place."""
-        if self._windows and (buf.nbytes or empty_ok):
+        if self._mine and (buf.nbytes or empty_ok):
             addr = buf.__array_interface__["data"][0]
-            for wid, (_win, segs) in self._windows.items():
-                seg = segs[self.rank]
-                off = addr - seg.__array_interface__["data"][0]
-                if 0 <= off and off + buf.nbytes <= max(seg.nbytes, 1):
+            for wid, (base, size) in self._mine.items():
+                off = addr - base
+                if 0 <= off and off + buf.nbytes <= size:
                     return wid, off
         return None
 
@@ -320,7 +323,7 @@ class SharedArena:
             return
         win, self._win = self._win, None
         windows = [w for w, _segs in self._windows.values()]
-        self._flags, self._areas, self._halves, self._windows = [], [], [], {}
+        self._flags, self._areas, self._halves, self._windows, self._mine = [], [], [], {}, {}
         self._flag_words = []
         self._views = {}
         if self._broken:
