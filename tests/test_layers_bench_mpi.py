@@ -47,9 +47,9 @@ def test_primepar_bench_runs_dp_and_prices_on_the_links_file(tmp_path):
         env={"TOPOCOLL_TOPOLOGY": "2x1"}, timeout=180)
     assert re.search(r"links priced:.*inter 700(\.0+)?us:23(\.0+)?MB/s", out), out
     rows = {}
-    for line in out.splitlines():
-        m = re.match(r"(searched|1-D TP|RTP|DP)\s+dp=.*?\s([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
-                     r"([\d.]+)\s+([\d.]+)\s+([\d.]+)", line)
+    for line in out.splitlines():  # search: another rank's line may start this one
+        m = re.search(r"(searched|1-D TP|RTP|DP)\s+dp=.*?\s([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
+                      r"([\d.]+)\s+([\d.]+)\s+([\d.]+)", line)
         if m:
             rows[m.group(1)] = [float(v) for v in m.groups()[1:]]
     assert set(rows) == {"searched", "1-D TP", "RTP", "DP"}, out

@@ -17,7 +17,10 @@ def body():
     rc = main(argv)
     sys.stdout.flush()
     sys.stderr.flush()
-    print(f"RANK {MPI.COMM_WORLD.Get_rank()} RC {rc}", flush=True)
+    # one write (print writes the line and its newline apart where stdout is unbuffered, as
+    # with PYTHONUNBUFFERED=1, and another rank's output can land in between)
+    sys.stdout.write(f"RANK {MPI.COMM_WORLD.Get_rank()} RC {rc}\n")
+    sys.stdout.flush()
     assert rc == expected, f"bench {' '.join(argv)} exited {rc}, expected {expected}"
 
 
