@@ -616,12 +616,8 @@ class Communicator:
             return handle
         try:
             run.go()
-        except (MismatchError, TypeError, ValueError) as err:
-            # alike everywhere: not broken
-            flight.take(record.last).end(f"failed: {type(err).__name__}")
-            raise
-        except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
-            failure = self._fail(entry.kind, err, flight.take(record.last))
+        except BaseException as err:  # noqa: BLE001 - classified by _failure
+            failure = self._failure(entry.kind, err, flight.take(record.last))
             if failure is err:
                 raise
             raise failure from err
@@ -662,11 +658,8 @@ class Communicator:
         try:
             if not entry.lean.complete(block):
                 return False
-        except (MismatchError, TypeError, ValueError) as err:
-            self._flight.take(record.last).end(f"failed: {type(err).__name__}")
-            error = err
-        except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
-            error = self._fail(entry.kind, err, self._flight.take(record.last))
+        except BaseException as err:  # noqa: BLE001 - classified by _failure, to the handle
+            error = self._failure(entry.kind, err, self._flight.take(record.last))
         record.running = 0  # done (or taken out of the record, failed)
         return handle.settle(None if error else entry.result, error)
 
@@ -702,11 +695,8 @@ class Communicator:
             entry.start()
             try:
                 result = run()
-            except (MismatchError, TypeError, ValueError) as err:
-                entry.end(f"failed: {type(err).__name__}")  # raised alike on every rank before
-                raise                                       # any transfer: nothing is broken
-            except BaseException as err:  # noqa: BLE001 - transfers may be in flight: broken
-                failure = self._fail(name, err, entry)
+            except BaseException as err:  # noqa: BLE001 - classified by _failure
+                failure = self._failure(name, err, entry)
                 if failure is err:
                     raise
                 raise failure from err
@@ -740,6 +730,16 @@ class Communicator:
     def _broken_error(self, name: str) -> CommunicatorBrokenError:
         return CommunicatorBrokenError(f"{name}: communicator {self.name} is unusable after an "
                                        f"earlier failure: {self._broken}")
+
+    def _failure(self, name: str, err: BaseException, entry: FlightEntry) -> BaseException:
+        """End ``entry`` (operation ``name``) failed by ``err``; what to raise. A MismatchError,
+        TypeError or ValueError is raised alike on every rank before any transfer: nothing is
+        broken. Anything else may leave transfers in flight: the communicator breaks
+        (``_fail``)."""
+        if isinstance(err, (MismatchError, TypeError, ValueError)):
+            entry.end(f"failed: {type(err).__name__}")
+            return err
+        return self._fail(name, err, entry)
 
     def _fail(self, name: str, err: BaseException, entry: FlightEntry) -> BaseException:
         """Mark the communicator broken by ``err`` (a transport's own error becomes a

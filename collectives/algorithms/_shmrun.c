@@ -247,6 +247,17 @@ plan_complete(Plan *p, PyObject *arg)
     return PyLong_FromLong(complete(p, spins));
 }
 
+/* The Python finish bound by on_wait, called for a run that did not end in C: its result. */
+static PyObject *
+call_finish(Plan *p, int code)
+{
+    PyObject *c = PyLong_FromLong(code);
+    if (!c)
+        return NULL;
+    PyObject *r = PyObject_CallFunctionObjArgs(p->finish, (PyObject *)p, c, NULL);
+    Py_DECREF(c);
+    return r;
+}
 
 /* The whole run, blocking, in one call from Python: start, complete within the spins bound
  * with on_wait, then the Python finish bound there (a longer wait, a mismatch, the gate's second
@@ -263,12 +274,7 @@ plan_go(Plan *p, PyObject *unused)
     int code = complete(p, p->spins);
     if (code == DONE)
         Py_RETURN_NONE;
-    PyObject *c = PyLong_FromLong(code);
-    if (!c)
-        return NULL;
-    PyObject *r = PyObject_CallFunctionObjArgs(p->finish, (PyObject *)p, c, NULL);
-    Py_DECREF(c);
-    return r;
+    return call_finish(p, code);
 }
 
 /* complete(block) for a started run, as its handle waits or tests: poll (the on_wait spins if
@@ -288,11 +294,7 @@ plan_wait(Plan *p, PyObject *arg)
     if (code == NOT_YET && !block)
         Py_RETURN_FALSE;
     if (code != DONE) {
-        PyObject *c = PyLong_FromLong(code);
-        if (!c)
-            return NULL;
-        PyObject *r = PyObject_CallFunctionObjArgs(p->finish, (PyObject *)p, c, NULL);
-        Py_DECREF(c);
+        PyObject *r = call_finish(p, code);
         if (!r)
             return NULL;
         Py_DECREF(r);

@@ -206,8 +206,7 @@ class RequestWork(Work):
         if not self._progress.acquire(blocking=False):
             return False
         try:
-            if not self._done and _MPI().Request.Testall(self._requests,
-                                                                   self._statuses):
+            if not self._done and _MPI().Request.Testall(self._requests, self._statuses):
                 self._finish(post=self._post)
         except Exception:  # noqa: BLE001
             self._finish(_translate(self.name))
