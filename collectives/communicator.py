@@ -441,6 +441,7 @@ class Communicator:
             except (TypeError, ValueError):
                 flat = None  # not an array: every rank's free raises below, none waits forever
             arena.free(flat, OpContext("free", self.timeout))
+            self._prepared.clear()  # no kept run may outlive the window it cut views of
 
     def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
         """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here
@@ -568,11 +569,21 @@ class Communicator:
             entry = Prepared(kind, (), self.check, None, None, False, what, result, run,
                              prepare())
             return self._persistent(entry, buf, sig, fields, limit)
-        if keep is not None and keepable(buf.user, keep[0], result):
-            self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
-                                        result is buf.user, what, result, run, prepare()),
-                               buf.user)
+        if keep is not None:
+            small = keepable(buf.user, keep[0], result)
+            lean = prepare() if small or (result is buf.user or result is keep[0]) and \
+                self._registered(call) else None
+            if small or lean is not None:  # a large call only where registered and prepared
+                self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
+                                            result is buf.user, what, result, run, lean,
+                                            holds=small), buf.user)
         return self._submit(kind, run, async_op, what)
+
+    def _registered(self, call: Call) -> bool:
+        """Whether every array ``call`` reads or writes is registered memory (``alloc``)."""
+        arena = self.backend.arena()
+        return arena is not None and all(
+            a is None or arena.locate(a) is not None for a in (call.send, call.recv, call.source))
 
     def _persistent(self, entry: Prepared, buf: Buffer, sig: Any,
                     fields: list[tuple[str, Any]], limit: float) -> "Persistent":

@@ -3,7 +3,8 @@ its argument checks, algorithm choice and set-up, done once on its first call, a
 its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
 
 Entries are kept per collective and input array (numpy arrays and CPU torch tensors up to
-1 MiB, a few calls each; an entry holds its arrays alive, so their bytes are bounded per
+1 MiB, or of any size where every array is registered memory and the algorithm prepared a run;
+a few calls each; an entry holds its arrays alive, so their bytes are bounded per
 communicator). Each reuse re-checks, in a few
 hundred nanoseconds, what could have changed since: the very same array objects (a weak
 reference, so a new array at a recycled address never matches), their shape, dtype, strides
@@ -50,7 +51,7 @@ class Prepared:
 
     def __init__(self, kind: str, args: tuple[Any, ...], check: bool, x: Any,
                  out: Any, x_written: bool, what: Any, result: Any,
-                 run: Callable[[], Any], lean: Any) -> None:
+                 run: Callable[[], Any], lean: Any, holds: bool = True) -> None:
         self.kind = kind
         self.args = args
         self.check = check
@@ -64,7 +65,9 @@ class Prepared:
         self._out_form = _form(out) if out is not None else ()
         self._x_written = x_written  # the call writes x: it must still be writable
         self.nbytes = (_nbytes(x) if x is not None else 0) + \
-            (_nbytes(out) if out is not None else 0)  # what it holds alive (PREPARED_KEPT_BYTES)
+            (_nbytes(out) if out is not None else 0) if holds else 0
+        """What it holds alive (``PREPARED_KEPT_BYTES``); nothing where ``holds`` is False: its
+        arrays are registered memory, which the arena keeps until ``free`` anyway."""
         match = _match_type() if type(x) is np.ndarray and \
             (out is None or type(out) is np.ndarray) else None
         self.matches: Callable[[Any, Any, tuple[Any, ...], bool], bool] | None = \

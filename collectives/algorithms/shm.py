@@ -19,6 +19,7 @@ ranks share a node (the world, or a node sub-communicator of a hierarchical algo
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -105,14 +106,19 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     ``call.agreement`` there, as ``_Gate`` does) and finishes. From ``REGISTERED_FROM`` on, where
     ``_run`` opens with the registration gate, the run publishes what an unregistered rank
     publishes there (``GATE_EARLY``) and, should a peer's buffer be registered, syncs a second
-    time as that gate does. ``ctx`` is reused by every run. None where the call would take
-    another path (one rank, this rank's buffer registered, broadcast's gate, several steps):
-    those run the general way."""
+    time as that gate does. A call on a registered buffer gets ``_prepare_registered``'s run.
+    ``ctx`` is reused by every run. None where the call would take another path (one rank,
+    broadcast's gate, several steps): those run the general way."""
     arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
+    if arena is None or call.kind not in _PREPARED:
+        return None
     moved = call.kind in ("all_gather", "broadcast", "rotate")  # one step, not combined
     gated = call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate"
-    if arena is None or call.kind not in _PREPARED or \
-            (gated and (call.kind == "broadcast" or arena.locate(call.send) is not None)) or \
+    if gated and call.kind != "broadcast":
+        where = arena.locate(call.send)
+        if where is not None:
+            return _prepare_registered(b, ctx, call, arena, where)
+    if (gated and call.kind == "broadcast") or \
             call.send.nbytes > (arena.slot_bytes if moved else
                                 one_shot_bytes(call.kind, b.size, arena)):
         return None
@@ -161,6 +167,60 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
         if gate is not None and not all(words == early for words in gate[1][state[2]]):
             arena.sync(ctx)  # a peer's buffer is registered: it copies in after this barrier
         done(state[1])
+        return True
+
+    return Run(start, complete)
+
+
+def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
+                        where: tuple[int, int]) -> "Run":
+    """``prepare``'s run for a call whose buffer is registered: ``_run``'s gate and zero-copy
+    path with what they work out kept between runs. A run publishes this rank's signature and
+    registration words, syncs, checks the signatures and reads every rank's words; where they
+    are the last run's, it runs the zero-copy plan made then (every peer view and chunk already
+    cut), else it decides as ``_Gate`` does from the same words (the fallback through the slots
+    where a peer's buffer isn't registered) and keeps the plan if it is zero-copy."""
+    source = call.source  # an out-of-place input (all_reduce): the paths may consume it
+    source_at = arena.locate(source) if source is not None else None
+    if source is not None and source_at is None:
+        source = None  # not registered: copied into send before the gate, as _run does
+    staged = (call.send, call.source) if call.source is not None and source is None else None
+    words = _gate_words(where, source_at)
+    sig, check = call.agreement if call.agreement is not None else (None, None)
+    kept: list[Any] = [None, None]  # every rank's words of the last zero-copy run, its plan
+    mark = [0]
+
+    def start() -> None:
+        ctx.deadline = None
+        if staged is not None:
+            np.copyto(*staged)  # peers may read my buffer right after the barrier
+        mark[0] = arena.mark()
+        arena.publish(sig=sig, reg=words)
+        arena.arrive()
+
+    def complete(block: bool) -> bool:
+        if not block and not arena.arrived():
+            return False
+        arena.wait(ctx)
+        if check is not None:
+            assert sig is not None  # an agreement is a (signature, check) pair
+            try:
+                check(*arena.agreed(len(sig)))
+            except Exception:
+                arena.rewind(mark[0])
+                raise
+        every = arena.published(len(GATE_EARLY))
+        if every == kept[0]:
+            kept[1]()
+            return True
+        this = replace(call, agreement=None, source=source)
+        gate = _Gate(arena, ctx, where, source=source_at, synced=True)
+        if gate.peers is not None and not gate.late_sources:
+            kept[:] = every, _PEERS[call.kind](b, ctx, this, gate)
+            kept[1]()
+        else:
+            kept[:] = None, None
+            _after_gate(b, ctx, this, gate, _SLOTS[call.kind])
         return True
 
     return Run(start, complete)
@@ -347,14 +407,20 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
     gate = _Gate(arena, ctx, where, only=only, early=fallback is not None,
                  agreement=call.agreement, registered=not small, source=source)
     call.agreement = None
+    _after_gate(b, ctx, call, gate, fallback)
+
+
+def _after_gate(b: Backend, ctx: OpContext, call: Call, gate: "_Gate", fallback) -> None:
+    """The rest of ``_run`` once ``gate`` decided: the zero-copy path, the native collective
+    (``fallback`` None), one shot, or ``fallback`` through the slots."""
     if gate.peers is not None:
         if gate.late_sources:               # some ranks' inputs aren't registered: everyone's
             take_source(call)               # goes into its output first, as for in place
-            arena.sync(ctx)
-        return _PEERS[call.kind](b, ctx, call, gate)
+            gate.arena.sync(ctx)
+        return _PEERS[call.kind](b, ctx, call, gate)()
     if fallback is None:
         return _NATIVE[call.kind](b, ctx, call)
-    if call.send.nbytes <= one_shot_bytes(call.kind, b.size, arena):
+    if call.send.nbytes <= one_shot_bytes(call.kind, b.size, gate.arena):
         return _one_shot(b, ctx, call, gate)
     fallback(b, ctx, call, gate)
     gate.close()
@@ -391,36 +457,47 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
                            out, call.op, call.dtype)
 
 
-def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> Callable[[], None]:
     """One copy: every peer's registered send straight into my recv."""
     assert call.recv is not None and gate.peers is not None  # all_gather; the zero-copy path
     arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     n = send.size
-    for q in range(b.size):
-        recv[q * n:(q + 1) * n] = send if q == r else arena.peer(gate.peers[q], q, send)
-    arena.sync(ctx)                                          # peers have read my send
+    copies = [(recv[q * n:(q + 1) * n], send if q == r else arena.peer(gate.peers[q], q, send))
+              for q in range(b.size)]
+    return _copies_then_sync(arena, ctx, copies)  # the sync: peers have read my send
 
 
-def _peers_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+def _peers_broadcast(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> Callable[[], None]:
     """One copy: the root's registered buffer straight into mine."""
     assert gate.peers is not None  # the zero-copy path
     arena, buf, root = gate.arena, _bytes(call.send), call.root
-    if b.rank != root:
-        buf[:] = arena.peer(gate.peers[root], root, buf)
-    arena.sync(ctx)                                          # everyone has read the root's
+    copies = [] if b.rank == root else [(buf, arena.peer(gate.peers[root], root, buf))]
+    return _copies_then_sync(arena, ctx, copies)  # the sync: everyone has read the root's
 
 
-def _peers_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+def _peers_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> Callable[[], None]:
     """One copy: block r of every rank's registered send straight into my recv."""
     assert call.recv is not None and gate.peers is not None  # all_to_all; the zero-copy path
     arena, send, recv, r = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank
     unit = call.send.itemsize
     lo, hi = call.bounds[r][0] * unit, call.bounds[r][1] * unit
     mine = hi - lo
-    for q in range(b.size):
-        src = send if q == r else arena.peer(gate.peers[q], q, send)
-        recv[q * mine:(q + 1) * mine] = src[lo:hi]
-    arena.sync(ctx)                                          # peers have read my send
+    copies = [(recv[q * mine:(q + 1) * mine],
+               (send if q == r else arena.peer(gate.peers[q], q, send))[lo:hi])
+              for q in range(b.size)]
+    return _copies_then_sync(arena, ctx, copies)  # the sync: peers have read my send
+
+
+def _copies_then_sync(arena: SharedArena, ctx: OpContext,
+                      copies: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[], None]:
+    """A zero-copy plan that only moves data: the ``(destination, source)`` copies, then the
+    closing barrier."""
+    def run() -> None:
+        for dst, src in copies:
+            dst[:] = src
+        arena.sync(ctx)
+
+    return run
 
 
 def _slots_all_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
@@ -526,8 +603,16 @@ GATE_EARLY = np.array([1, 0, 0, 0, 0], np.int64)
 copies into the slots before syncing), with no registered buffer or input to offer."""
 
 
+def _gate_words(where: tuple[int, int] | None, source: tuple[int, int] | None) -> np.ndarray:
+    """What a rank that is not early publishes at ``_Gate``'s barrier: where its buffer and its
+    out-of-place input are registered ((0, 0): not)."""
+    return np.array([0, *(where or (0, 0)), *(source or (0, 0))], np.int64)
+
+
 class _Gate:
     """The first barrier of a call, which also decides its path identically on every rank.
+    ``synced``: a prepared run has published this rank's words (``_gate_words``), synced and
+    checked the signatures already; the gate only decides.
 
     Each rank publishes ``where`` its buffer is registered (``SharedArena.locate``; None: it
     isn't). A rank whose buffer must be registered and isn't knows the call falls back to the
@@ -542,7 +627,8 @@ class _Gate:
 
     def __init__(self, arena: SharedArena, ctx: OpContext, where: tuple[int, int] | None,
                  only: int | None = None, early: bool = True, agreement: Any = None,
-                 registered: bool = True, source: tuple[int, int] | None = None) -> None:
+                 registered: bool = True, source: tuple[int, int] | None = None,
+                 synced: bool = False) -> None:
         self.arena, self.ctx = arena, ctx
         self._agreement = agreement  # checked right after the first barrier, which shares it
         self._mark = arena.mark()      # undone on mismatch (peers on other paths never flipped)
@@ -558,12 +644,12 @@ class _Gate:
             return
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
         self.early = early and needed and where is None
-        reg = GATE_EARLY if self.early else \
-            np.array([0, *(where or (0, 0)), *(source or (0, 0))], np.int64)
-        arena.publish(sig=sig, reg=reg)
+        if not synced:
+            arena.publish(sig=sig, reg=GATE_EARLY if self.early else _gate_words(where, source))
         if not self.early:
-            arena.sync(ctx)
-            self._check_agreement()
+            if not synced:
+                arena.sync(ctx)
+                self._check_agreement()
             words = arena.published(len(GATE_EARLY))
             ready = [q for q in range(arena.size) if words[q][1] and only in (None, q)]
             if len(ready) == (1 if only is not None else arena.size):
@@ -600,10 +686,11 @@ class _Gate:
                 raise
 
 
-def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
+def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> Callable[[], None]:
     """The reduce family on registered buffers: rank r reduces region r reading every rank's
     buffer in cache-sized chunks and writes the result where ``mode`` wants it (every rank's
-    buffer, its own ``recv``, or the root's buffer); a closing barrier lets callers reuse them."""
+    buffer, its own ``recv``, or the root's buffer); a closing barrier lets callers reuse them.
+    Every chunk's views are cut here, once per plan."""
     arena, r, p, src, mode = gate.arena, b.rank, b.size, call.send, call.kind
     peers = gate.peers
     assert peers is not None  # the zero-copy path
@@ -617,6 +704,7 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
     lo, hi = bounds[r]
     step = max(1, CHUNK_BYTES // src.itemsize)
     spare = np.empty(min(step, hi - lo), src.dtype) if mode == "reduce" and r != call.root else None
+    chunks = []  # (my input, the peers' in rank order, where the result goes, whom it goes to)
     for a in range(lo, hi, step):
         e = min(hi, a + step)
         if mode == "reduce_scatter":
@@ -626,14 +714,20 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> None:
             acc = spare[:e - a]
         else:
             acc = src[a:e]                        # my own buffer is the result's home
-        _reduce_region(call, ins[r][a:e], [ins[q][a:e] for q in range(p) if q != r], acc)
         if mode == "all_reduce":
-            for q in range(p):
-                if q != r:
-                    bufs[q][a:e] = acc
-        elif spare is not None:
-            bufs[call.root][a:e] = acc
-    arena.sync(ctx)
+            to = [bufs[q][a:e] for q in range(p) if q != r]
+        else:
+            to = [bufs[call.root][a:e]] if spare is not None else []
+        chunks.append((ins[r][a:e], [ins[q][a:e] for q in range(p) if q != r], acc, to))
+
+    def run() -> None:
+        for own, others, acc, to in chunks:
+            _reduce_region(call, own, others, acc)
+            for dst in to:
+                dst[:] = acc
+        arena.sync(ctx)
+
+    return run
 
 
 def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Gate) -> None:
@@ -683,10 +777,15 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
     gate.close()
 
 
+_SLOTS = {"all_reduce": _slots_all_reduce, "reduce_scatter": _slots_reduce_scatter,
+          "reduce": _slots_reduce, "all_gather": _slots_all_gather}
+"""The slot path of each collective a registered call's prepared run may fall back to."""
+
 _PEERS = {"all_reduce": _reduce_peers, "reduce_scatter": _reduce_peers, "reduce": _reduce_peers,
           "all_gather": _peers_all_gather, "broadcast": _peers_broadcast,
           "all_to_all": _peers_all_to_all}
-"""The zero-copy path of each collective (every rank's buffers registered)."""
+"""The zero-copy plan of each collective (every rank's buffers registered): made from the
+gate's words, then run (a prepared run keeps it while the words stay the same)."""
 
 _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scatter,
            "reduce": native.reduce, "all_gather": native.all_gather,

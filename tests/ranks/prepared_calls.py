@@ -324,17 +324,19 @@ def flight_record_counts_repeats(c):
 def timeout_on_a_repeat(c):
     """The last rank stops joining a prepared call: the others time out naming the operation
     and the rank, their communicator is broken, and the next call fails at once."""
-    c2 = collectives.init(timeout=1.0)
-    x = np.ones(16, np.float32)
-    for _ in range(3):
-        c2.all_reduce(x)
-    absent = c2.size - 1
-    if c2.rank != absent:
-        expect_raises(CollectiveTimeoutError, lambda: c2.all_reduce(x), "all_reduce", "timed out",
-                      f"rank {absent}")
-        assert c2.flight_record()[-1]["state"].startswith("failed"), c2.flight_record()[-1]
-        expect_raises(CommunicatorBrokenError, lambda: c2.all_reduce(x), "earlier failure")
-    WORLD.Barrier()
+    for registered in (False, True):  # a plain array, and a registered one (its own run)
+        c2 = collectives.init(timeout=1.0)
+        x = c2.alloc(REGISTERED_FROM // 2, np.float32) if registered else np.ones(16, np.float32)
+        x[...] = 1
+        for _ in range(3):
+            c2.all_reduce(x)
+        absent = c2.size - 1
+        if c2.rank != absent:
+            expect_raises(CollectiveTimeoutError, lambda: c2.all_reduce(x), "all_reduce",
+                          "timed out", f"rank {absent}")
+            assert c2.flight_record()[-1]["state"].startswith("failed"), c2.flight_record()[-1]
+            expect_raises(CommunicatorBrokenError, lambda: c2.all_reduce(x), "earlier failure")
+        WORLD.Barrier()
 
 
 def async_timeout(c):
@@ -372,9 +374,10 @@ def large_plain_calls_repeat_prepared(c):
 
 
 def registered_peer_meets_a_prepared_repeat(c):
-    """Rank 0's buffer is registered, so it takes the gate's general branch every time; its
-    peers' plain repeats run prepared and must sync a second time there, as the gate's
-    unregistered ranks do: results exact, nothing hangs."""
+    """Rank 0's buffer is registered, its peers' are plain: rank 0's prepared run reads their
+    gate words and falls back to the slots after its barrier, as the general gate would, and
+    its peers' plain repeats sync a second time there, as the gate's unregistered ranks do:
+    results exact, nothing hangs."""
     p, r = c.size, c.rank
     n = REGISTERED_FROM // 4 * 2
     mem = c.alloc(n, np.float32)  # collective; only rank 0 calls with it
@@ -390,8 +393,83 @@ def registered_peer_meets_a_prepared_repeat(c):
     if p > 1:
         lean = [e.lean is not None for e in c._prepared._by_kind["all_gather"].get(id(x), [])
                 if e._x() is x]
-        assert lean and lean[-1] == (r != 0), (r, lean)  # registered: the general path
+        assert lean and lean[-1], (r, lean)  # registered or not, the repeats ran prepared
     del x
+    c.free(mem)
+
+
+def slots_marked(c):
+    """Fill this rank's slots with a sentinel; the returned test says whether a call since
+    wrote them (the zero-copy path never does, the slot path always). The barrier first: a
+    root may still be copying the last call's results out of its peers' slots."""
+    halves = [c.backend.arena().slots(h, np.uint8)[c.rank][:4096] for h in (0, 1)]
+    WORLD.Barrier()
+    for h in halves:
+        h[:] = 0x5A
+    return lambda: any((h != 0x5A).any() for h in halves)
+
+
+def registered_repeats_run_prepared(c):
+    """Repeats on registered buffers (``alloc``) run prepared, zero-copy (the slots stay
+    untouched), exact and alike everywhere, in place and out of place, up to sizes far beyond
+    plain arrays' limit (registered memory is the arena's, so kept entries hold no bytes).
+    A peer switching its buffer between repeats (new words: the plan is made again), a peer
+    whose buffer or input is plain on some repeats (the slots, or the input copied first), a
+    rank that diverges (MismatchError everywhere, then healthy) and free all stay correct."""
+    p, r = c.size, c.rank
+    if p == 1 or c.backend.arena() is None:
+        return
+    for n in (REGISTERED_FROM // 4 + 3, PREPARED_MAX_BYTES // 4 * 2 + 5):  # 2 MiB: kept too
+        x, y, out = c.alloc(n, np.float32), c.alloc(n + 64, np.float32)[64:], c.alloc(n, np.float32)
+        gathered, part = c.alloc(n * p, np.float32), c.alloc(len(np.array_split(out, p)[r]),
+                                                             np.float32)
+        plain = np.empty(n, np.float32)
+        for step in range(8):
+            every = [rank_data(n, "float32", q, salt=20 + step) for q in range(p)]
+            # rank 1 alternates between two registered buffers; the last rank, on 4 ranks,
+            # is plain on steps 5 and 6
+            mine = y if r == 1 and step % 2 else \
+                plain if r == p - 1 and p > 2 and step in (5, 6) else x
+            zero_copy = not (p > 2 and step in (5, 6))
+            written = slots_marked(c)
+            mine[...] = every[r]
+            assert c.all_reduce(mine) is mine
+            assert np.array_equal(mine, reference(every, "sum")), (n, step, "all_reduce")
+            same_everywhere(mine, "registered all_reduce")
+            mine[...] = every[r]
+            assert c.all_reduce(mine, op="max", out=out) is out
+            assert np.array_equal(out, reference(every, "max")), (n, step, "all_reduce out=")
+            assert np.array_equal(mine, every[r]), (n, step, "all_reduce out= changed x")
+            assert c.reduce_scatter(mine, out=part) is part
+            assert np.array_equal(part, np.array_split(reference(every, "sum"), p)[r]), \
+                (n, step, "reduce_scatter")
+            assert c.all_gather(mine, out=gathered) is gathered
+            assert np.array_equal(gathered, np.concatenate(every)), (n, step, "all_gather")
+            for root in (0, p - 1):
+                mine[...] = every[r]
+                c.reduce(mine, root=root)
+                want = reference(every, "sum") if r == root else every[r]
+                assert np.array_equal(mine, want), (n, step, "reduce", root)
+            assert written() != zero_copy, (n, step, "slots written", written())
+        assert kept(c, "all_reduce") and kept(c, "reduce_scatter") and kept(c, "all_gather")
+        entries = c._prepared._by_kind["all_reduce"].get(id(x), [])
+        big = x.nbytes > PREPARED_MAX_BYTES  # kept only because it is registered
+        assert any(e.lean is not None and (e.nbytes == 0 or not big) for e in entries), \
+            "the registered all_reduce was not kept prepared, or counts bytes it doesn't hold"
+        last = p - 1
+        for _ in range(2):  # a rank diverges on a repeat: every rank raises, then all go on
+            expect_raises(MismatchError, lambda: c.all_reduce(x[:n - 1] if r == last else x),
+                          "element count")
+            x[...] = 1
+            assert c.all_reduce(x) is x and np.all(x == p)
+        for buf in (x, y.base, out, gathered, part):
+            c.free(buf)
+        assert kept(c, "all_reduce") == 0, "kept runs outlived free"
+    mem = c.alloc(1 << 16, np.float32)  # freed and allocated again: new windows, exact
+    mem[...] = r
+    for _ in range(3):
+        assert np.all(c.all_reduce(mem) == sum(range(p)))
+        mem[...] = r
     c.free(mem)
 
 
@@ -412,15 +490,18 @@ def kept_bytes_stay_bounded(c):
 
 
 def persistent_runs_prepared(c):
-    x = np.zeros(3, np.float32)
-    p = c.all_reduce_init(x)
-    for step in range(4):
-        x[...] = step + c.rank
-        assert p() is x
-        assert np.all(x == sum(step + q for q in range(c.size)))
-        x[...] = 1
-        p.start()
-        assert np.all(p.wait() == c.size)
+    reg = c.alloc(REGISTERED_FROM, np.float32)  # registered: the zero-copy prepared run
+    for x in (np.zeros(3, np.float32), reg):
+        p = c.all_reduce_init(x)
+        assert p._entry.lean is not None or c.size == 1, "the persistent call was not prepared"
+        for step in range(4):
+            x[...] = step + c.rank
+            assert p() is x
+            assert np.all(x == sum(step + q for q in range(c.size)))
+            x[...] = 1
+            p.start()
+            assert np.all(p.wait() == c.size)
+    c.free(reg)
 
 
 def empty_calls_repeat_prepared(c):
@@ -462,6 +543,7 @@ def body():
     persistent_runs_prepared(c)
     large_plain_calls_repeat_prepared(c)
     registered_peer_meets_a_prepared_repeat(c)
+    registered_repeats_run_prepared(c)
     kept_bytes_stay_bounded(c)
     empty_calls_repeat_prepared(c)
     if c.size > 1:
