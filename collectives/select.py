@@ -59,7 +59,7 @@ AGREES_IN_FIRST_BARRIER = frozenset({"shm", "shm_or_native"})
 (``Call.agreement``): one shared-memory barrier per call fewer when checking is on."""
 
 PREPARERS: dict[str, Callable[[Backend, OpContext, Call], "shm.Run | None"]] = {
-    "shm": shm.prepare}
+    "shm": shm.prepare, "shm_or_native": shm.prepare_registered_or_native}
 """Algorithms that can make a call ready to repeat (``prepare(backend, ctx, call)``: a run with
 its views and choices worked out once, in two halves (``shm.Run``: start, complete), or None where
 it can't): repeated small calls and persistent collectives run that instead of the general

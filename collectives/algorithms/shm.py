@@ -117,7 +117,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     if gated and call.kind != "broadcast":
         where = arena.locate(call.send)
         if where is not None:
-            return _prepare_registered(b, ctx, call, arena, where)
+            return _prepare_registered(b, ctx, call, arena, where, _SLOTS[call.kind])
     if (gated and call.kind == "broadcast") or \
             call.send.nbytes > (arena.slot_bytes if moved else
                                 one_shot_bytes(call.kind, b.size, arena)):
@@ -172,18 +172,30 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     return Run(start, complete)
 
 
+def prepare_registered_or_native(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
+    """``registered_or_native``'s prepared run: for a call on a registered buffer, the zero-copy
+    run of ``_prepare_registered`` with the native collective as its fallback; None for a plain
+    buffer (its calls run the general way, every rank meeting at the same gate)."""
+    arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
+    where = arena.locate(call.send) if arena is not None and call.kind in _SLOTS else None
+    if arena is None or where is None:
+        return None
+    return _prepare_registered(b, ctx, call, arena, where, None)
+
+
 def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
-                        where: tuple[int, int]) -> "Run":
-    """``prepare``'s run for a call whose buffer is registered: ``_run``'s gate and zero-copy
+                        where: tuple[int, int], fallback) -> "Run":
+    """The prepared run of a call whose buffer is registered: ``_run``'s gate and zero-copy
     path with what they work out kept between runs. A run publishes this rank's signature and
     registration words, syncs, checks the signatures and reads every rank's words; where they
     are the last run's, it runs the zero-copy plan made then (every peer view and chunk already
-    cut), else it decides as ``_Gate`` does from the same words (the fallback through the slots
-    where a peer's buffer isn't registered) and keeps the plan if it is zero-copy."""
+    cut), else it decides as ``_Gate`` does from the same words (``fallback`` where a peer's
+    buffer isn't registered: through the slots, or None, the native collective) and keeps the
+    plan if it is zero-copy."""
     source = call.source  # an out-of-place input (all_reduce): the paths may consume it
-    source_at = arena.locate(source) if source is not None else None
+    source_at = arena.locate(source) if source is not None and fallback is not None else None
     if source is not None and source_at is None:
-        source = None  # not registered: copied into send before the gate, as _run does
+        source = None  # not registered (or native may follow): copied into send first, as _run
     staged = (call.send, call.source) if call.source is not None and source is None else None
     words = _gate_words(where, source_at)
     sig, check = call.agreement if call.agreement is not None else (None, None)
@@ -220,7 +232,7 @@ def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedAre
             kept[1]()
         else:
             kept[:] = None, None
-            _after_gate(b, ctx, this, gate, _SLOTS[call.kind])
+            _after_gate(b, ctx, this, gate, fallback)
         return True
 
     return Run(start, complete)
