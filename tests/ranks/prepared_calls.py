@@ -460,7 +460,8 @@ def registered_repeats_run_prepared(c, algo):
             "the registered all_reduce was not kept prepared, or counts bytes it doesn't hold"
         last = p - 1
         for _ in range(2):  # a rank diverges on a repeat: every rank raises, then all go on
-            expect_raises(MismatchError, lambda: c.all_reduce(x[:n - 1] if r == last else x, algo=algo),
+            expect_raises(MismatchError,
+                          lambda: c.all_reduce(x[:n - 1] if r == last else x, algo=algo),
                           "element count")
             x[...] = 1
             assert c.all_reduce(x, algo=algo) is x and np.all(x == p)
