@@ -611,7 +611,8 @@ class Communicator:
         algorithm's prepared run is started here and completed at once only if every peer is
         in already (one poll, no wait); else its handle, or the next operation, completes it."""
         run = entry.lean
-        if run is None or self._broken is not None or self._closed or self._executor._pending \
+        if run is None or (async_op and not run.starts_inline) or self._broken is not None or \
+                self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \
                 (self._started is not None and
                  not spin(self._complete_now, HANDOFF_SPIN_SECONDS)):

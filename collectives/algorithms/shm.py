@@ -235,20 +235,25 @@ def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedAre
             _after_gate(b, ctx, this, gate, fallback)
         return True
 
-    return Run(start, complete)
+    return Run(start, complete, starts_inline=False)  # a closing barrier follows the first
 
 
 class Run:
     """A prepared run in two halves: ``start`` publishes this rank's part and never waits;
     ``complete(block)`` finishes it once every rank has arrived (False: not yet, where
-    ``block`` is False). Calling the run does both (in one step where ``both`` is given)."""
+    ``block`` is False). Calling the run does both (in one step where ``both`` is given).
+    ``starts_inline``: once every rank has arrived, ``complete`` waits on no peer, so an async
+    call may start it on the caller's thread and complete it whenever; False where more
+    barriers follow (the registered run's closing one), which an async call must leave to the
+    progress thread lest a rank block at issue on a peer that completes only in its wait()."""
 
-    __slots__ = ("start", "complete", "go", "_both")
+    __slots__ = ("start", "complete", "go", "starts_inline", "_both")
 
     def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool],
-                 both: Callable[[], None] | None = None) -> None:
+                 both: Callable[[], None] | None = None, starts_inline: bool = True) -> None:
         self.start = start
         self.complete = complete
+        self.starts_inline = starts_inline
         self._both = both
         self.go: Callable[[], None] = both if both is not None else self._start_complete
         """The whole run, blocking (the same as calling the run, one call less)."""

@@ -476,6 +476,35 @@ def registered_repeats_run_prepared(c, algo):
     c.free(mem)
 
 
+def registered_async_repeats_wait_on_no_one_at_issue(c):
+    """An async repeat on registered buffers has a closing barrier after its first, so it runs
+    on the progress thread, never at issue: a rank that issues it and then blocks in another
+    communicator's call must not find its peer stuck inside the async call's issue waiting for
+    it (which deadlocked until the timeout when such repeats started inline). Persistent
+    starts too."""
+    p, r = c.size, c.rank
+    if p == 1 or c.backend.arena() is None:
+        return
+    other = collectives.init(timeout=20)
+    reg = c.alloc(REGISTERED_FROM, np.float32)
+    y = np.ones(4, np.float32)
+    init = c.all_reduce_init(reg)
+    for step in range(4):
+        reg[...] = r + step
+        if r == 1:
+            time.sleep(0.05)  # rank 0 issues first and goes on into the other communicator
+        if step % 2:
+            init.start()
+        else:
+            h = c.all_reduce(reg, async_op=True)
+        assert np.all(other.all_reduce(y) == p)
+        y[...] = 1
+        assert (init.wait() if step % 2 else h.wait()) is reg
+        assert np.all(reg == sum(q + step for q in range(p))), step
+    other.close()
+    c.free(reg)
+
+
 def kept_bytes_stay_bounded(c):
     """Entries hold their arrays alive; PREPARED_KEPT_BYTES bounds what they hold, oldest
     entries going first, so arrays the caller dropped are freed."""
@@ -548,6 +577,7 @@ def body():
     registered_peer_meets_a_prepared_repeat(c)
     registered_repeats_run_prepared(c, "auto")
     registered_repeats_run_prepared(c, "shm_or_native")
+    registered_async_repeats_wait_on_no_one_at_issue(c)
     kept_bytes_stay_bounded(c)
     empty_calls_repeat_prepared(c)
     if c.size > 1:
