@@ -571,8 +571,9 @@ class Communicator:
             return self._persistent(entry, buf, sig, fields, limit)
         if keep is not None:
             small = keepable(buf.user, keep[0], result)
-            lean = prepare() if small or (result is buf.user or result is keep[0]) and \
-                self._registered(call) else None
+            registered = not small and (result is buf.user or result is keep[0]) and \
+                self._registered(call)  # large, but its memory is the arena's anyway
+            lean = prepare() if small or registered else None
             if small or lean is not None:  # a large call only where registered and prepared
                 self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
                                             result is buf.user, what, result, run, lean,
