@@ -573,11 +573,12 @@ class Communicator:
             small = keepable(buf.user, keep[0], result)
             registered = not small and (result is buf.user or result is keep[0]) and \
                 self._registered(call)  # large, but its memory is the arena's anyway
-            lean = prepare() if small or registered else None
-            if small or lean is not None:  # a large call only where registered and prepared
-                self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
-                                            result is buf.user, what, result, run, lean,
-                                            holds=small), buf.user)
+            if (small or registered) and self._prepared.seen_before(kind, buf.user):
+                lean = prepare()
+                if small or lean is not None:  # a large call only where registered, prepared
+                    self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
+                                                result is buf.user, what, result, run, lean,
+                                                holds=small), buf.user)
         return self._submit(kind, run, async_op, what)
 
     def _registered(self, call: Call) -> bool:

@@ -1,6 +1,7 @@
 """Prepared calls: a blocking collective issued again with the same arrays and arguments skips
-its argument checks, algorithm choice and set-up, done once on its first call, and runs the form
-its algorithm prepared for repeating (MPI-4's persistent collectives, found implicitly).
+its argument checks, algorithm choice and set-up, done once on its array's second call, and runs
+the form its algorithm prepared for repeating (MPI-4's persistent collectives, found
+implicitly).
 
 Entries are kept per collective and input array (numpy arrays and CPU torch tensors up to
 1 MiB, or of any size where every array is registered memory and the algorithm prepared a run;
@@ -90,6 +91,20 @@ class PreparedCalls:
     def __init__(self) -> None:
         self._by_kind: dict[str, dict[int, list[Prepared]]] = {}
         self._kept = 0  # bytes the entries hold alive
+        self._seen: dict[str, dict[int, Any]] = {}  # arrays of calls not kept, by collective
+
+    def seen_before(self, kind: str, x: Any) -> bool:
+        """Whether a recent call of ``kind`` had this very ``x`` (else it is noted now): a call
+        is kept from its array's second call on, since preparing one costs more than a one-off
+        call takes (an 8-byte call on a new array each time would run 3x slower)."""
+        seen = self._seen.setdefault(kind, {})
+        ref = seen.get(id(x))
+        if ref is not None and ref() is x:
+            return True
+        if len(seen) >= 2 * PREPARED_PER_COLLECTIVE:
+            del seen[next(iter(seen))]  # the oldest
+        seen[id(x)] = weakref.ref(x)
+        return False
 
     def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
              check: bool) -> Prepared | None:
@@ -141,6 +156,7 @@ class PreparedCalls:
     def clear(self) -> None:
         """Forget every entry (the communicator closed or broke)."""
         self._by_kind.clear()
+        self._seen.clear()
         self._kept = 0
 
 

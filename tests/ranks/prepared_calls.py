@@ -86,6 +86,25 @@ def repeats_stay_exact(c):
                    c._prepared._by_kind["rotate"].values() for e in es), "in-place rotate"
 
 
+def entries_for(c, kind, x):
+    """The kept calls of ``kind`` on this very ``x`` (white-box)."""
+    return [e for e in c._prepared._by_kind.get(kind, {}).get(id(x), []) if e._x() is x]
+
+
+def kept_from_the_second_call(c):
+    """Preparing a call costs more than a one-off call takes, so an array's first call is not
+    kept, its second is, and arrays used once each (a new one every call) are never kept."""
+    x = np.ones(4, np.float32)
+    assert c.all_reduce(x) is x and not entries_for(c, "all_reduce", x)
+    assert c.all_reduce(x) is x and entries_for(c, "all_reduce", x)
+    fresh = [np.full(4, k, np.float32) for k in range(40)]
+    for y in fresh:
+        c.all_reduce(y)
+    assert not any(entries_for(c, "all_reduce", y) for y in fresh), "one-off calls were kept"
+    for k, y in enumerate(fresh):
+        assert np.all(y == k * c.size), (k, y)
+
+
 def compiled_runs(c, kind):
     """How many kept calls of ``kind`` run through the compiled plan (white-box)."""
     return sum(e.lean is not None and e.lean._both is not None
@@ -243,7 +262,8 @@ def async_repeats(c):
                 pass
         assert h.wait() is x and np.all(x == sum(step + q for q in range(p))), step
         assert h.done and h.exception() is None
-        if step and p > 1:  # repeats start inline (white-box: not the progress thread's Handle)
+        if step >= 2 and p > 1:  # from the array's third call, repeats start inline
+            # (white-box: not the progress thread's Handle; the second call prepared it)
             assert type(h).__name__ == "StartedHandle", type(h)
     # completed by the next operation (a different one, on the general path), without wait()
     x[...] = 1
@@ -291,7 +311,8 @@ def queued_repeats_are_not_prepared_again(c):
     from topocoll.collectives import select
 
     x = np.ones(3, np.float64)
-    c.all_reduce(x, async_op=True).wait()    # prepares it
+    for _ in range(2):
+        c.all_reduce(x, async_op=True).wait()  # the array's second call prepares it
     calls = []
     originals = dict(select.PREPARERS)
     for name, fn in originals.items():
@@ -306,7 +327,7 @@ def queued_repeats_are_not_prepared_again(c):
             assert h.wait() is x
     finally:
         select.PREPARERS.update(originals)
-    assert np.all(x == float(c.size) ** 41), x
+    assert np.all(x == float(c.size) ** 42), x
     assert not calls, f"{len(calls)} repeats were prepared again"
 
 
@@ -512,7 +533,8 @@ def kept_bytes_stay_bounded(c):
     for i in range(24):
         x = np.full(1 << 18, i, np.float32)  # 1 MiB, kept prepared
         out = np.empty(x.size * c.size, np.float32)
-        c.all_gather(x, out=out)
+        for _ in range(2):  # kept from the array's second call
+            c.all_gather(x, out=out)
         alive.append(weakref.ref(x))
         assert c._prepared.kept_bytes <= PREPARED_KEPT_BYTES, c._prepared.kept_bytes
     del x, out
@@ -562,6 +584,7 @@ def empty_calls_repeat_prepared(c):
 def body():
     c = collectives.init(timeout=20)
     repeats_stay_exact(c)
+    kept_from_the_second_call(c)
     reductions_match_numpy(c)
     changes_are_noticed(c)
     torch_tensors_repeat(c)

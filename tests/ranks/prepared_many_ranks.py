@@ -15,7 +15,7 @@ def body():
     p, r = c.size, c.rank
     for n in (3, REGISTERED_FROM // 4):  # small, and large enough for the registration gate
         x, out = np.empty(n, np.int64), np.empty(n * p, np.int64)
-        for step in range(3):
+        for step in range(4):  # prepared at the second call, run prepared from the third
             every = [rank_data(n, "int64", q, salt=step) for q in range(p)]
             x[...] = every[r]
             assert c.all_gather(x, out=out) is out
