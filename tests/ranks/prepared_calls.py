@@ -229,7 +229,7 @@ def ordering_with_async_and_threads(c):
     assert np.all(x == c.size)
     for i, h in enumerate(handles):
         assert np.all(h.wait() == i * c.size)
-    big = np.ones(PREPARED_MAX_BYTES // 4)  # 2 MiB: never kept prepared
+    big = np.ones(PREPARED_MAX_BYTES // 4)  # twice the limit: never kept prepared
     gone = weakref.ref(big)
     c.all_reduce(big, async_op=True).wait()
     del big
@@ -441,7 +441,7 @@ def registered_repeats_run_prepared(c, algo):
     p, r = c.size, c.rank
     if p == 1 or c.backend.arena() is None:
         return
-    sizes = (REGISTERED_FROM // 4 + 3, PREPARED_MAX_BYTES // 4 * 2 + 5)  # 2 MiB: kept too
+    sizes = (REGISTERED_FROM // 4 + 3, PREPARED_MAX_BYTES // 4 + 5)  # beyond it: kept too
     for n in sizes if algo == "auto" else sizes[:1]:
         x, y, out = c.alloc(n, np.float32), c.alloc(n + 64, np.float32)[64:], c.alloc(n, np.float32)
         gathered, part = c.alloc(n * p, np.float32), c.alloc(len(np.array_split(out, p)[r]),
