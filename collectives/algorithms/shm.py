@@ -109,7 +109,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     time as that gate does. A call on a registered buffer gets ``_prepare_registered``'s run.
     ``ctx`` is reused by every run. None where the call would take another path (one rank,
     broadcast's gate, several steps): those run the general way."""
-    arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
+    arena = _prepared_arena(b, call)
     if arena is None or call.kind not in _PREPARED:
         return None
     moved = call.kind in ("all_gather", "broadcast", "rotate")  # one step, not combined
@@ -176,11 +176,17 @@ def prepare_registered_or_native(b: Backend, ctx: OpContext, call: Call) -> "Run
     """``registered_or_native``'s prepared run: for a call on a registered buffer, the zero-copy
     run of ``_prepare_registered`` with the native collective as its fallback; None for a plain
     buffer (its calls run the general way, every rank meeting at the same gate)."""
-    arena = b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
+    arena = _prepared_arena(b, call)
     where = arena.locate(call.send) if arena is not None and call.kind in _SLOTS else None
     if arena is None or where is None:
         return None
     return _prepare_registered(b, ctx, call, arena, where, None)
+
+
+def _prepared_arena(b: Backend, call: Call) -> SharedArena | None:
+    """The arena a prepared run of ``call`` works in: None with one rank or a non-numpy
+    buffer (those run the general way)."""
+    return b.arena() if b.size > 1 and isinstance(call.send, np.ndarray) else None
 
 
 def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
@@ -192,13 +198,14 @@ def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedAre
     cut), else it decides as ``_Gate`` does from the same words (``fallback`` where a peer's
     buffer isn't registered: through the slots, or None, the native collective) and keeps the
     plan if it is zero-copy."""
-    source = call.source  # an out-of-place input (all_reduce): the paths may consume it
-    source_at = arena.locate(source) if source is not None and fallback is not None else None
-    if source is not None and source_at is None:
-        source = None  # not registered (or native may follow): copied into send first, as _run
+    # an out-of-place input (all_reduce) is read in place where registered; else (or where
+    # native may follow) it is copied into send before the barrier, as _run does
+    source_at = arena.locate(call.source) if call.source is not None and \
+        fallback is not None else None
+    source = call.source if source_at is not None else None
     staged = (call.send, call.source) if call.source is not None and source is None else None
     words = _gate_words(where, source_at)
-    sig, check = call.agreement if call.agreement is not None else (None, None)
+    agreement = call.agreement
     kept: list[Any] = [None, None]  # every rank's words of the last zero-copy run, its plan
     mark = [0]
 
@@ -207,20 +214,15 @@ def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedAre
         if staged is not None:
             np.copyto(*staged)  # peers may read my buffer right after the barrier
         mark[0] = arena.mark()
-        arena.publish(sig=sig, reg=words)
+        arena.publish(sig=agreement[0] if agreement is not None else None, reg=words)
         arena.arrive()
 
     def complete(block: bool) -> bool:
         if not block and not arena.arrived():
             return False
         arena.wait(ctx)
-        if check is not None:
-            assert sig is not None  # an agreement is a (signature, check) pair
-            try:
-                check(*arena.agreed(len(sig)))
-            except Exception:
-                arena.rewind(mark[0])
-                raise
+        if agreement is not None:
+            _check_agreed(arena, agreement, mark[0])
         every = arena.published(len(GATE_EARLY))
         if every == kept[0]:
             kept[1]()
@@ -694,13 +696,20 @@ class _Gate:
         """Raise the communicator's MismatchError if the ranks' signatures differ (every rank
         reads the same words after the same barrier, so all raise together)."""
         if self._agreement is not None:
-            sig, check = self._agreement
-            self._agreement = None
-            try:
-                check(*self.arena.agreed(len(sig)))
-            except Exception:
-                self.arena.rewind(self._mark)
-                raise
+            agreement, self._agreement = self._agreement, None
+            _check_agreed(self.arena, agreement, self._mark)
+
+
+def _check_agreed(arena: SharedArena, agreement: Any, mark: int) -> None:
+    """After a call's first barrier: raise the communicator's MismatchError (``agreement``'s
+    check) if the ranks' published signatures differ, back on the arena step ``mark`` (every
+    rank reads the same words after the same barrier, so all raise together)."""
+    sig, check = agreement
+    try:
+        check(*arena.agreed(len(sig)))
+    except Exception:
+        arena.rewind(mark)
+        raise
 
 
 def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> Callable[[], None]:

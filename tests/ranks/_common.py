@@ -76,3 +76,17 @@ def dense_grads(module):
     finally:
         for p, d in zip(params, kept):
             p.data = d
+
+
+def slots_marked(c):
+    """Fill this rank's shared-memory slots (both halves) with a sentinel; the returned test
+    says whether a call since wrote them (the zero-copy path of registered buffers never does,
+    the slot path always). A world barrier first: a root may still be copying the last call's
+    results out of its peers' slots."""
+    from mpi4py import MPI
+
+    halves = [c.backend.arena().slots(h, np.uint8)[c.rank][:4096] for h in (0, 1)]
+    MPI.COMM_WORLD.Barrier()
+    for h in halves:
+        h[:] = 0x5A
+    return lambda: any((h != 0x5A).any() for h in halves)

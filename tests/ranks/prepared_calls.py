@@ -4,7 +4,8 @@ argument, the array's shape, dtype or writability, another array at all) is noti
 diverge on a repeat still fail together with MismatchError; timeouts, broken communicators,
 threads and queued async calls behave as on the general path."""
 import _common  # noqa: F401
-from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main, reference, valid_ops
+from _common import (NUMPY_DTYPES, expect_raises, rank_data, rank_main, reference,
+                     slots_marked, valid_ops)
 
 import gc
 import threading
@@ -417,17 +418,6 @@ def registered_peer_meets_a_prepared_repeat(c):
         assert lean and lean[-1], (r, lean)  # registered or not, the repeats ran prepared
     del x
     c.free(mem)
-
-
-def slots_marked(c):
-    """Fill this rank's slots with a sentinel; the returned test says whether a call since
-    wrote them (the zero-copy path never does, the slot path always). The barrier first: a
-    root may still be copying the last call's results out of its peers' slots."""
-    halves = [c.backend.arena().slots(h, np.uint8)[c.rank][:4096] for h in (0, 1)]
-    WORLD.Barrier()
-    for h in halves:
-        h[:] = 0x5A
-    return lambda: any((h != 0x5A).any() for h in halves)
 
 
 def registered_repeats_run_prepared(c, algo):
