@@ -165,7 +165,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
                     arena.rewind(state[0])
                     check(*arena.agreed(len(sig_bytes) // 8))  # raises, naming the field
         if gate is not None and not all(words == early for words in gate[1][state[2]]):
-            arena.sync(ctx)  # a peer's buffer is registered: it copies in after this barrier
+            _copied_in(arena, ctx)  # a peer's buffer is registered: it copies in after this
         done(state[1])
         return True
 
@@ -390,7 +390,7 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
             assert check is not None  # signatures only differ where there is one
             check(*arena.agreed(len(sig) // 8))  # raises, naming the field
         if code == 3:  # a peer's buffer is registered: it copies in after the first barrier
-            arena.sync(ctx)  # waits even in test(): only for that copy, which waits on no one
+            _copied_in(arena, ctx)  # waits even in test(): only for that copy (on no one)
             code = plan.after()
         if code == 2:  # the reduction is left to numpy (the plan was made with "numpy")
             after.reduce(plan.state()[1])
@@ -679,13 +679,18 @@ class _Gate:
                     self.late_sources = any(w[3] for w in words)
 
     def sync(self) -> None:
-        """A barrier of the slot path; the first one also pairs the two kinds of ranks up."""
+        """A barrier of the slot path; the first one also pairs the two kinds of ranks up: where
+        some ranks are early and some not, the late ones copy in after the gate's barrier, and
+        everyone meets them at ``_copied_in``."""
+        if self._first and not self.early:
+            self._first = False
+            return _copied_in(self.arena, self.ctx)  # its first barrier was the gate's
         self.arena.sync(self.ctx)
         if self._first:
             self._first = False
             self._check_agreement()
-            if self.early and not self._alike and not all(w[0] for w in self.arena.published(1)):
-                self.arena.sync(self.ctx)  # ranks that synced once already now copied in
+            if not self._alike and not all(w[0] for w in self.arena.published(1)):
+                _copied_in(self.arena, self.ctx)  # ranks that synced once already copy in
 
     def close(self) -> None:
         """Make sure the first barrier happened (a call whose loop had no step)."""
@@ -698,6 +703,15 @@ class _Gate:
         if self._agreement is not None:
             agreement, self._agreement = self._agreement, None
             _check_agreed(self.arena, agreement, self._mark)
+
+
+def _copied_in(arena: SharedArena, ctx: OpContext) -> None:
+    """The gate's second barrier, where some ranks were early (their data went into the slots
+    before the first) and the rest, whose buffers are registered, copy in after it: every rank
+    waits for those late ranks alone. A late rank thus never waits on an early one, whose async
+    call, started at issue, reaches this barrier only in its ``wait`` (a late rank blocking
+    here meanwhile could deadlock with it in another communicator's call)."""
+    arena.sync_with([q for q, words in enumerate(arena.published(1)) if not words[0]], ctx)
 
 
 def _check_agreed(arena: SharedArena, agreement: Any, mark: int) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import array
 import os
 import platform
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -154,11 +154,27 @@ class SharedArena:
 
     def wait(self, ctx: OpContext) -> None:
         """The second half of ``sync``: wait until every rank has arrived."""
-        if not self.arrived():
+        self._wait_until(self.arrived, self._missing, ctx)
+
+    def sync_with(self, ranks: Sequence[int], ctx: OpContext) -> None:
+        """A barrier at which this rank waits for ``ranks`` alone: for a step whose writes only
+        they make (the others wrote theirs before the last barrier), so none of them waits on a
+        rank that completes its call later, from a started async run. The others' flags may
+        lag one barrier; every barrier compares flags with ``>=``, so the next full ``sync``
+        waits for them as usual."""
+        self.arrive()
+        epoch = self.counters[EPOCH]
+        flags = [self._flag_words[q] for q in ranks]
+        self._wait_until(lambda: all(flag[0] >= epoch for flag in flags),
+                         lambda: self._missing(ranks), ctx)
+
+    def _wait_until(self, arrived: Callable[[], bool], missing: Callable[[], str],
+                    ctx: OpContext) -> None:
+        if not arrived():
             try:
-                ctx.poll(self.arrived, self._missing)
+                ctx.poll(arrived, missing)
             except CollectiveTimeoutError:
-                self._broken = True
+                self._broken = True  # the arena is unusable: a peer may be gone
                 raise
         if not ORDERED_STORES:
             self._win.Sync()  # peers' data loads after their flags
@@ -339,8 +355,9 @@ class SharedArena:
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
 
-    def _missing(self) -> str:
-        late = [q for q, f in enumerate(self._flag_words) if f[0] < self.counters[EPOCH]]
+    def _missing(self, among: Sequence[int] | None = None) -> str:
+        late = [q for q in (range(self.size) if among is None else among)
+                if self._flag_words[q][0] < self.counters[EPOCH]]
         names = ", ".join(self.peer_name(q) for q in late) or "the other ranks"
         return f"{names} at the shared-memory barrier"
 

@@ -516,6 +516,50 @@ def registered_async_repeats_wait_on_no_one_at_issue(c):
     c.free(reg)
 
 
+def mixed_registration_async_waits_on_no_one(c):
+    """Rank 0's buffer is plain and its call async (started at issue, completed in ``wait``);
+    its peers' buffers are registered and their calls blocking. The peers copy in after the
+    first barrier, so rank 0 syncs a second time before reading them, in its ``wait``; the
+    peers must not wait for rank 0 at that second barrier, or rank 0, blocked meanwhile in
+    another communicator's call that needs them, deadlocks with them until the timeout.
+    Through the general gate (first calls) and the prepared runs (repeats), all_gather and
+    all_reduce where it repeats prepared at this size; results exact."""
+    p, r = c.size, c.rank
+    if p == 1 or c.backend.arena() is None:
+        return
+    other = collectives.init(timeout=20)
+    n = REGISTERED_FROM // 4
+    mem, gathered = c.alloc(n, np.float32), np.empty(n * p, np.float32)
+    x = np.empty(n, np.float32) if r == 0 else mem
+    y = np.ones(4, np.float32)
+    kinds = ["all_gather"] + (["all_reduce"] if p in (2, 4) else [])  # one shot at 128 KiB
+    for kind in kinds:
+        for step in range(5):
+            every = [rank_data(n, "float32", q, salt=30 + step) for q in range(p)]
+            x[...] = every[r]
+            call = (lambda **kw: c.all_gather(x, out=gathered, **kw)) if kind == "all_gather" \
+                else (lambda **kw: c.all_reduce(x, **kw))
+            if r == 0:
+                h = call(async_op=True)
+            else:
+                time.sleep(0.05)  # rank 0 issues first and goes on into the other communicator
+                call()
+            assert np.all(other.all_reduce(y) == p), (kind, step)
+            y[...] = 1
+            if r == 0:
+                h.wait()
+            want = np.concatenate(every) if kind == "all_gather" else reference(every, "sum")
+            got = gathered if kind == "all_gather" else x
+            assert np.array_equal(got, want), (kind, step, r)
+        if r == 0:
+            started = [e.lean is not None for e in c._prepared._by_kind[kind].get(id(x), [])
+                       if e._x() is x]
+            assert started and started[-1], (kind, started)  # rank 0's repeats ran prepared
+    other.close()
+    del x
+    c.free(mem)
+
+
 def kept_bytes_stay_bounded(c):
     """Entries hold their arrays alive; PREPARED_KEPT_BYTES bounds what they hold, oldest
     entries going first, so arrays the caller dropped are freed."""
@@ -591,6 +635,7 @@ def body():
     registered_repeats_run_prepared(c, "auto")
     registered_repeats_run_prepared(c, "shm_or_native")
     registered_async_repeats_wait_on_no_one_at_issue(c)
+    mixed_registration_async_waits_on_no_one(c)
     kept_bytes_stay_bounded(c)
     empty_calls_repeat_prepared(c)
     if c.size > 1:
