@@ -15,7 +15,7 @@ import os
 import threading
 import zlib
 from dataclasses import replace
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from .flight import FlightEntry, FlightRecorder, Repeats
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
+from .one_off import TEMPLATE_MAX_BYTES, Rebound, Template
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, keepable
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
@@ -91,8 +92,8 @@ class Communicator:
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
         self._prepared = PreparedCalls()  # small calls kept ready to repeat
-        self._started: tuple[StartedHandle, Prepared, Repeats] | None = None  # started async
-        # repeat, and its flight record (whose last run it is)
+        self._started: tuple[StartedHandle, Prepared | Rebound, Repeats] | None = None
+        # the started async repeat, and its flight record (whose last run it is)
         self._completing = threading.Lock()  # held while the started repeat completes
         self._completion = Completion(self._complete, self._complete_later, self._completing)
         self._local = threading.local()  # .submitted: this thread's call reached _submit
@@ -547,8 +548,9 @@ class Communicator:
                 copyto(*copy_out)
             return result
 
-        def prepare() -> Any:
-            """The algorithm's prepared run of this call, or None (run it the general way)."""
+        def prepare(twin: Callable[[Any], Any] | None = None) -> Any:
+            """The algorithm's prepared run of this call, or None (run it the general way);
+            with ``twin``, of the same call on the arrays ``twin`` maps its arrays to."""
             preparer = select.PREPARERS.get(chosen)
             if preparer is None or not (moves or agree) or copy_in is not None:
                 return None  # an empty call unchecked does nothing: no run to prepare
@@ -561,6 +563,11 @@ class Communicator:
             ctx.timeout = limit  # armed at the first wait of each run
             agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields)) \
                 if agree else None
+            send = call.send
+            if twin is not None:
+                send, recv, twin_source = twin(send), twin(recv), twin(source)
+                return preparer(self.backend, ctx, replace(
+                    call, agreement=agreement, send=send, recv=recv, source=twin_source))
             return preparer(self.backend, ctx, replace(call, agreement=agreement, source=source,
                                                        recv=recv))
 
@@ -579,7 +586,43 @@ class Communicator:
                     self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
                                                 result is buf.user, what, result, run, lean,
                                                 holds=small), buf.user)
+            elif copy_out is None and (small or keep[0] is None):
+                self._template(kind, buf.user, keep, result, what, prepare)
         return self._submit(kind, run, async_op, what)
+
+    def _template(self, kind: str, x: Any, keep: tuple[Any, tuple[Any, ...]], result: Any,
+                  what: Any, prepare: Callable[[Any], Any]) -> None:
+        """On a form's second one-off call, keep a template for the form's later ones
+        (``one_off``): the call's prepared run made on arrays of its own."""
+        out, args = keep
+        if result is x or result is out:
+            made = out
+        elif out is None and type(result) is np.ndarray and \
+                result.nbytes <= 16 * TEMPLATE_MAX_BYTES:
+            made = result  # allocated by the call: a template allocates one per call too
+        else:
+            return
+        templates = self._prepared.templates
+        key = templates.wanted(kind, x, out, args, self.check)
+        if key is None:
+            return
+        own_x, own_out = np.empty_like(x), None if made is None else np.empty_like(made)
+        pairs = [(x, own_x)] + ([] if made is None else [(made, own_out)])
+
+        def twin(a: Any) -> Any:  # a flat view of x or out: the same view of its own array
+            if a is None:
+                return None
+            for mine, own in pairs:
+                if a.nbytes == mine.nbytes and a.ctypes.data == mine.ctypes.data:
+                    return own.reshape(-1)
+            raise LookupError("not one of the call's arrays")
+
+        try:
+            run = prepare(twin)
+        except LookupError:
+            return
+        if run is not None:
+            templates.add(kind, key, Template(kind, what, run, own_x, own_out, result is x))
 
     def _registered(self, call: Call) -> bool:
         """Whether every array ``call`` reads or writes is registered memory (``alloc``)."""
@@ -602,7 +645,7 @@ class Communicator:
     def _complete_now(self) -> bool:
         return self._complete(False)
 
-    def _repeat(self, entry: Prepared, async_op: bool = False) -> Any:
+    def _repeat(self, entry: Prepared | Rebound, async_op: bool = False) -> Any:
         """Run a prepared call (``PreparedCalls.find`` found it; every front method looks
         first), with the general path's flight record and failure handling in a fraction of its
         time. Inline where it may: the calling thread owns the communicator, nothing is queued,
@@ -660,7 +703,7 @@ class Communicator:
             started[0].run_callbacks(callbacks)  # outside the lock: a callback may issue a call
         return True
 
-    def _settle(self, started: tuple[StartedHandle, Prepared, Repeats],
+    def _settle(self, started: tuple[StartedHandle, Prepared | Rebound, Repeats],
                 block: bool) -> "list[Any] | None | Literal[False]":
         """Complete a started repeat (handle, entry, flight record) if its peers are in
         (waiting for them if ``block``) and settle its handle, its error included: False if not

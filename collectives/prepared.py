@@ -27,6 +27,7 @@ import numpy as np
 
 from .algorithms.compiled import ENV_COMPILED
 from .errors import CollectiveTimeoutError
+from .one_off import Rebound, Templates
 
 PREPARED_MAX_BYTES = 4 << 20
 """Largest plain input a call is kept for (its output may be up to 16 times that: an
@@ -93,6 +94,7 @@ class PreparedCalls:
         self._by_kind: dict[str, dict[int, list[Prepared]]] = {}
         self._kept = 0  # bytes the entries hold alive
         self._seen: dict[str, dict[int, Any]] = {}  # arrays of calls not kept, by collective
+        self.templates = Templates()  # for one-off calls, by form
 
     def seen_before(self, kind: str, x: Any) -> bool:
         """Whether a recent call of ``kind`` had this very ``x`` (else it is noted now): a call
@@ -108,15 +110,14 @@ class PreparedCalls:
         return False
 
     def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
-             check: bool) -> Prepared | None:
+             check: bool) -> Prepared | Rebound | None:
         """The prepared call that ``kind(x, out=out, *args)`` repeats with the agreement check
         ``check`` (the communicator's, as it is now), if any; None: take the general path. An
         entry matches only if nothing changed: the very same ``x`` and ``out`` objects, their
-        layout (``_form``), writability where the call writes them, and every argument."""
+        layout (``_form``), writability where the call writes them, and every argument. Else a
+        one-off call on arrays of a form with a template runs through it (``one_off``)."""
         entries = self._by_kind.get(kind)
-        if entries is None:
-            return None
-        for e in entries.get(id(x), ()):
+        for e in entries.get(id(x), ()) if entries is not None else ():
             if e.matches is not None:
                 if e.matches(x, out, args, check):
                     return e
@@ -129,7 +130,10 @@ class PreparedCalls:
                     return e
             elif out is not None and e._out() is out and _unchanged(out, e._out_form, True):
                 return e
-        return None
+        rebound = self.templates.find(kind, x, out, args, check)
+        if rebound is None or self.seen_before(kind, x):
+            return None  # no template; or x repeats: the general path keeps it for itself
+        return rebound
 
     def add(self, entry: Prepared, x: Any) -> None:
         """Keep ``entry`` for input ``x`` (replacing the oldest beyond the limits: per array,
@@ -158,6 +162,7 @@ class PreparedCalls:
         """Forget every entry (the communicator closed or broke)."""
         self._by_kind.clear()
         self._seen.clear()
+        self.templates.clear()
         self._kept = 0
 
 
