@@ -17,9 +17,10 @@ from typing import Any, Hashable
 
 import numpy as np
 
-TEMPLATE_MAX_BYTES = 64 << 10
-"""Largest input whose one-off calls run through a template (the two copies grow with it; the
-per-call cost they save does not)."""
+TEMPLATE_MAX_BYTES = 32 << 10
+"""Largest input whose one-off calls run through a template: the two copies grow with it, the
+per-call cost they save does not. On 2 ranks, at 64 KiB the copies cost an all_gather or a
+rotate more than the template saved (docs/collectives.md, "One-off calls")."""
 
 TEMPLATES_PER_COLLECTIVE = 8
 """Forms kept per collective; the oldest goes first."""
@@ -57,16 +58,19 @@ class Rebound:
         self.result: Any = self._to
 
     def start(self) -> None:
+        """Copy the input in; start the template's run (never waits)."""
         np.copyto(self._in[0], self._in[1])
         self._run.start()
 
     def complete(self, block: bool) -> bool:
+        """Complete the started run (False: peers not all in, unless ``block``); copy out."""
         if not self._run.complete(block):
             return False
         self._copy_out()
         return True
 
     def go(self) -> None:
+        """The whole call, blocking: copy in, run, copy out."""
         np.copyto(self._in[0], self._in[1])
         self._run.go()
         self._copy_out()
@@ -138,11 +142,13 @@ class Templates:
         return None
 
     def add(self, kind: str, key: Hashable, template: Template) -> None:
+        """Keep ``template`` for ``key`` (the oldest of ``kind`` goes beyond the limit)."""
         templates = self._by_kind.setdefault(kind, {})
         if len(templates) >= TEMPLATES_PER_COLLECTIVE:
             del templates[next(iter(templates))]  # the oldest
         templates[key] = template
 
     def clear(self) -> None:
+        """Forget every template (the communicator freed memory, closed or broke)."""
         self._by_kind.clear()
         self._seen.clear()
