@@ -92,6 +92,7 @@ class Communicator:
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
         self._prepared = PreparedCalls()  # small calls kept ready to repeat
+        self._frees = 0  # how many times free() released registered memory here
         self._started: tuple[StartedHandle, Prepared | Rebound, Repeats] | None = None
         # the started async repeat, and its flight record (whose last run it is)
         self._completing = threading.Lock()  # held while the started repeat completes
@@ -443,6 +444,7 @@ class Communicator:
                 flat = None  # not an array: every rank's free raises below, none waits forever
             arena.free(flat, OpContext("free", self.timeout))
             self._prepared.clear()  # no kept run may outlive the window it cut views of
+            self._frees += 1  # persistent operations check their windows at their next start
 
     def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
         """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here
@@ -640,7 +642,21 @@ class Communicator:
                 ctx = OpContext(f"{kind}_init", limit)
                 self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             self._submit(f"{kind}_init", agree, async_op=False)
-        return Persistent(self, entry)
+        return Persistent(self, entry, self._windows_of(buf.view, entry.result))
+
+    def _windows_of(self, *arrays: Any) -> frozenset[int]:
+        """The registered allocations (``alloc``'s windows) that ``arrays`` lie in."""
+        arena = self.backend.arena()
+        if arena is None:
+            return frozenset()
+        views = [as_buffer(a, "x").view for a in arrays]
+        return frozenset(where[0] for where in (arena.locate(v) for v in views
+                                                if isinstance(v, np.ndarray)) if where)
+
+    def _freed(self, windows: frozenset[int]) -> bool:
+        """Whether ``free`` released any of ``windows`` (``_windows_of``)."""
+        arena = self.backend.arena()
+        return bool(windows) and (arena is None or not all(arena.holds(w) for w in windows))
 
     def _complete_now(self) -> bool:
         return self._complete(False)
@@ -932,12 +948,15 @@ class Persistent:
     persistent operations in the same order, like any collective.
     """
 
-    def __init__(self, comm: Communicator, entry: Prepared) -> None:
+    def __init__(self, comm: Communicator, entry: Prepared,
+                 windows: frozenset[int] = frozenset()) -> None:
         self.comm = comm
         self.kind = entry.kind
         self._entry = entry
         self._pointer = _torch_pointer(entry.result)
         self._handle: Any = None
+        self._windows = windows  # registered allocations its buffers lie in
+        self._frees = comm._frees  # the communicator's free() count when last checked
 
     def start(self) -> Any:
         """Start the operation (on the calling thread where it may, else queued in issue order);
@@ -971,6 +990,11 @@ class Persistent:
         if self._pointer is not None and _torch_pointer(self._entry.result) != self._pointer:
             raise ValueError(f"persistent {self.kind}: the tensor's storage changed since init "
                              f"(resized or replaced); prepare a new one with {self.kind}_init")
+        if self._frees != self.comm._frees:  # memory was freed since: is its buffer still there?
+            if self.comm._freed(self._windows):
+                raise ValueError(f"persistent {self.kind}: its buffer was released by free() "
+                                 f"since {self.kind}_init; prepare a new one on live memory")
+            self._frees = self.comm._frees
 
     def __repr__(self) -> str:
         state = "idle" if self.test() else "active"

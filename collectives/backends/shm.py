@@ -309,6 +309,11 @@ class SharedArena:
         del self._mine[int(lo[0])]
         win.Free()
 
+    def holds(self, window: int) -> bool:
+        """Whether the registered allocation ``window`` (``locate``'s first value) is still
+        allocated (not yet released by ``free``)."""
+        return window in self._windows
+
     def locate(self, buf: np.ndarray, empty_ok: bool = False) -> tuple[int, int] | None:
         """(window id, byte offset) of ``buf`` inside this rank's registered memory, or None.
 

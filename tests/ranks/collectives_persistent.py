@@ -92,11 +92,39 @@ def torch_resize(c):
     expect_raises(ValueError, ar, "storage changed")
 
 
+def freed_buffers(c):
+    """A persistent operation whose registered buffer free() released refuses to start, with a
+    ValueError on every rank (it would read unmapped memory); one on another allocation, or on
+    plain memory, runs on. Without shared memory alloc gives ordinary memory, which free()
+    leaves to the garbage collector: nothing to refuse there."""
+    p = c.size
+    if c.backend.arena() is None:
+        return
+    first, second = c.alloc(1 << 15, np.float32), c.alloc(1 << 15, np.float32)
+    plain = np.ones(4, np.float32)
+    on_first, on_second = c.all_reduce_init(first), c.all_reduce_init(second)
+    on_plain = c.all_gather_init(plain)
+    gathered_first = c.all_gather_init(first[:8], out=np.empty(8 * p, np.float32))
+    first[...] = 1
+    assert np.all(on_first() == p)
+    c.free(first)
+    for gone in (on_first, gathered_first):
+        expect_raises(ValueError, gone.start, "released by free()", gone.kind)
+        expect_raises(ValueError, gone, "released by free()")
+    second[...] = 2
+    assert np.all(on_second() == 2 * p)
+    assert np.all(on_plain() == 1)
+    c.free(second)
+    expect_raises(ValueError, on_second.start, "released by free()")
+    assert np.all(on_plain() == 1)
+
+
 def body():
     c = collectives.init(timeout=60)
     exact_over_many_starts(c)
     errors(c)
     torch_resize(c)
+    freed_buffers(c)
 
 
 rank_main(body)
