@@ -32,7 +32,7 @@ from .flight import FlightEntry, FlightRecorder, Repeats
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
-from .one_off import TEMPLATE_MAX_BYTES, Rebound, Template
+from .one_off import TEMPLATE_MAX_BYTES, Rebound, Template, host_view
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, keepable
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
@@ -589,27 +589,29 @@ class Communicator:
                                                 result is buf.user, what, result, run, lean,
                                                 holds=small), buf.user)
             elif copy_out is None and (small or keep[0] is None):
-                self._template(kind, buf.user, keep, result, what, prepare)
+                self._template(kind, buf, keep, result, what, prepare)
         return self._submit(kind, run, async_op, what)
 
-    def _template(self, kind: str, x: Any, keep: tuple[Any, tuple[Any, ...]], result: Any,
-                  what: Any, prepare: Callable[[Any], Any]) -> None:
+    def _template(self, kind: str, buf: Buffer, keep: tuple[Any, tuple[Any, ...]],
+                  result: Any, what: Any, prepare: Callable[[Any], Any]) -> None:
         """On a form's second one-off call, keep a template for the form's later ones
         (``one_off``): the call's prepared run made on arrays of its own."""
         out, args = keep
-        if result is x or result is out:
-            made = out
-        elif out is None and type(result) is np.ndarray and \
-                result.nbytes <= 16 * TEMPLATE_MAX_BYTES:
-            made = result  # allocated by the call: a template allocates one per call too
-        else:
-            return
+        x = buf.user
+        if result is not x and result is not out and \
+                (out is not None or type(result) is not np.ndarray or
+                 result.nbytes > 16 * TEMPLATE_MAX_BYTES):
+            return  # a result other than the caller's arrays, or a numpy array made per call
         templates = self._prepared.templates
         key = templates.wanted(kind, x, out, args, self.check)
         if key is None:
             return
-        own_x, own_out = np.empty_like(x), None if made is None else np.empty_like(made)
-        pairs = [(x, own_x)] + ([] if made is None else [(made, own_out)])
+        xv, ov = host_view(x), host_view(out)
+        made = ov if result is x or result is out else result  # the output the run writes
+        assert xv is not None  # wanted() found its view
+        own_x, own_out = np.empty_like(xv), None if made is None else np.empty_like(made)
+        pairs = [(xv, own_x)] if made is None or own_out is None else \
+            [(xv, own_x), (made, own_out)]
 
         def twin(a: Any) -> Any:  # a flat view of x or out: the same view of its own array
             if a is None:

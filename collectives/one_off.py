@@ -1,21 +1,24 @@
-"""One-off calls: a small collective on a new array each time (``comm.all_reduce(np.array([loss]))``)
-runs through the prepared call of an earlier array of the same form (shape, dtype, output and
+"""One-off calls: a small collective on a new array each time
+(``comm.all_reduce(np.array([loss]))``) runs through the prepared call of an earlier array of the same form (shape, dtype, output and
 arguments), its *template*: the input is copied into the template's own array, the template's
 prepared run runs, and the result is copied out into the caller's array. Two small copies cost far
 less than the general path's checks, choice and set-up (an 8-byte all_reduce: about 20 us on
 2 ranks). An array called with a second time is kept prepared for itself instead
-(``PreparedCalls``), as before.
+(``PreparedCalls``).
 
 A template is made on the second general call of a form (the first may stay a one-off), from the
-same call, on arrays of its own; only numpy arrays that are C-contiguous, writable, not
-overlapping and up to ``TEMPLATE_MAX_BYTES``, whose result is the caller's own array, take this
-way. The cross-rank agreement runs in the template's barrier as in any prepared run.
+same call, on arrays of its own; only numpy arrays and CPU torch tensors that are C-contiguous,
+writable, not overlapping and up to ``TEMPLATE_MAX_BYTES``, whose result is the caller's own
+array (or a numpy array the collective allocates), take this way. The cross-rank agreement
+runs in the template's barrier as in any prepared run.
 """
 from __future__ import annotations
 
 from typing import Any, Hashable
 
 import numpy as np
+
+from .arrays import as_buffer
 
 TEMPLATE_MAX_BYTES = 32 << 10
 """Largest input whose one-off calls run through a template: the two copies grow with it, the
@@ -47,15 +50,16 @@ class Rebound:
     __slots__ = ("kind", "what", "result", "lean", "starts_inline", "_run", "_in", "_from",
                  "_to")
 
-    def __init__(self, template: Template, x: np.ndarray, out: np.ndarray | None) -> None:
+    def __init__(self, template: Template, x: np.ndarray, out: np.ndarray | None,
+                 result: Any) -> None:
         self.kind, self.what, self._run = template.kind, template.what, template.run
         self.lean, self.starts_inline = self, template.run.starts_inline
         self._in = template.x, x
-        result = template.x if template.writes_x else template.out
-        assert result is not None  # a template has an output where it doesn't write x
-        self._from: np.ndarray = result
+        source = template.x if template.writes_x else template.out
+        assert source is not None  # a template has an output where it doesn't write x
+        self._from: np.ndarray = source
         self._to = x if template.writes_x else out  # None: a new array per call
-        self.result: Any = self._to
+        self.result = result  # the caller's x or out (None: made at the copy out)
 
     def start(self) -> None:
         """Copy the input in; start the template's run (never waits)."""
@@ -86,26 +90,41 @@ class Rebound:
             np.copyto(self._to, self._from)
 
 
-def template_key(x: Any, out: Any, args: tuple[Any, ...], check: bool) -> Hashable | None:
-    """What a template must share with a call (``args``: the front method's other arguments), or
-    None where the call can't take one: not a small writable C-contiguous numpy array, an
-    ``out`` unlike that or overlapping ``x``, or arguments that can't be a key."""
-    if type(x) is not np.ndarray or x.nbytes > TEMPLATE_MAX_BYTES or \
-            not (x.flags.c_contiguous and x.flags.writeable):
+def template_key(x: Any, out: Any, args: tuple[Any, ...],
+                 check: bool) -> tuple[Hashable, np.ndarray, np.ndarray | None] | None:
+    """What a template must share with a call (``args``: the front method's other arguments),
+    with the host views of ``x`` and ``out`` to copy through; None where the call can't take
+    one: not a small writable C-contiguous numpy array or CPU tensor, an ``out`` unlike that or
+    overlapping ``x``, or arguments that can't be a key."""
+    xv = host_view(x)
+    if xv is None or xv.nbytes > TEMPLATE_MAX_BYTES:
         return None
     if out is None:
-        form: Any = None
-    elif type(out) is not np.ndarray or not (out.flags.c_contiguous and out.flags.writeable) \
-            or out.nbytes > 16 * TEMPLATE_MAX_BYTES or np.may_share_memory(x, out):
-        return None
+        ov, form = None, None
     else:
-        form = (out.shape, out.dtype)
-    key = (x.shape, x.dtype, form, args, check)
+        ov = host_view(out)
+        if ov is None or ov.nbytes > 16 * TEMPLATE_MAX_BYTES or np.may_share_memory(xv, ov):
+            return None
+        form = (type(out), out.dtype, ov.shape, ov.dtype)
+    key = (type(x), x.dtype, xv.shape, xv.dtype, form, args, check)
     try:
         hash(key)
     except TypeError:
         return None
-    return key
+    return key, xv, ov
+
+
+def host_view(a: Any) -> np.ndarray | None:
+    """A numpy array itself, or a CPU tensor's numpy view (``as_buffer``'s), where it is
+    C-contiguous and writable; else None."""
+    if type(a) is not np.ndarray:
+        if not type(a).__module__.startswith("torch") or not getattr(a, "is_cpu", False):
+            return None
+        try:
+            a = as_buffer(a, "x").view
+        except (TypeError, ValueError):
+            return None
+    return a if a.flags.c_contiguous and a.flags.writeable else None
 
 
 class Templates:
@@ -119,19 +138,23 @@ class Templates:
              check: bool) -> Rebound | None:
         """The call run through its form's template, if there is one."""
         templates = self._by_kind.get(kind)
-        if templates is None:
+        found = template_key(x, out, args, check) if templates is not None else None
+        if found is None:
             return None
-        key = template_key(x, out, args, check)
-        template = templates.get(key) if key is not None else None
-        return Rebound(template, x, out) if template is not None else None
+        key, xv, ov = found
+        template = templates.get(key)  # type: ignore[union-attr]  # found: templates is set
+        if template is None:
+            return None
+        return Rebound(template, xv, ov, x if template.writes_x else out)
 
     def wanted(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
                check: bool) -> Hashable | None:
         """The key to make a template under, on a form's second general call; else None (the
         form is noted, or can't take one)."""
-        key = template_key(x, out, args, check)
-        if key is None or key in self._by_kind.get(kind, ()):
+        found = template_key(x, out, args, check)
+        if found is None or found[0] in self._by_kind.get(kind, ()):
             return None
+        key = found[0]
         seen = self._seen.setdefault(kind, {})
         if key in seen:
             del seen[key]

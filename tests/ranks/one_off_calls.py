@@ -171,6 +171,33 @@ def timeout_names_the_rank(c):
     WORLD.Barrier()
 
 
+def torch_tensors(c):
+    """CPU tensors, a new one each call (as a training loop's loss), take templates too,
+    bfloat16 included: exact, in the caller's tensor; a non-contiguous one still gets the
+    general path's error."""
+    try:
+        import torch
+    except ImportError:
+        return
+    p, r = c.size, c.rank
+    for dt in (torch.float32, torch.bfloat16, torch.int64):
+        for step in range(STEPS):
+            every = [torch.arange(5, dtype=torch.float32).add(q + step).to(dt) for q in range(p)]
+            t = every[r].clone()
+            assert c.all_reduce(t) is t
+            assert torch.equal(t, sum(every[1:], every[0].clone())), (dt, step, t)
+            out = torch.empty(5 * p, dtype=dt)
+            assert c.all_gather(every[r].clone(), out=out) is out
+            assert torch.equal(out, torch.cat(every)), (dt, step, "all_gather")
+            t = every[r].clone()
+            assert c.broadcast(t, root=p - 1) is t and torch.equal(t, every[p - 1]), (dt, step)
+        fresh = torch.ones(5, dtype=dt)
+        assert p == 1 or isinstance(c._prepared.find("all_reduce", fresh, None,
+                                                     ("sum", "auto", False, None), c.check),
+                                    Rebound), dt
+    expect_raises(ValueError, lambda: c.all_reduce(torch.ones(10)[::2]), "not contiguous")
+
+
 def body():
     c = collectives.init(timeout=20)
     every_collective_stays_exact(c)
@@ -179,6 +206,7 @@ def body():
     ranks_on_different_paths_meet(c)
     a_repeating_array_is_kept_for_itself(c)
     bad_arrays_get_the_usual_errors(c)
+    torch_tensors(c)
     if c.size > 1:
         divergence_fails_everywhere(c)
         timeout_names_the_rank(c)
