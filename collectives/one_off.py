@@ -1,10 +1,10 @@
 """One-off calls: a small collective on a new array each time
-(``comm.all_reduce(np.array([loss]))``) runs through the prepared call of an earlier array of the same form (shape, dtype, output and
-arguments), its *template*: the input is copied into the template's own array, the template's
-prepared run runs, and the result is copied out into the caller's array. Two small copies cost far
-less than the general path's checks, choice and set-up (an 8-byte all_reduce: about 20 us on
-2 ranks). An array called with a second time is kept prepared for itself instead
-(``PreparedCalls``).
+(``comm.all_reduce(np.array([loss]))``) runs through the prepared call of an earlier array of
+the same form (shape, dtype, output and arguments), its *template*: the input is copied into the
+template's own array, the template's prepared run runs, and the result is copied out into the
+caller's array. Two small copies cost far less than the general path's checks, choice and
+set-up (an 8-byte all_reduce: about 20 us on 2 ranks). An array called with a second time is
+kept prepared for itself instead (``PreparedCalls``).
 
 A template is made on the second general call of a form (the first may stay a one-off), from the
 same call, on arrays of its own; only numpy arrays and CPU torch tensors that are C-contiguous,
