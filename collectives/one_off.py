@@ -47,19 +47,24 @@ class Rebound:
     run too: ``lean`` is itself). ``start`` copies the caller's input in, ``complete`` copies the
     result out once done, so an async call's result appears on completion, as it would."""
 
-    __slots__ = ("kind", "what", "result", "lean", "starts_inline", "_run", "_in", "_from",
-                 "_to")
+    __slots__ = ("kind", "what", "result", "starts_inline", "_run", "_in", "_from", "_to")
 
     def __init__(self, template: Template, x: np.ndarray, out: np.ndarray | None,
                  result: Any) -> None:
         self.kind, self.what, self._run = template.kind, template.what, template.run
-        self.lean, self.starts_inline = self, template.run.starts_inline
+        self.starts_inline = template.run.starts_inline
         self._in = template.x, x
         source = template.x if template.writes_x else template.out
         assert source is not None  # a template has an output where it doesn't write x
         self._from: np.ndarray = source
         self._to = x if template.writes_x else out  # None: a new array per call
         self.result = result  # the caller's x or out (None: made at the copy out)
+
+    @property
+    def lean(self) -> "Rebound":
+        """Its own run (a property, not an attribute: a reference to itself would make every
+        call a cycle for the garbage collector, whose pauses a stream of calls then feels)."""
+        return self
 
     def start(self) -> None:
         """Copy the input in; start the template's run (never waits)."""

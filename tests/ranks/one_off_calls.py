@@ -6,6 +6,8 @@ template's own arrays; an array called with twice is kept for itself instead."""
 import _common  # noqa: F401
 from _common import expect_raises, rank_data, rank_main, reference
 
+import gc
+
 import numpy as np
 from mpi4py import MPI
 
@@ -198,6 +200,24 @@ def torch_tensors(c):
     expect_raises(ValueError, lambda: c.all_reduce(torch.ones(10)[::2]), "not contiguous")
 
 
+def leaves_no_garbage_cycles(c):
+    """A call through a template leaves nothing for the cycle collector (whose pauses, tens of
+    milliseconds with torch imported, a stream of small calls would feel)."""
+    for _ in range(3):  # both templates made (an evicted one's run may leave a cycle once)
+        c.all_reduce(np.ones(3))
+        c.all_reduce(np.ones(3), async_op=True).wait()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(50):
+            c.all_reduce(np.ones(3))
+            c.all_reduce(np.ones(3), async_op=True).wait()
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found == 0, f"{found} objects in reference cycles"
+
+
 def body():
     c = collectives.init(timeout=20)
     every_collective_stays_exact(c)
@@ -207,6 +227,7 @@ def body():
     a_repeating_array_is_kept_for_itself(c)
     bad_arrays_get_the_usual_errors(c)
     torch_tensors(c)
+    leaves_no_garbage_cycles(c)
     if c.size > 1:
         divergence_fails_everywhere(c)
         timeout_names_the_rank(c)
