@@ -215,7 +215,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def _rate(text: str) -> float:
-    from topocoll.topology.virtual import parse_links
+    from topocoll.topology import parse_links
 
     try:
         return parse_links(f"intra=0s:{text}")["intra"].beta_bytes_per_s
@@ -224,8 +224,8 @@ def _rate(text: str) -> float:
 
 
 def _topology(source: str, links: str | None, nics: str | None) -> Any:
-    from topocoll.topology import TopologyError, load, parse_spec
-    from topocoll.topology.virtual import is_spec, parse_links
+    from topocoll.topology import TopologyError, load, parse_links, parse_spec
+    from topocoll.topology.virtual import is_spec
 
     try:
         topo = parse_spec(source) if is_spec(source) else load(source)

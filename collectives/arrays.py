@@ -1,13 +1,17 @@
 """Zero-copy views of user arrays as storage buffers: numpy arrays and torch CPU tensors as numpy
-views; GPU arrays (CuPy, torch CUDA, ``__cuda_array_interface__``) as CuPy views (see gpu.py)."""
+views; GPU arrays (CuPy, torch CUDA, ``__cuda_array_interface__``) as CuPy views (validated and
+fenced through gpu.py)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .dtypes import BFLOAT16, DType, dtype_of_numpy
+from .gpu import (describe_cuda_array, is_cupy_array, is_gpu_array, local_work, mark_ready,
+                  require_cupy)
 
 
 @dataclass
@@ -42,9 +46,7 @@ class Buffer:
     def new(self, shape: tuple[int, ...]) -> "Buffer":
         """A fresh zeroed buffer of the same kind and dtype with ``shape``."""
         if self.memory == "cuda":
-            from .gpu import new_buffer
-
-            return new_buffer(self, shape)
+            return _new_gpu_buffer(self, shape)
         if self.kind == "torch":
             import torch
 
@@ -62,18 +64,12 @@ def as_buffer(x: Any, name: str = "x") -> Buffer:
         return Buffer(x, x, dtype_of_numpy(x.dtype), "numpy")
     torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor) and x.device.type == "cuda":
-        from .gpu import as_gpu_buffer
-
         return as_gpu_buffer(x, name)
     if torch is not None and isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise TypeError(f"{name} is on device {x.device}; only CPU and CUDA tensors are "
                             f"supported")
-        if x.is_sparse or x.layout != torch.strided:
-            raise TypeError(f"{name} has layout {x.layout}; only dense strided tensors are supported")
-        if not x.is_contiguous():
-            raise ValueError(f"{name} is not contiguous; pass {name}.contiguous() — "
-                             f"collectives never copy silently")
+        _check_torch(x, name, torch)
         t = x.detach()
         if t.dtype == torch.bfloat16:
             return Buffer(x, t.view(torch.int16).numpy().view(np.uint16), BFLOAT16, "torch")
@@ -84,12 +80,51 @@ def as_buffer(x: Any, name: str = "x") -> Buffer:
         except TypeError as err:
             raise TypeError(f"{name} has dtype {t.dtype}, which has no numpy equivalent") from err
         return Buffer(x, view, dtype_of_numpy(view.dtype), "torch")
-    from .gpu import as_gpu_buffer, is_gpu_array
-
     if is_gpu_array(x):
         return as_gpu_buffer(x, name)
     raise TypeError(f"{name} must be a numpy array or a torch tensor (CPU or CUDA) or a GPU array "
                     f"(CuPy, __cuda_array_interface__), got {type(x).__name__}")
+
+
+def as_gpu_buffer(x: Any, name: str = "x") -> Buffer:
+    """Wrap a GPU array without copying as a Buffer whose view is a CuPy array; record its fence."""
+    torch = _torch()
+    if torch is not None and isinstance(x, torch.Tensor):
+        _check_torch(x, name, torch)
+        cupy = require_cupy(f"{name} is a CUDA tensor ({x.device})")
+        view, dtype = _torch_view(x, torch, cupy)
+        mark_ready(x.device.index, torch.cuda.current_stream(x.device).cuda_stream)
+        return Buffer(x, view, dtype, "torch-cuda", memory="cuda", device=x.device.index)
+    if is_cupy_array(x):
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{name} is not C-contiguous (strides {x.strides}); pass "
+                             f"cupy.ascontiguousarray({name}) — collectives never copy silently")
+        cupy = sys.modules["cupy"]
+        mark_ready(x.device.id, cupy.cuda.get_current_stream().ptr)
+        return Buffer(x, x, dtype_of_numpy(x.dtype), "cupy", memory="cuda", device=x.device.id)
+    info = describe_cuda_array(x, name)
+    cupy = require_cupy(f"{name} is a GPU array ({type(x).__name__})")
+    view = cupy.asarray(x)  # zero-copy through the interface
+    if view.data.ptr != info.ptr and view.size:
+        raise ValueError(f"{name}: CuPy copied the array instead of viewing it")
+    device = view.device.id
+    if info.stream is not None:
+        mark_ready(device, info.stream)
+    return Buffer(x, view, dtype_of_numpy(info.dtype), "cuda-array", memory="cuda",
+                  device=device, readonly=info.readonly)
+
+
+def _new_gpu_buffer(like: Buffer, shape: tuple[int, ...]) -> Buffer:
+    """A fresh zeroed GPU buffer on ``like``'s device, of its kind (torch tensor or CuPy array)."""
+    if like.kind == "torch-cuda":
+        import torch
+
+        return as_gpu_buffer(torch.zeros(shape, dtype=like.user.dtype, device=like.user.device),
+                             "result")
+    cupy = sys.modules["cupy"]
+    with local_work(like.view):  # the view is a CuPy array on like.device
+        arr = cupy.zeros(shape, dtype=like.view.dtype)
+    return as_gpu_buffer(arr, "result")
 
 
 def check_writable(buf: Buffer, name: str) -> None:
@@ -112,6 +147,32 @@ def check_memory(buf: Buffer, backend: Any, name: str) -> None:
 
 
 def _torch() -> Any:
-    import sys
-
     return sys.modules.get("torch")  # only if the user already imported torch: never import it here
+
+
+def _check_torch(x: Any, name: str, torch: Any) -> None:
+    """Raise unless ``x`` is a dense, contiguous tensor (CPU or CUDA): collectives never copy."""
+    if x.is_sparse or x.layout != torch.strided:
+        raise TypeError(f"{name} has layout {x.layout}; only dense strided tensors are supported")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} is not contiguous; pass {name}.contiguous() — "
+                         f"collectives never copy silently")
+
+
+def _torch_view(x: Any, torch: Any, cupy: Any) -> tuple[Any, DType]:
+    """A CuPy view of a CUDA tensor through DLPack; bfloat16 and bool travel as 16/8-bit ints."""
+    t = x.detach()
+    if t.dtype == torch.bfloat16:
+        return _from_dlpack(cupy, t.view(torch.int16)).view(cupy.uint16), BFLOAT16
+    if t.dtype == torch.bool:
+        return (_from_dlpack(cupy, t.view(torch.uint8)).view(cupy.bool_),
+                dtype_of_numpy(np.dtype(bool)))
+    view = _from_dlpack(cupy, t)
+    return view, dtype_of_numpy(view.dtype)
+
+
+def _from_dlpack(cupy: Any, t: Any) -> Any:
+    try:
+        return cupy.from_dlpack(t, copy=False)
+    except TypeError:  # CuPy < 14 has no copy= and never copies device memory
+        return cupy.from_dlpack(t)

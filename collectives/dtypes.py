@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import gpu
+
 OPS = ("sum", "prod", "min", "max", "avg")
 """Reduction ops every reducing collective accepts."""
 
@@ -93,21 +95,20 @@ def reducer(dtype: DType, op: str) -> Reducer:
     """The in-place combine function for ``op`` on ``dtype`` ('avg' combines like 'sum');
     GPU (CuPy) storage views are combined on the GPU by ``gpu.combine``. Made once per pair."""
     base = "sum" if op == "avg" else op
-    host = _torch_reducer(base) if dtype.name == "bfloat16" else None
+    bf16 = dtype.name == BFLOAT16.name
+    host = _torch_reducer(base) if bf16 else None
     ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[base]
 
     def combine(acc: np.ndarray, inc: np.ndarray, out: np.ndarray | None = None) -> None:
         if out is None:
             out = acc
         if not isinstance(acc, np.ndarray):
-            from .gpu import combine as on_gpu, copyto
-
             if out is inc:
-                on_gpu(out, acc, base, dtype)  # every op is commutative; copying acc first
-            else:                              # would overwrite inc before it is read
+                gpu.combine(out, acc, base, bf16)  # every op is commutative; copying acc first
+            else:                                  # would overwrite inc before it is read
                 if out is not acc:
-                    copyto(out, acc)
-                on_gpu(out, inc, base, dtype)
+                    gpu.copyto(out, acc)
+                gpu.combine(out, inc, base, bf16)
         elif host is not None:
             host(acc, inc, out)
         else:
@@ -119,9 +120,7 @@ def reducer(dtype: DType, op: str) -> Reducer:
 def finish_avg(dtype: DType, buf: np.ndarray, size: int) -> None:
     """Turn a sum into the mean over ``size`` ranks, in place (the last step of 'avg')."""
     if not isinstance(buf, np.ndarray):
-        from .gpu import divide
-
-        divide(buf, size, dtype)
+        gpu.divide(buf, size, dtype.name == BFLOAT16.name)
         return
     if dtype.name == "bfloat16":
         import torch

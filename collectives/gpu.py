@@ -1,9 +1,10 @@
-"""GPU arrays as zero-copy CuPy views, and the array-module helpers that let one algorithm serve
-numpy and CuPy buffers alike.
+"""GPU memory below the buffers: the array-module helpers that let one algorithm serve numpy and
+CuPy buffers alike, GPU arrays told apart and validated, ready fences and the work stream.
 
 A GPU array (a CuPy array, a torch CUDA tensor through DLPack, or any object exposing
-``__cuda_array_interface__``) becomes a :class:`collectives.arrays.Buffer` whose ``view`` is a
-CuPy array over the same memory, so algorithms slice it exactly as they slice numpy views.
+``__cuda_array_interface__``) becomes (in ``arrays.py``) a :class:`collectives.arrays.Buffer`
+whose ``view`` is a CuPy array over the same memory, so algorithms slice it exactly as they slice
+numpy views. This module knows nothing of buffers or dtypes.
 
 Streams. The data of a GPU array is ready only once the work queued before the call on its
 *producer stream* has run. When a GPU array is handed to a collective we record a *ready fence*
@@ -25,8 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
-
-from .dtypes import BFLOAT16, DType, dtype_of_numpy
 
 CUPY_HINT = "pip install cupy-cuda12x; the NCCL backend also needs nvidia-nccl-cu12"
 
@@ -79,10 +78,11 @@ def shares_memory(a: Any, b: Any) -> bool:
     return bool(array_module(a).shares_memory(a, b))
 
 
-def combine(acc: Any, inc: Any, op: str, dtype: DType) -> None:
-    """``acc = acc (op) inc`` on the GPU, in place ('sum', 'prod', 'min', 'max')."""
+def combine(acc: Any, inc: Any, op: str, bfloat16: bool = False) -> None:
+    """``acc = acc (op) inc`` on the GPU, in place ('sum', 'prod', 'min', 'max'); ``bfloat16``:
+    the uint16 storage holds bfloat16 values (combined through torch)."""
     with local_work(acc):
-        if dtype.name == BFLOAT16.name:
+        if bfloat16:
             with _torch_stream(acc):
                 a, torch = _as_torch_bf16(acc)
                 b, _ = _as_torch_bf16(inc)
@@ -96,10 +96,10 @@ def combine(acc: Any, inc: Any, op: str, dtype: DType) -> None:
         ufunc(acc, inc, out=acc)
 
 
-def divide(buf: Any, size: int, dtype: DType) -> None:
-    """``buf /= size`` on the GPU, in place (the last step of 'avg')."""
+def divide(buf: Any, size: int, bfloat16: bool = False) -> None:
+    """``buf /= size`` on the GPU, in place (the last step of 'avg'); ``bfloat16`` as in combine."""
     with local_work(buf):
-        if dtype.name == BFLOAT16.name:
+        if bfloat16:
             with _torch_stream(buf):
                 _as_torch_bf16(buf)[0].div_(size)
             return
@@ -118,12 +118,18 @@ class CudaArrayInfo:
     stream: int | None  # producer stream handle (1: legacy default, 2: per-thread), None: no sync
 
 
+def is_cupy_array(x: Any) -> bool:
+    """Whether ``x`` is a CuPy array (never imports CuPy: False while nothing has)."""
+    cupy = sys.modules.get("cupy")
+    return cupy is not None and isinstance(x, cupy.ndarray)
+
+
 def is_gpu_array(x: Any) -> bool:
     """Whether ``x`` lives in GPU memory (torch CUDA tensor, CuPy array, CUDA array interface)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
         return x.device.type == "cuda"
-    if _is_cupy(x):
+    if is_cupy_array(x):
         return True
     try:
         return hasattr(x, "__cuda_array_interface__")
@@ -175,49 +181,6 @@ def describe_cuda_array(x: Any, name: str = "x") -> CudaArrayInfo:
         raise ValueError(f"{name}.__cuda_array_interface__ stream must be a non-zero int or None "
                          f"(0 is ambiguous in the CUDA array interface v3), got {stream!r}")
     return CudaArrayInfo(int(data[0]), tuple(shape), dtype, bool(data[1]), stream)
-
-
-def as_gpu_buffer(x: Any, name: str = "x") -> Any:
-    """Wrap a GPU array without copying as a Buffer whose view is a CuPy array; record its fence."""
-    from .arrays import Buffer
-
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        _check_torch(x, name, torch)
-        cupy = require_cupy(f"{name} is a CUDA tensor ({x.device})")
-        view, dtype = _torch_view(x, torch, cupy)
-        mark_ready(x.device.index, torch.cuda.current_stream(x.device).cuda_stream)
-        return Buffer(x, view, dtype, "torch-cuda", memory="cuda", device=x.device.index)
-    if _is_cupy(x):
-        if not x.flags.c_contiguous:
-            raise ValueError(f"{name} is not C-contiguous (strides {x.strides}); pass "
-                             f"cupy.ascontiguousarray({name}) — collectives never copy silently")
-        cupy = sys.modules["cupy"]
-        mark_ready(x.device.id, cupy.cuda.get_current_stream().ptr)
-        return Buffer(x, x, dtype_of_numpy(x.dtype), "cupy", memory="cuda", device=x.device.id)
-    info = describe_cuda_array(x, name)
-    cupy = require_cupy(f"{name} is a GPU array ({type(x).__name__})")
-    view = cupy.asarray(x)  # zero-copy through the interface
-    if view.data.ptr != info.ptr and view.size:
-        raise ValueError(f"{name}: CuPy copied the array instead of viewing it")
-    device = view.device.id
-    if info.stream is not None:
-        mark_ready(device, info.stream)
-    return Buffer(x, view, dtype_of_numpy(info.dtype), "cuda-array", memory="cuda",
-                  device=device, readonly=info.readonly)
-
-
-def new_buffer(like: Any, shape: tuple[int, ...]) -> Any:
-    """A fresh zeroed GPU buffer on ``like``'s device, of its kind (torch tensor or CuPy array)."""
-    if like.kind == "torch-cuda":
-        import torch
-
-        return as_gpu_buffer(torch.zeros(shape, dtype=like.user.dtype, device=like.user.device),
-                             "result")
-    cupy = sys.modules["cupy"]
-    with _local(like.device):
-        arr = cupy.zeros(shape, dtype=like.view.dtype)
-    return as_gpu_buffer(arr, "result")
 
 
 def require_cupy(what: str) -> Any:
@@ -295,11 +258,6 @@ def _on_device(like: Any) -> Iterator[None]:
         yield
 
 
-def _is_cupy(x: Any) -> bool:
-    cupy = sys.modules.get("cupy")
-    return cupy is not None and isinstance(x, cupy.ndarray)
-
-
 def _require_same_kind(a: Any, b: Any) -> None:
     if isinstance(a, np.ndarray) != isinstance(b, np.ndarray):
         raise TypeError("can't copy between host and GPU arrays here; both must be on the GPU")
@@ -313,33 +271,6 @@ def _c_contiguous(shape: tuple[int, ...], strides: Any, itemsize: int) -> bool:
             return False
         expect *= dim
     return True
-
-
-def _check_torch(x: Any, name: str, torch: Any) -> None:
-    if x.is_sparse or x.layout != torch.strided:
-        raise TypeError(f"{name} has layout {x.layout}; only dense strided tensors are supported")
-    if not x.is_contiguous():
-        raise ValueError(f"{name} is not contiguous; pass {name}.contiguous() — "
-                         f"collectives never copy silently")
-
-
-def _torch_view(x: Any, torch: Any, cupy: Any) -> tuple[Any, DType]:
-    """A CuPy view of a CUDA tensor through DLPack; bfloat16 and bool travel as 16/8-bit ints."""
-    t = x.detach()
-    if t.dtype == torch.bfloat16:
-        return _from_dlpack(cupy, t.view(torch.int16)).view(cupy.uint16), BFLOAT16
-    if t.dtype == torch.bool:
-        return (_from_dlpack(cupy, t.view(torch.uint8)).view(cupy.bool_),
-                dtype_of_numpy(np.dtype(bool)))
-    view = _from_dlpack(cupy, t)
-    return view, dtype_of_numpy(view.dtype)
-
-
-def _from_dlpack(cupy: Any, t: Any) -> Any:
-    try:
-        return cupy.from_dlpack(t, copy=False)
-    except TypeError:  # CuPy < 14 has no copy= and never copies device memory
-        return cupy.from_dlpack(t)
 
 
 def _as_torch_bf16(a: Any) -> tuple[Any, Any]:

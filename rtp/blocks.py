@@ -5,18 +5,16 @@ names, so their ``state_dict`` keys and values match the dense twins built from 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn as nn
 
 from .attention import MultiheadAttention
 from .layers import Linear
+from .models import block_forward
 from .ring import ring_for
 from .sync import sync_replicated
-
-if TYPE_CHECKING:
-    from .models import DenseBlock
 
 
 class MLP(nn.Module):
@@ -50,15 +48,3 @@ class TransformerBlock(nn.Module):
         """This rank's micro-batch ``[B, L, d_model]`` through the block."""
         return block_forward(self, x)
 
-
-def block_forward(block: TransformerBlock | DenseBlock, x: torch.Tensor) -> torch.Tensor:
-    """The pre-LN block computation shared by the RTP and the dense block."""
-    mask = causal_mask(x.shape[1]) if block.causal else None
-    h = block.ln1(x)
-    x = x + block.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-    return x + block.mlp(block.ln2(x))
-
-
-def causal_mask(n: int) -> torch.Tensor:
-    """``[n, n]`` bool mask, True above the diagonal (masked), as nn.MultiheadAttention takes."""
-    return torch.ones(n, n, dtype=torch.bool).triu_(1)

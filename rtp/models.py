@@ -1,10 +1,11 @@
-"""Dense reference models (plain torch) used as RTP's twins in tests and benchmarks."""
+"""Dense reference models (plain torch) used as RTP's twins in tests and benchmarks, and the
+pre-LN block computation that ``rtp.TransformerBlock`` shares with its dense twin."""
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 import torch.nn as nn
-
-from .blocks import block_forward
 
 
 class DenseMLP(nn.Module):
@@ -56,3 +57,31 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+
+class PreLNBlock(Protocol):
+    """What ``block_forward`` reads from a block (``DenseBlock`` and ``rtp.TransformerBlock``)."""
+
+    @property
+    def causal(self) -> bool: ...
+    @property
+    def ln1(self) -> nn.Module: ...
+    @property
+    def attn(self) -> nn.Module: ...
+    @property
+    def ln2(self) -> nn.Module: ...
+    @property
+    def mlp(self) -> nn.Module: ...
+
+
+def block_forward(block: PreLNBlock, x: torch.Tensor) -> torch.Tensor:
+    """The pre-LN block computation shared by the RTP and the dense block."""
+    mask = causal_mask(x.shape[1]) if block.causal else None
+    h = block.ln1(x)
+    x = x + block.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+    return x + block.mlp(block.ln2(x))
+
+
+def causal_mask(n: int) -> torch.Tensor:
+    """``[n, n]`` bool mask, True above the diagonal (masked), as nn.MultiheadAttention takes."""
+    return torch.ones(n, n, dtype=torch.bool).triu_(1)

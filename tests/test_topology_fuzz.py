@@ -22,7 +22,8 @@ import pytest
 
 from topocoll.topology import Topology, TopologyError, load, parse_links, parse_spec
 from topocoll.topology.slurm import expand_hostlist, load_topology_conf, parse_topology_conf
-from topocoll.topology.virtual import parse_link, parse_nics, parse_rate, parse_time
+from topocoll.topology.links import parse_link, parse_rate, parse_time
+from topocoll.topology.virtual import parse_nics
 
 detect_mod = importlib.import_module("topocoll.topology.detect")  # topology.detect: the function
 
@@ -455,11 +456,11 @@ def test_rank0_failure_of_any_kind_is_broadcast(monkeypatch):
 
 def test_limits_are_named_constants():
     """The limits the messages quote are module constants with docstrings in docs/topology.md."""
-    from topocoll.topology import model, slurm
-    assert model.MAX_WORLD_SIZE == 2 ** 20 and model.MAX_LEVELS == 16
-    assert model.MAX_FILE_BYTES == 64 * 2 ** 20 and model.MAX_NESTING == 32
-    assert slurm.MAX_HOSTLIST_NAMES == model.MAX_WORLD_SIZE
-    assert slurm.MAX_SWITCH_LEVELS == model.MAX_LEVELS - 2
+    from topocoll.topology import limits, slurm
+    assert limits.MAX_WORLD_SIZE == 2 ** 20 and limits.MAX_LEVELS == 16
+    assert limits.MAX_FILE_BYTES == 64 * 2 ** 20 and limits.MAX_NESTING == 32
+    assert slurm.MAX_HOSTLIST_NAMES == limits.MAX_WORLD_SIZE
+    assert slurm.MAX_SWITCH_LEVELS == limits.MAX_LEVELS - 2
     doc = (Path(__file__).resolve().parent.parent / "docs" / "topology.md").read_text()
     for name in ("MAX_WORLD_SIZE", "MAX_LEVELS", "MAX_FILE_BYTES", "MAX_NESTING",
                  "MAX_HOSTLIST_NAMES", "MAX_SWITCH_LEVELS"):

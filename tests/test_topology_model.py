@@ -8,7 +8,8 @@ import pytest
 from topocoll.topology import (LinkParams, Topology, TopologyError, crossings, flat_ring, leader_ring,
                       load, min_crossings, neighbours, node_ring, parse_links, parse_spec,
                       rail_rings)
-from topocoll.topology.virtual import is_spec, parse_nics, parse_rate, parse_time
+from topocoll.topology.links import parse_rate, parse_time
+from topocoll.topology.virtual import is_spec, parse_nics
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -83,7 +83,7 @@ print("SINGLE OK", t.tolist())
 
 
 def rendezvous_vars():
-    from topocoll.collectives.torch.rendezvous import LAUNCHER_VARS
+    from topocoll.collectives.torch.pmi import LAUNCHER_VARS
 
     return LAUNCHER_VARS
 

@@ -4,10 +4,11 @@ Knows nothing of collectives; ``collectives`` reads a :class:`Topology` to pick 
 algorithms. See docs/topology.md.
 """
 from .detect import detect
-from .model import DEFAULT_LINKS, LinkParams, Topology, TopologyError, bundled_clusters, load
+from .limits import TopologyError
+from .links import DEFAULT_LINKS, LinkParams, parse_links
+from .model import Topology, bundled_clusters, load, parse_spec
 from .rings import (crossings, flat_ring, leader_ring, leaf_groups, min_crossings, neighbours,
                     node_ring, rail_rings)
-from .virtual import parse_links, parse_spec
 
 __all__ = [
     "Topology", "LinkParams", "TopologyError", "DEFAULT_LINKS", "detect", "load", "bundled_clusters",

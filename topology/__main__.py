@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .model import Topology, TopologyError, load
-from .virtual import parse_spec
+from .limits import TopologyError
+from .model import Topology, load, parse_spec
 
 
 def main(argv: Sequence[str] | None = None) -> int:

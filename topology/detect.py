@@ -17,8 +17,10 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from .model import LinkParams, Topology, TopologyError, load, parse_json, read_text_file
-from .virtual import is_spec, parse_link, parse_links, parse_nics, parse_spec
+from .limits import TopologyError
+from .links import LinkParams, parse_link, parse_links
+from .model import Topology, load, parse_json, parse_spec, read_text_file
+from .virtual import is_spec, parse_nics
 
 ENV_TOPOLOGY = "TOPOCOLL_TOPOLOGY"
 ENV_SLURM = ("TOPOCOLL_SLURM_TOPOLOGY", "SLURM_TOPOLOGY_CONF")

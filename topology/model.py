@@ -1,4 +1,6 @@
-"""The Topology model: ranks -> nodes -> switches (-> more switch levels), link costs, JSON I/O.
+"""The Topology model: ranks -> nodes -> switches (-> more switch levels) and the links between
+them (costs in links.py); built from node lists, files (JSON, YAML) or virtual specs (parse_spec,
+grammar in virtual.py), saved as JSON.
 
 A topology is data, so that ring search and algorithm choice can be tested without the hardware
 (NCCL's ``NCCL_TOPO_FILE`` idea). Levels are listed bottom-up, always starting ``rank, node,
@@ -13,97 +15,16 @@ import math
 import numbers
 import os
 import re
-import reprlib
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .limits import MAX_FILE_BYTES, MAX_LEVELS, MAX_NESTING, MAX_WORLD_SIZE, TopologyError, brief
+from .links import DEFAULT_LINKS, LINK_LEVELS, LinkParams, parse_link
+from .virtual import spec_layout
+
 FORMAT_VERSION = 1
-LINK_LEVELS = ("intra", "inter", "switch", "uplink")
-"""Link classes: inside a node; between nodes under one leaf switch; across leaf switches; and,
-optional, a leaf switch's uplink, shared by all traffic leaving or entering the leaf (its beta is
-the uplink's capacity each way; measured by ``topocoll topology --probe``; without it a
-crossing flow's rate is the ``switch`` class's, as if each NIC had its own share)."""
-
-MAX_WORLD_SIZE = 2 ** 20
-"""Most ranks (and so nodes, switches, names, GPUs) one topology may hold. Every loader checks
-sizes against it before allocating, so ``100000x100000`` fails at once instead of eating memory."""
-
-MAX_LEVELS = 16
-"""Most levels (``rank``, ``node``, ``switch`` and the switch levels above): bounds the ``x``
-dimensions of a spec, the ``parent`` lists of a file and the depth of a SLURM switch tree."""
-
-MAX_FILE_BYTES = 64 * 2 ** 20
-"""Largest topology file, SLURM topology.conf or links file read, in bytes (64 MiB; a saved
-topology of MAX_WORLD_SIZE ranks, one per node, with names, is about 37 MiB)."""
-
-MAX_NESTING = 32
-"""Deepest nesting of JSON arrays and objects accepted (the format itself needs 4). Deeper text is
-rejected before parsing, so it cannot exhaust the parser's recursion."""
-
-
-class TopologyError(ValueError):
-    """A topology, spec or file is invalid; the message names the problem (and the line)."""
-
-
-def brief(value: Any) -> str:
-    """Repr of a user-given value for an error message, cut short: long strings, big, deep or
-    self-referencing containers cannot make a message huge or slow."""
-    return _BRIEF.repr(value)
-
-
-_BRIEF = reprlib.Repr()
-_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong, _BRIEF.maxlevel = 80, 80, 40, 3
-
-
-def as_float(value: Any, what: str, strings: bool = False) -> float:
-    """``value`` as a float: a real number (not a bool) or, with ``strings``, a numeric string
-    (YAML 1.1 reads ``1e-6`` as one); huge integers that overflow a float are an error too."""
-    kinds = (numbers.Real, str) if strings else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        raise TopologyError(f"{what} must be a number, got {brief(value)}")
-    try:
-        return float(value)
-    except OverflowError:
-        raise TopologyError(f"{what} {brief(value)} is too large") from None
-    except ValueError:
-        raise TopologyError(f"{what} must be a number, got {brief(value)}") from None
-
-
-@dataclass(frozen=True)
-class LinkParams:
-    """Alpha-beta cost of one link class: a message of n bytes takes ``alpha_s + n / beta``."""
-
-    alpha_s: float
-    beta_bytes_per_s: float
-
-    def __post_init__(self) -> None:
-        alpha = as_float(self.alpha_s, "link latency")
-        beta = as_float(self.beta_bytes_per_s, "link bandwidth")
-        if not (0.0 <= alpha < math.inf):
-            raise TopologyError(f"link latency must be finite and >= 0 s, got {brief(alpha)}")
-        if not (0.0 < beta < math.inf):
-            raise TopologyError(f"link bandwidth must be > 0 B/s and finite, got {brief(beta)}")
-
-    def time(self, nbytes: float) -> float:
-        """Predicted seconds to move ``nbytes`` over this link."""
-        return self.alpha_s + nbytes / self.beta_bytes_per_s
-
-    def to_dict(self) -> dict[str, float]:
-        """Plain dict for JSON."""
-        return {"alpha_s": self.alpha_s, "beta_bytes_per_s": self.beta_bytes_per_s}
-
-    def __str__(self) -> str:
-        return f"{_fmt_time(self.alpha_s)}:{_fmt_rate(self.beta_bytes_per_s)}"
-
-
-DEFAULT_LINKS: dict[str, LinkParams] = {
-    "intra": LinkParams(1e-6, 10e9),      # shared memory inside a node
-    "inter": LinkParams(10e-6, 12.5e9),   # 100 Gb/s NIC, one switch hop
-    "switch": LinkParams(20e-6, 6.25e9),  # across leaf switches (oversubscribed uplinks)
-}
-"""Used where neither a probe file nor an override gives a level's link parameters."""
 
 
 @dataclass(frozen=True)
@@ -355,6 +276,16 @@ class Topology:
         n = self.num_groups(level)
         if not 0 <= g < n:
             raise TopologyError(f"{level} {g} out of range: there are {n} {level}s")
+
+
+def parse_spec(spec: str | int, world_size: int | None = None, **kw: Any) -> Topology:
+    """Build a virtual Topology from ``spec`` (grammar: virtual.py); its rank total must equal
+    ``world_size`` if given."""
+    layout = spec_layout(spec, world_size)
+    kw.setdefault("source", f"virtual:{layout.text}")
+    kw.setdefault("nics_per_node", None)
+    return Topology(layout.world_size, layout.parent, levels=layout.levels, names=layout.names,
+                    **kw)
 
 
 def load(path: str | Path) -> Topology:
@@ -690,7 +621,6 @@ def _file_fields(d: Mapping[str, Any], fail: Any) -> dict[str, Any]:
     """The keyword arguments a file gives besides the rank placement (links parsed)."""
     kw: dict[str, Any] = {}
     if "links" in d:
-        from .virtual import parse_link
         links = d["links"]
         if not isinstance(links, Mapping):
             raise fail("links must be an object {intra|inter|switch|uplink: ...}", "links")
@@ -718,7 +648,6 @@ def _place_ranks(cls: type[Topology], d: Mapping[str, Any], kw: dict[str, Any],
         raise fail("give exactly one of 'parent', 'nodes' or 'spec' to place the ranks"
                    + (f" (got {forms})" if forms else ""))
     if "spec" in d:
-        from .virtual import parse_spec
         spec = d["spec"]
         if isinstance(spec, bool) or not isinstance(spec, (str, int)):
             raise fail(f"spec must be a string such as '2x4', got {brief(spec)}", "spec")
@@ -742,17 +671,3 @@ def _line_of(text: str | None, key: str | None) -> int | None:
         return None
     m = re.search(rf"^[ \t]*['\"]?{re.escape(key)}['\"]?[ \t]*:", text, re.M)
     return text.count("\n", 0, m.start()) + 1 if m else None
-
-
-def _fmt_time(s: float) -> str:
-    for unit, f in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= f:
-            return f"{s / f:g}{unit}"
-    return f"{s / 1e-9:g}ns"
-
-
-def _fmt_rate(b: float) -> str:
-    for unit, f in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
-        if b >= f:
-            return f"{b / f:.4g}{unit}"
-    return f"{b:.4g}B/s"

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .model import LINK_LEVELS, LinkParams, Topology
+from .links import LINK_LEVELS, LinkParams
+from .model import Topology
 
 DEFAULT_SIZES = (8, 1024, 16384, 262144, 1048576)
 

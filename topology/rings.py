@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .model import Topology, TopologyError
+from .limits import TopologyError
+from .model import Topology
 
 
 def node_ring(topo: Topology) -> list[int]:

@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .model import MAX_LEVELS, MAX_WORLD_SIZE, TopologyError, brief, read_text_file
+from .limits import MAX_LEVELS, MAX_WORLD_SIZE, TopologyError, brief
+from .model import read_text_file
 
 MAX_HOSTLIST_NAMES = MAX_WORLD_SIZE
 """Most names a hostlist, and one topology.conf in all (its switches and expanded hostlists), may

@@ -1,4 +1,5 @@
-"""Virtual topologies from short specs ("2x4", "3,1", "2x2x2", "2,2|3") and link/NIC settings.
+"""The grammar of virtual topology specs ("2x4", "3,1", "2x2x2", "2,2|3") and of NIC counts: text
+to rank layout, with no Topology built here (``model.parse_spec`` builds one from the layout).
 
 Spec grammar (whitespace ignored)::
 
@@ -12,16 +13,8 @@ nodes of two ranks, "2x2x2x2" adds a level of two top switches; "3,1" (or "3+1")
 nodes on one switch, "2,2|3" two switches, the first with two nodes of 2 ranks, the second with one
 node of 3 ranks.
 
-Link grammar (``TOPOCOLL_LINKS``)::
-
-    links := LEVEL "=" TIME ":" RATE ("," LEVEL "=" TIME ":" RATE)*
-    LEVEL := intra | inter | switch
-    TIME  := NUMBER [s | ms | us | ns]                     (bare number: seconds)
-    RATE  := NUMBER (B | KB | MB | GB | TB | KiB | MiB | GiB) "/s"    bytes per second
-           | NUMBER (b | Kb | Mb | Gb | Tb) ("/s" | "ps")            bits per second
-
-e.g. ``intra=1us:20GB/s,inter=20us:1GB/s,switch=50us:100Gb/s``. ``TOPOCOLL_NICS`` is a positive
-integer (NICs per node) or ``per-rank`` (one NIC per rank, rail-optimised servers).
+``TOPOCOLL_NICS`` is a positive integer (NICs per node) or ``per-rank`` (one NIC per rank,
+rail-optimised servers). Link settings (``TOPOCOLL_LINKS``) are read by links.py.
 
 Numbers are ASCII digits. A spec may describe at most ``MAX_WORLD_SIZE`` ranks and ``MAX_LEVELS``
 levels; both are checked before anything is built, so a bad spec fails at once.
@@ -29,14 +22,23 @@ levels; both are checked before anything is built, so a bad spec fails at once.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, NamedTuple
 
-from .model import (LINK_LEVELS, MAX_LEVELS, MAX_WORLD_SIZE, LinkParams, Topology, TopologyError,
-                    as_float, brief)
+from .limits import MAX_LEVELS, MAX_WORLD_SIZE, TopologyError, brief
 
 
-def parse_spec(spec: str | int, world_size: int | None = None, **kw: Any) -> Topology:
-    """Build a virtual Topology from ``spec``; its rank total must equal ``world_size`` if given."""
+class SpecLayout(NamedTuple):
+    """Where a spec places the ranks: the fields ``model.parse_spec`` builds its Topology from."""
+
+    text: str                                  # the spec without whitespace
+    world_size: int
+    parent: tuple[tuple[int, ...], ...]
+    levels: tuple[str, ...]
+    names: dict[str, tuple[str, ...]]
+
+
+def spec_layout(spec: str | int, world_size: int | None = None) -> SpecLayout:
+    """Read ``spec``; its rank total must equal ``world_size`` if given."""
     text = _spec_text(spec)
     if "x" in text.lower() or re.fullmatch(r"[0-9]+", text):
         nodes, switch_of, upper = _parse_shape(text, spec)
@@ -49,96 +51,16 @@ def parse_spec(spec: str | int, world_size: int | None = None, **kw: Any) -> Top
                             f"size is {world_size}")
     levels = ["rank", "node", "switch"] + [f"switch{i + 2}" for i in range(len(upper))]
     node_of = [n for n, ranks in enumerate(nodes) for _ in ranks]
-    kw.setdefault("source", f"virtual:{text}")
-    kw.setdefault("nics_per_node", None)
     names = {"node": [f"vnode{n}" for n in range(len(nodes))],
              "switch": [f"vsw{s}" for s in range(max(switch_of) + 1)]}
-    return Topology(total, (tuple(node_of), tuple(switch_of), *map(tuple, upper)),
-                    levels=tuple(levels), names={k: tuple(v) for k, v in names.items()}, **kw)
+    return SpecLayout(text, total, (tuple(node_of), tuple(switch_of), *map(tuple, upper)),
+                      tuple(levels), {k: tuple(v) for k, v in names.items()})
 
 
 def is_spec(text: str) -> bool:
     """True when ``text`` reads as a virtual spec rather than a file path."""
     return (isinstance(text, str) and re.fullmatch(r"[0-9\sxX,+|]+", text) is not None
             and any(c in "0123456789" for c in text))
-
-
-def parse_links(text: str) -> dict[str, LinkParams]:
-    """Parse ``intra=1us:20GB/s,inter=...``; levels not named are left out of the result."""
-    if not isinstance(text, str):
-        raise TopologyError(f"link settings must be a string such as 'inter=20us:1GB/s', "
-                            f"got {brief(text)}")
-    out: dict[str, LinkParams] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        level, eq, value = part.partition("=")
-        level = level.strip().lower()
-        if not eq:
-            raise TopologyError(f"link setting {brief(part)} should read LEVEL=TIME:RATE, "
-                                f"e.g. inter=20us:1GB/s")
-        if level not in LINK_LEVELS:
-            raise TopologyError(f"unknown link level {brief(level)} in {brief(part)}; "
-                                f"expected one of {list(LINK_LEVELS)}")
-        if level in out:
-            raise TopologyError(f"link level {level!r} given twice in {brief(text)}")
-        out[level] = parse_link(value, level)
-    return out
-
-
-def parse_link(value: Any, level: str = "link") -> LinkParams:
-    """One link from ``"20us:1GB/s"`` or ``{"alpha_s": ..., "beta_bytes_per_s": ...}``."""
-    if isinstance(value, LinkParams):
-        return value
-    if isinstance(value, Mapping):
-        if "alpha_s" not in value or "beta_bytes_per_s" not in value:
-            raise TopologyError(f"link {brief(level)} needs numbers alpha_s and "
-                                f"beta_bytes_per_s, got {brief(value)}")
-        try:
-            return LinkParams(as_float(value["alpha_s"], "alpha_s", strings=True),
-                              as_float(value["beta_bytes_per_s"], "beta_bytes_per_s", strings=True))
-        except TopologyError as e:
-            raise TopologyError(f"link {brief(level)}: {e}") from None
-    if isinstance(value, str):
-        time, colon, rate = value.partition(":")
-        if not colon:
-            raise TopologyError(f"link {brief(level)}: {brief(value)} should read TIME:RATE, "
-                                f"e.g. 20us:1GB/s")
-        try:
-            return LinkParams(parse_time(time), parse_rate(rate))
-        except TopologyError as e:
-            raise TopologyError(f"link {brief(level)}: {e}") from None
-    raise TopologyError(f"link {brief(level)}: cannot read {brief(value)}")
-
-
-_NUMBER = r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-"""A decimal number; no two parts can match the same digits, so a failing match never backtracks
-quadratically over a long string of digits."""
-
-
-def parse_time(text: str) -> float:
-    """Seconds from ``"20us"``, ``"1.5ms"``, ``"300ns"``, ``"2s"`` or a bare number of seconds."""
-    m = (re.fullmatch(rf"({_NUMBER})\s*(s|ms|us|µs|ns)?", text.strip())
-         if isinstance(text, str) else None)
-    if not m:
-        raise TopologyError(f"bad latency {brief(text)}: expected a number with unit s, ms, us "
-                            f"or ns")
-    per_s = {None: 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6, "ns": 1e9}[m.group(2)]
-    return float(m.group(1)) / per_s
-
-
-_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
-           "ki": 2.0 ** 10, "mi": 2.0 ** 20, "gi": 2.0 ** 30, "ti": 2.0 ** 40}
-
-
-def parse_rate(text: str) -> float:
-    """Bytes per second from ``"1GB/s"``, ``"12.5 GiB/s"``, ``"100Gb/s"`` / ``"100Gbps"`` (bits)."""
-    m = (re.fullmatch(rf"({_NUMBER})\s*([kKmMgGtT]i?)?([Bb])(/s|ps)", text.strip())
-         if isinstance(text, str) else None)
-    if not m:
-        raise TopologyError(f"bad bandwidth {brief(text)}: expected e.g. 1GB/s, 12.5GiB/s or "
-                            f"100Gb/s")
-    prefix = (m.group(2) or "").lower()
-    value = float(m.group(1)) * _PREFIX[prefix]
-    return value if m.group(3) == "B" else value / 8.0
 
 
 def parse_nics(text: str) -> int | None:

@@ -1,4 +1,5 @@
-"""Join processes that torchrun started into one MPI world, before MPI initialises.
+"""Join processes that torchrun started into one MPI world, before MPI initialises (and tell
+whether an MPI launcher started this process, in which case there is nothing to join).
 
 Without a launcher's PMI environment every process would be an MPI singleton, and MPICH can't
 merge singletons. So rank 0 starts a small PMI-1 process manager (``pmi_server.py``), its address
@@ -24,11 +25,17 @@ FAILED = "failed: "
 DECLINED = "declined: "
 """What a rank that can't join stores instead of its hostname."""
 
+LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+"""Environment variables that MPICH (Hydra), Open MPI and PMIx launchers set in every rank."""
+
+
+def mpi_launched() -> bool:
+    """Whether this process was started by an MPI launcher (mpiexec/mpirun/srun with PMI)."""
+    return any(v in os.environ for v in LAUNCHER_VARS)
+
 
 def can_join() -> bool:
     """Whether MPI is still uninitialised here and no MPI launcher started this process."""
-    from .rendezvous import mpi_launched
-
     return "mpi4py.MPI" not in sys.modules and not mpi_launched()
 
 

@@ -24,15 +24,7 @@ torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # th
 SCHEME = "topocoll"
 """``init_method="topocoll://"`` forces the MPI rendezvous even when MASTER_ADDR is set."""
 
-LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
-"""Environment variables that MPICH (Hydra), Open MPI and PMIx launchers set in every rank."""
-
 _world: dict[str, Any] = {}  # "comm": the mpi4py communicator of the default group, torch-ordered
-
-
-def mpi_launched() -> bool:
-    """Whether this process was started by an MPI launcher (mpiexec/mpirun/srun with PMI)."""
-    return any(v in os.environ for v in LAUNCHER_VARS)
 
 
 def install_env_rendezvous() -> None:
@@ -44,7 +36,7 @@ def install_env_rendezvous() -> None:
     env = handlers.get("env")
     if env is not None and not getattr(env, "_topocoll", False):
         def env_or_mpi(url: str, **kwargs: Any) -> Iterator[tuple[Any, int, int]]:
-            if "MASTER_ADDR" not in os.environ and mpi_launched():
+            if "MASTER_ADDR" not in os.environ and pmi.mpi_launched():
                 return mpi_rendezvous_handler(url, **kwargs)
             return env(url, **kwargs)
 
@@ -79,7 +71,7 @@ def world_comm(rank: int, size: int, store: Any = None, timeout: float = 1800.0)
     With ``store`` and no MPI launcher (torchrun), the ranks first join one MPI world through it.
     """
     imported_early = "mpi4py.MPI" in sys.modules
-    if store is not None and size > 1 and not mpi_launched():
+    if store is not None and size > 1 and not pmi.mpi_launched():
         if not imported_early:
             pmi.join_world(store, rank, size, timeout)
         elif sys.modules["mpi4py.MPI"].COMM_WORLD.Get_size() != size:  # a singleton: can't join

@@ -1,0 +1,38 @@
+"""The bounds every topology reader holds its input to, and the error it raises when input breaks
+them or is malformed (TopologyError; ``brief`` quotes the input in messages). The bottom of
+``topology/``: it imports nothing from the package, so the model and every grammar and reader can.
+"""
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+MAX_WORLD_SIZE = 2 ** 20
+"""Most ranks (and so nodes, switches, names, GPUs) one topology may hold. Every loader checks
+sizes against it before allocating, so ``100000x100000`` fails at once instead of eating memory."""
+
+MAX_LEVELS = 16
+"""Most levels (``rank``, ``node``, ``switch`` and the switch levels above): bounds the ``x``
+dimensions of a spec, the ``parent`` lists of a file and the depth of a SLURM switch tree."""
+
+MAX_FILE_BYTES = 64 * 2 ** 20
+"""Largest topology file, SLURM topology.conf or links file read, in bytes (64 MiB; a saved
+topology of MAX_WORLD_SIZE ranks, one per node, with names, is about 37 MiB)."""
+
+MAX_NESTING = 32
+"""Deepest nesting of JSON arrays and objects accepted (the format itself needs 4). Deeper text is
+rejected before parsing, so it cannot exhaust the parser's recursion."""
+
+
+class TopologyError(ValueError):
+    """A topology, spec or file is invalid; the message names the problem (and the line)."""
+
+
+def brief(value: Any) -> str:
+    """Repr of a user-given value for an error message, cut short: long strings, big, deep or
+    self-referencing containers cannot make a message huge or slow."""
+    return _BRIEF.repr(value)
+
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong, _BRIEF.maxlevel = 80, 80, 40, 3
