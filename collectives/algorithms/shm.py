@@ -381,8 +381,8 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
     the gate's second barrier or a reduction left to numpy come back to Python, in
     ``finish``."""
     def finish(plan: Any, code: int) -> None:  # takes the plan: holding it would be a cycle
+        ctx.deadline = None  # armed by this run's first wait (a code 3 waits too)
         if code == 0:
-            ctx.deadline = None  # armed by this run's first wait
             arena.wait(ctx)
             code = plan.complete(0)
         if code < 0:
@@ -390,7 +390,7 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
             assert check is not None  # signatures only differ where there is one
             check(*arena.agreed(len(sig) // 8))  # raises, naming the field
         if code == 3:  # a peer's buffer is registered: it copies in after the first barrier
-            _copied_in(arena, ctx)  # waits even in test(): only for that copy (on no one)
+            _copied_in(arena, ctx)  # waits even in test(): for the late ranks' copy alone
             code = plan.after()
         if code == 2:  # the reduction is left to numpy (the plan was made with "numpy")
             after.reduce(plan.state()[1])

@@ -560,6 +560,35 @@ def mixed_registration_async_waits_on_no_one(c):
     c.free(mem)
 
 
+def mixed_gate_after_a_quiet_spell(c):
+    """A prepared run whose second barrier (a peer's buffer registered) waits in Python gets a
+    deadline of its own: an earlier run's, long past after a pause longer than the timeout,
+    made that wait time out at once and broke the communicator."""
+    p, r = c.size, c.rank
+    if p == 1 or c.backend.arena() is None:
+        return
+    quick = collectives.init(timeout=1.0)
+    n = REGISTERED_FROM // 4 * 2
+    mem = quick.alloc(n, np.float32)
+    x = np.empty(n, np.float32) if r == 0 else mem
+    x[...] = r + 1
+    out = np.empty(n * p, np.float32)
+    for _ in range(3):
+        quick.all_gather(x, out=out)
+    for _ in range(2):
+        WORLD.Barrier()
+        if r != 0:
+            time.sleep(0.3)  # rank 0's run waits in Python: its deadline is armed
+        quick.all_gather(x, out=out)
+        time.sleep(1.2)  # past that deadline
+        WORLD.Barrier()
+        assert quick.all_gather(x, out=out) is out  # rank 0 syncs again for the copies in
+        assert np.array_equal(out.reshape(p, n)[:, 0], np.arange(1, p + 1)), out[::n]
+    del x
+    quick.free(mem)
+    quick.close()
+
+
 def kept_bytes_stay_bounded(c):
     """Entries hold their arrays alive; PREPARED_KEPT_BYTES bounds what they hold, oldest
     entries going first, so arrays the caller dropped are freed."""
@@ -636,6 +665,7 @@ def body():
     registered_repeats_run_prepared(c, "shm_or_native")
     registered_async_repeats_wait_on_no_one_at_issue(c)
     mixed_registration_async_waits_on_no_one(c)
+    mixed_gate_after_a_quiet_spell(c)
     kept_bytes_stay_bounded(c)
     empty_calls_repeat_prepared(c)
     if c.size > 1:
