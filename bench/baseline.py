@@ -13,7 +13,7 @@ import numpy as np
 
 from topocoll import collectives
 
-from .colls import BASELINE, DTYPES, SPECS, Case, Memory
+from .colls import BASELINE, DTYPES, SPECS, Case, Memory, fresh_copies
 
 MPI_OPS = {"sum": "SUM", "prod": "PROD", "min": "MIN", "max": "MAX"}
 """Bench ops MPI has as predefined ops (no ``avg``: MPI has no average)."""
@@ -110,14 +110,15 @@ class MPICase(Case):
         """Always ``mpi4py``: there is nothing to choose."""
         return BASELINE
 
-    def run(self, iters: int, blocking: bool, agg: int = 1) -> None:
+    def run(self, iters: int, blocking: bool, agg: int = 1, fresh: bool = False) -> None:
         """Issue ``iters * agg`` calls, blocking, or each as its ``I...`` call and ``Wait`` (MPI
-        forbids pending calls that write one buffer, so ``-m`` can't group them here)."""
+        forbids pending calls that write one buffer, so ``-m`` can't group them here); ``fresh``:
+        on new copies of the buffers, as ``Case.run``."""
         call, nonblocking = self._call, not blocking
         for _ in range(iters * agg):
-            call(nonblocking)
+            call(nonblocking, fresh)
 
-    def _build(self) -> Callable[[bool], Any]:
+    def _build(self) -> Callable[[bool, bool], Any]:
         name, mpi, MPI = self.spec.name, self.base.mpi, self.base.MPI
         dt = self.base.datatype(self.dtype, self.spec.reduces)
         x, y = [self._in.view, dt], [self._out.view, dt]
@@ -144,21 +145,24 @@ class MPICase(Case):
 
 
 def _pair(blocking: Callable[..., Any], nonblocking: Callable[..., Any] | None,
-          args: tuple) -> Callable[[bool], None]:
-    """``call(nb)``: the blocking MPI call, or (nb) its I-call and Wait, on fixed arguments
+          args: tuple) -> Callable[[bool, bool], None]:
+    """``call(nb, fresh)``: the blocking MPI call, or (nb) its I-call and Wait, on fixed
+    arguments, or (fresh) on new copies of their buffers, the ``[array, datatype]`` pairs
     (None: this mpi4py lacks it, which ``unsupported`` reports, so no row calls it)."""
     issue = nonblocking or _missing
+    copies = fresh_copies(args, [a for a in args if isinstance(a, list)])
 
-    def call(nb: bool) -> None:
+    def call(nb: bool, fresh: bool = False) -> None:
+        given = copies() if fresh else args
         if nb:
-            issue(*args).Wait()
+            issue(*given).Wait()
         else:
-            blocking(*args)
+            blocking(*given)
 
     return call
 
 
-def _sendrecv(mpi: Any, x: list, y: list, in_place: bool) -> Callable[[bool], None]:
+def _sendrecv(mpi: Any, x: list, y: list, in_place: bool) -> Callable[[bool, bool], None]:
     """Send to rank+1 and receive from rank-1 in one call: ``Sendrecv`` (``Sendrecv_replace``
     in place), or its MPI-4 ``I...`` form."""
     n, r = mpi.Get_size(), mpi.Get_rank()

@@ -150,18 +150,20 @@ class Case:
             return "p2p" if self.spec.name == "sendrecv" else self.algo
         return self.comm.algorithm_for(self.spec.name, self.input_bytes)
 
-    def run(self, iters: int, blocking: bool, agg: int = 1) -> None:
+    def run(self, iters: int, blocking: bool, agg: int = 1, fresh: bool = False) -> None:
         """Issue ``iters`` iterations of ``agg`` calls each (nccl-tests' ``-m``): blocking, each
         iteration waits for its calls (one call: a plain blocking call; several: issued with
-        ``async_op=True``, then waited for as a group); else all async and waited at the end."""
+        ``async_op=True``, then waited for as a group); else all async and waited at the end.
+        ``fresh``: every call on new copies of the buffers (``--fresh-buffers``)."""
+        call = self._call
         if blocking and agg == 1:
             for _ in range(iters):
-                self._call(False)
+                call(False, fresh)
             return
         handles: list[Any] = []
         for _ in range(iters):
             for _ in range(agg):
-                handles.extend(self._call(True))
+                handles.extend(call(True, fresh))
             if blocking:
                 for h in handles:
                     h.wait()
@@ -187,7 +189,7 @@ class Case:
                                            else 0)
 
     # -- helpers --
-    def _build(self) -> Callable[[bool], Sequence[Any]]:
+    def _build(self) -> Callable[[bool, bool], Sequence[Any]]:
         name, comm = self.spec.name, self.comm
         x, out = self._in.user, self._out.user
         if name == "sendrecv":
@@ -204,23 +206,29 @@ class Case:
         method = getattr(comm, name)
         blocking = _positional(method, x, async_op=False, **kwargs)
         nonblocking = _positional(method, x, async_op=True, **kwargs)
+        fresh_blocking = fresh_copies(blocking, (x, out))
+        fresh_nonblocking = fresh_copies(nonblocking, (x, out))
 
-        def call(async_op: bool) -> Sequence[Any]:
+        def call(async_op: bool, fresh: bool = False) -> Sequence[Any]:
+            if fresh:
+                args = fresh_nonblocking() if async_op else fresh_blocking()
+            else:
+                args = nonblocking if async_op else blocking
             if async_op:
-                return [method(*nonblocking)]
-            method(*blocking)
+                return [method(*args)]
+            method(*args)
             return ()
 
         return call
 
-    def _sendrecv(self, x: Any, out: Any) -> Callable[[bool], Sequence[Any]]:
+    def _sendrecv(self, x: Any, out: Any) -> Callable[[bool, bool], Sequence[Any]]:
         """Send to the next rank, receive from the previous (nccl-tests' sendrecv_perf); even
         ranks send first and odd ranks receive first, so the ring never waits on itself."""
         comm, n, r = self.comm, self.comm.size, self.comm.rank
         nxt, prv = (r + 1) % n, (r - 1) % n
         send_first = r % 2 == 0
 
-        def call(async_op: bool) -> list[Any]:
+        def call(async_op: bool, fresh: bool = False) -> list[Any]:  # never fresh (options)
             if n == 1:  # to itself: a copy, as the one-rank ring reduces to
                 np.copyto(self._out.view, self._in.view)
                 return []
@@ -255,6 +263,40 @@ class Case:
         if name == "all_to_all":
             return pattern(r * c + j % max(c, 1), j // max(c, 1), op)
         return pattern(j, (r - 1) % n, op)  # rotate, sendrecv
+
+
+def fresh_copies(args: tuple[Any, ...], buffers: Sequence[Any]) -> Callable[[], tuple[Any, ...]]:
+    """A function giving ``args`` with each of ``buffers`` (an array, or an mpi4py ``[array,
+    datatype]`` pair) replaced by a copy made at that call, one per buffer (in place stays in
+    place): the call of ``--fresh-buffers`` on arrays never seen before, made alike for every
+    algorithm. The buffers' places are found once here: a call pays only for the copies."""
+    groups: list[tuple[Any, list[int]]] = []
+    for i, a in enumerate(args):
+        if any(a is b for b in buffers):
+            for buf, spots in groups:
+                if buf is a:
+                    spots.append(i)
+                    break
+            else:
+                groups.append((a, [i]))
+    copiers = [(_copier(buf), spots) for buf, spots in groups]
+
+    def fresh() -> tuple[Any, ...]:
+        new = list(args)
+        for copy, spots in copiers:
+            made = copy()
+            for i in spots:
+                new[i] = made
+        return tuple(new)
+
+    return fresh
+
+
+def _copier(buf: Any) -> Callable[[], Any]:
+    if isinstance(buf, list):
+        array, rest = buf[0], buf[1:]
+        return lambda: [array.copy(), *rest]
+    return buf.clone if hasattr(buf, "clone") else buf.copy
 
 
 def pattern(idx: np.ndarray, rank: Any, op: str) -> np.ndarray:

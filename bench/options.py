@@ -65,6 +65,7 @@ class Options:
     min_bw: float | None = None    # GB/s: exit 4 if an algorithm's avg busbw is below it
     per_rank: bool = False  # min/avg/max time over ranks per row
     notes: list[str] = field(default_factory=list)  # printed on stderr by rank 0 (no-op flags)
+    fresh: bool = False     # every timed call on new arrays (copies of the bench's buffers)
 
     def combos(self, nranks: int) -> list[tuple[str, str, int]]:
         """The (dtype, op, root) triples to sweep, skipping ops a dtype can't do (avg on ints)."""
@@ -149,10 +150,14 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     roots = None if ns.root.strip().lower() == "all" else [_root(ns.root)]
     if ns.plot is not None and not ns.plot.lower().endswith(".png"):
         raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
+    if ns.fresh and collective == "sendrecv":
+        raise UsageError("--fresh-buffers is not offered for sendrecv (a send and a recv on "
+                         "the bench's own buffers)")
     return Options(collective, sizes, minb, maxb, ns.stepfactor, stepb, ns.iters, ns.warmup,
                    ns.check, ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
                    ns.json, ns.plot, ns.quiet, ns.repeats, ns.registered, ns.min_time / 1e3,
-                   ns.agg, ns.cycles, ns.timeout or None, ns.csv, min_bw, ns.per_rank, notes)
+                   ns.agg, ns.cycles, ns.timeout or None, ns.csv, min_bw, ns.per_rank, notes,
+                   ns.fresh)
 
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
@@ -211,6 +216,9 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("--min-bw", type=float, default=None, metavar="GB/s",
         help="exit 4 if the average bus bandwidth of any algorithm measured (the mpi4py baseline "
              "only when it is the only one) is below this (default: NCCL_TESTS_MIN_BW, else off)")
+    add("--fresh-buffers", dest="fresh", action="store_true",
+        help="time every call on new arrays (copies of the buffers, made per call on every "
+             "side), as a loss made per step is: calls on arrays seen once")
     add("--per-rank", action="store_true",
         help="add min/avg/max time over ranks to every mode's columns (OSU style)")
     add("--plot", metavar="PATH.png", help="plot busbw vs size, one line per algorithm")

@@ -32,7 +32,7 @@ from .flight import FlightEntry, FlightRecorder, Repeats
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
-from .one_off import TEMPLATE_MAX_BYTES, Rebound, Template, host_view
+from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, host_view, result_goes
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, keepable
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
@@ -565,13 +565,10 @@ class Communicator:
             ctx.timeout = limit  # armed at the first wait of each run
             agreement = (sig, lambda lo, hi: self._check_agreement(ctx, lo, hi, fields)) \
                 if agree else None
-            send = call.send
-            if twin is not None:
-                send, recv, twin_source = twin(send), twin(recv), twin(source)
-                return preparer(self.backend, ctx, replace(
-                    call, agreement=agreement, send=send, recv=recv, source=twin_source))
-            return preparer(self.backend, ctx, replace(call, agreement=agreement, source=source,
-                                                       recv=recv))
+            arrays = (call.send, recv, source)
+            send, recv, src = arrays if twin is None else tuple(twin(a) for a in arrays)
+            return preparer(self.backend, ctx, replace(call, agreement=agreement, send=send,
+                                                       recv=recv, source=src))
 
         if getattr(self._local, "persistent", False):
             self._local.persistent = False
@@ -589,18 +586,18 @@ class Communicator:
                                                 result is buf.user, what, result, run, lean,
                                                 holds=small), buf.user)
             elif copy_out is None and (small or keep[0] is None):
-                self._template(kind, buf, keep, result, what, prepare)
+                self._template(kind, buf, keep, result, what, prepare, call.root)
         return self._submit(kind, run, async_op, what)
 
     def _template(self, kind: str, buf: Buffer, keep: tuple[Any, tuple[Any, ...]],
-                  result: Any, what: Any, prepare: Callable[[Any], Any]) -> None:
+                  result: Any, what: Any, prepare: Callable[[Any], Any], root: int) -> None:
         """On a form's second one-off call, keep a template for the form's later ones
         (``one_off``): the call's prepared run made on arrays of its own."""
         out, args = keep
         x = buf.user
         if result is not x and result is not out and \
                 (out is not None or type(result) is not np.ndarray or
-                 result.nbytes > 16 * TEMPLATE_MAX_BYTES):
+                 result.nbytes > TEMPLATE_MAX_OUT_BYTES):
             return  # a result other than the caller's arrays, or a numpy array made per call
         templates = self._prepared.templates
         key = templates.wanted(kind, x, out, args, self.check)
@@ -624,9 +621,9 @@ class Communicator:
         try:
             run = prepare(twin)
         except LookupError:
-            return
-        if run is not None:
-            templates.add(kind, key, Template(kind, what, run, own_x, own_out, result is x))
+            run = None
+        templates.add(kind, key, None if run is None else Template(
+            kind, what, run, own_x, own_out, result_goes(kind, result is x, out, root, self.rank)))
 
     def _registered(self, call: Call) -> bool:
         """Whether every array ``call`` reads or writes is registered memory (``alloc``)."""

@@ -25,21 +25,24 @@ TEMPLATE_MAX_BYTES = 32 << 10
 per-call cost they save does not. On 2 ranks, at 64 KiB the copies cost an all_gather or a
 rotate more than the template saved (docs/collectives.md, "One-off calls")."""
 
+TEMPLATE_MAX_OUT_BYTES = 16 * TEMPLATE_MAX_BYTES
+"""Largest output of a call through a template (an all-gather's over 16 ranks)."""
+
 TEMPLATES_PER_COLLECTIVE = 8
-"""Forms kept per collective; the oldest goes first."""
+"""Forms kept per collective (those that can't have one included); the oldest goes first."""
 
 
 class Template:
     """A prepared run on arrays of the template's own (``x``, and ``out`` or None), and where the
-    result lands: ``x`` (``writes_x``), else ``out`` (the caller's, or one allocated per call
-    where the caller passes none)."""
+    result goes (``result``): back into the caller's ``"x"`` or ``"out"``, into a ``"new"``
+    array per call, or nowhere (None: this rank's ``x`` is only read, as a broadcast root's)."""
 
-    __slots__ = ("kind", "what", "run", "x", "out", "writes_x")
+    __slots__ = ("kind", "what", "run", "x", "out", "result")
 
     def __init__(self, kind: str, what: Any, run: Any, x: np.ndarray, out: np.ndarray | None,
-                 writes_x: bool) -> None:
+                 result: str | None) -> None:
         self.kind, self.what, self.run = kind, what, run
-        self.x, self.out, self.writes_x = x, out, writes_x
+        self.x, self.out, self.result = x, out, result
 
 
 class Rebound:
@@ -54,10 +57,9 @@ class Rebound:
         self.kind, self.what, self._run = template.kind, template.what, template.run
         self.starts_inline = template.run.starts_inline
         self._in = template.x, x
-        source = template.x if template.writes_x else template.out
-        assert source is not None  # a template has an output where it doesn't write x
-        self._from: np.ndarray = source
-        self._to = x if template.writes_x else out  # None: a new array per call
+        self._from = template.x if template.result == "x" else \
+            template.out if template.result is not None else None  # None: nothing goes out
+        self._to = x if template.result == "x" else out  # None: a new array per call
         self.result = result  # the caller's x or out (None: made at the copy out)
 
     @property
@@ -85,14 +87,29 @@ class Rebound:
         self._copy_out()
 
     def __call__(self) -> Any:
+        """Run it (on whichever thread runs the communicator's operations); the result."""
         self.go()
         return self.result
 
     def _copy_out(self) -> None:
+        source = self._from
+        if source is None:
+            return
         if self._to is None:
-            self.result = self._from.copy()
+            self.result = source.copy()
         else:
-            np.copyto(self._to, self._from)
+            np.copyto(self._to, source)
+
+
+def result_goes(kind: str, x_is_result: bool, out: Any, root: int, rank: int) -> str | None:
+    """Where a call's result goes on this rank, as ``Template.result`` says it: into ``x``
+    (where the call writes it: not a broadcast's root, nor a reduce's other ranks), the
+    caller's ``out``, or a new array."""
+    if not x_is_result:
+        return "out" if out is not None else "new"
+    if (kind == "broadcast" and root == rank) or (kind == "reduce" and root != rank):
+        return None
+    return "x"
 
 
 def template_key(x: Any, out: Any, args: tuple[Any, ...],
@@ -108,10 +125,10 @@ def template_key(x: Any, out: Any, args: tuple[Any, ...],
         ov, form = None, None
     else:
         ov = host_view(out)
-        if ov is None or ov.nbytes > 16 * TEMPLATE_MAX_BYTES or np.may_share_memory(xv, ov):
+        if ov is None or ov.nbytes > TEMPLATE_MAX_OUT_BYTES or np.may_share_memory(xv, ov):
             return None
         form = (type(out), out.dtype, ov.shape, ov.dtype)
-    key = (type(x), x.dtype, xv.shape, xv.dtype, form, args, check)
+    key = (type(x), x.dtype, xv.shape, xv.dtype, form, args, tuple(map(type, args)), check)
     try:
         hash(key)
     except TypeError:
@@ -136,7 +153,7 @@ class Templates:
     """A communicator's templates, by collective and ``template_key``; and the forms seen once."""
 
     def __init__(self) -> None:
-        self._by_kind: dict[str, dict[Hashable, Template]] = {}
+        self._by_kind: dict[str, dict[Hashable, Template | None]] = {}  # None: can't have one
         self._seen: dict[str, dict[Hashable, None]] = {}
 
     def find(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
@@ -150,7 +167,7 @@ class Templates:
         template = templates.get(key)  # type: ignore[union-attr]  # found: templates is set
         if template is None:
             return None
-        return Rebound(template, xv, ov, x if template.writes_x else out)
+        return Rebound(template, xv, ov, out if template.result in ("out", "new") else x)
 
     def wanted(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
                check: bool) -> Hashable | None:
@@ -169,14 +186,15 @@ class Templates:
         seen[key] = None
         return None
 
-    def add(self, kind: str, key: Hashable, template: Template) -> None:
-        """Keep ``template`` for ``key`` (the oldest of ``kind`` goes beyond the limit)."""
+    def add(self, kind: str, key: Hashable, template: Template | None) -> None:
+        """Keep ``template`` for ``key`` (None: the form can't have one, its algorithm prepares
+        no run; not tried again); the oldest of ``kind`` goes beyond the limit."""
         templates = self._by_kind.setdefault(kind, {})
         if len(templates) >= TEMPLATES_PER_COLLECTIVE:
             del templates[next(iter(templates))]  # the oldest
         templates[key] = template
 
     def clear(self) -> None:
-        """Forget every template (the communicator freed memory, closed or broke)."""
+        """Forget every template (the communicator freed memory or closed)."""
         self._by_kind.clear()
         self._seen.clear()

@@ -161,6 +161,24 @@ def test_repeats_report_the_median_of_interleaved_tries(tmp_path):
     assert all(r["out_of_place"]["wrong"] == 0 for r in rows)
 
 
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_fresh_buffers_time_every_collective_on_new_arrays(tmp_path, blocking):
+    """--fresh-buffers: every collective it is offered for runs, checked, beside the mpi4py
+    baseline, and the header says so."""
+    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                 "all_to_all", "rotate"):
+        js = tmp_path / f"{coll}.json"
+        out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "4K", "-f", "16",
+                                            "-n", "20", "-z", blocking, "--fresh-buffers",
+                                            "--json", str(js)], timeout=120)
+        assert out.count("RC 0") == 2 and "fresh buffers: 1" in out, out
+        data = json.loads(js.read_text())
+        assert data["meta"]["params"]["fresh"] is True
+        assert {r["algo"] for r in data["rows"]} == {"mpi4py", "auto"}, coll
+        assert all(res["wrong"] == 0 for r in data["rows"]
+                   for res in (r.get("out_of_place"), r.get("in_place")) if res), coll
+
+
 def test_min_time_gives_small_messages_more_iterations(tmp_path):
     """--min-time: an 8-byte call takes microseconds, so 30 ms need far more than -n 2 iterations;
     every rank times the same count (the JSON row records it) and results stay right."""

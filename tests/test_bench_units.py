@@ -133,6 +133,7 @@ def test_registered_flag_is_nccl_tests_R_and_repeats_moved():
     ("all_reduce", ["-r", "x"], "-r/--root"),
     ("all_reduce", ["--plot", "out.svg"], ".png"),
     ("all_reduce", ["--nope"], "unrecognized arguments"),
+    ("sendrecv", ["--fresh-buffers"], "--fresh-buffers is not offered for sendrecv"),
     ("all_reduce", ["-n", "many"], "invalid int value"),
     ("gather", [], "unknown collective 'gather'"),
 ])
@@ -346,3 +347,21 @@ def test_per_rank_columns_and_csv_and_versioned_json(tmp_path):
     assert (doc["format"], doc["version"], doc["topocoll"]) == ("topocoll-bench", 1, __version__)
     assert doc["meta"] == {"x": 1} and doc["rows"][0]["out_of_place"]["time_max_us"] == 10.0
     assert doc["rows"][0]["cycle"] == 0
+
+
+def test_fresh_copies_give_new_buffers_in_every_call_and_keep_in_place():
+    """--fresh-buffers: each call gets its own copies of the buffers (an mpi4py [array,
+    datatype] pair too), one copy where a buffer stands twice (in place); the rest as given."""
+    import numpy as np
+
+    from topocoll.bench.colls import fresh_copies
+
+    x, out = np.arange(4.0), np.zeros(4)
+    args = (x, "sum", x, 3, [out, "dt"], None)
+    make = fresh_copies(args, (x, args[4]))
+    first, second = make(), make()
+    for got in (first, second):
+        assert got[0] is got[2] and got[0] is not x and np.array_equal(got[0], x)
+        assert got[4] is not args[4] and got[4][0] is not out and got[4][1] == "dt"
+        assert got[1:2] == ("sum",) and got[3] == 3 and got[5] is None
+    assert first[0] is not second[0] and first[4][0] is not second[4][0]

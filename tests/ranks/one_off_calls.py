@@ -200,6 +200,40 @@ def torch_tensors(c):
     expect_raises(ValueError, lambda: c.all_reduce(torch.ones(10)[::2]), "not contiguous")
 
 
+def arguments_keep_their_types(c):
+    """A template is made for ``root=1``; ``root=1.0`` or ``True`` (equal, but not an int) is
+    no repeat of it: the general path's TypeError, on every rank."""
+    root = c.size - 1
+    for _ in range(3):
+        c.broadcast(np.ones(2), root=root)
+    for bad in (float(root), bool(root)):
+        if type(bad) is bool and c.size > 2:
+            continue  # True is rank 1 only
+        expect_raises(TypeError, lambda: c.broadcast(np.ones(2), root=bad), "root")
+
+
+def where_results_go(c):
+    """A broadcast's root and a reduce's other ranks only read ``x``: their template copies
+    nothing back into it (the general path never writes it there). A form whose algorithm
+    prepares no run (one rank) is noted once, not tried at every call."""
+    p, r = c.size, c.rank
+    for _ in range(3):
+        c.broadcast(np.ones(3), root=0)
+        c.reduce(np.ones(3), root=0)
+    if p == 1:
+        assert None in c._prepared.templates._by_kind["broadcast"].values()
+        return
+    (bcast,) = [t for t in c._prepared.templates._by_kind["broadcast"].values()
+                if t is not None and t.x.shape == (3,)]
+    (red,) = [t for t in c._prepared.templates._by_kind["reduce"].values()
+              if t is not None and t.x.shape == (3,)]
+    assert bcast.result == (None if r == 0 else "x"), bcast.result
+    assert red.result == ("x" if r == 0 else None), red.result
+    x = np.full(3, r + 1.0)
+    c.reduce(x, root=0)
+    assert np.all(x == (sum(range(1, p + 1)) if r == 0 else r + 1)), x
+
+
 def leaves_no_garbage_cycles(c):
     """A call through a template leaves nothing for the cycle collector (whose pauses, tens of
     milliseconds with torch imported, a stream of small calls would feel)."""
@@ -228,6 +262,8 @@ def body():
     bad_arrays_get_the_usual_errors(c)
     torch_tensors(c)
     leaves_no_garbage_cycles(c)
+    arguments_keep_their_types(c)
+    where_results_go(c)
     if c.size > 1:
         divergence_fails_everywhere(c)
         timeout_names_the_rank(c)
