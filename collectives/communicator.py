@@ -82,7 +82,7 @@ class Communicator:
         self.name = name
         self.topology = topology
         """The :class:`topology.Topology` of these ranks (rank ``i`` here is rank ``i`` there)."""
-        self.timeout = _default_timeout() if timeout is None else _positive(timeout)
+        self._limit = _default_timeout() if timeout is None else _positive(timeout)
         self.check = _default_check() if check is None else bool(check)
         self._executor = Executor(name)
         self._broken: str | None = None
@@ -114,6 +114,18 @@ class Communicator:
     def mpi_comm(self) -> Any:
         """The mpi4py communicator this one was built from (for topology detection, interop)."""
         return getattr(self.backend, "parent", None)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds an operation waits for a peer before raising CollectiveTimeoutError (the
+        ``timeout=`` of a call overrides it for that call). Setting it reaches calls kept
+        prepared too; a persistent operation keeps the limit it was made with."""
+        return self._limit
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        self._limit = _positive(seconds)
+        self._prepared.clear()  # kept calls armed their runs with the old limit
 
     def split(self, color: int, key: int | None = None) -> "Communicator | None":
         """Sub-communicator of the ranks with the same ``color``, ordered by ``key`` (default rank);

@@ -361,6 +361,25 @@ def timeout_on_a_repeat(c):
         WORLD.Barrier()
 
 
+def a_new_timeout_reaches_kept_calls(c):
+    """Setting comm.timeout after calls were kept (on the same array, and through a one-off
+    template): the next repeat waits the new limit, not the one it was prepared with."""
+    c4 = collectives.init(timeout=60)
+    x = np.ones(4, np.float32)
+    for _ in range(3):
+        c4.all_reduce(x)
+        c4.all_reduce(np.ones(3, np.float32))
+    expect_raises(ValueError, lambda: setattr(c4, "timeout", 0), "positive")
+    c4.timeout = 0.5
+    absent = c4.size - 1
+    if c4.rank != absent:
+        t = time.monotonic()
+        expect_raises(CollectiveTimeoutError, lambda: c4.all_reduce(x), "all_reduce",
+                      f"rank {absent}")
+        assert time.monotonic() - t < 10, time.monotonic() - t  # not the 60 s it was kept with
+    WORLD.Barrier()
+
+
 def async_timeout(c):
     """An async repeat whose peer never comes: wait() raises the timeout naming the operation."""
     c3 = collectives.init(timeout=1.0)
@@ -671,6 +690,7 @@ def body():
     if c.size > 1:
         timeout_on_a_repeat(c)
         async_timeout(c)
+        a_new_timeout_reaches_kept_calls(c)
     if c.rank == 0:
         print("prepared calls: all checks passed", flush=True)
 
