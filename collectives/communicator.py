@@ -32,7 +32,7 @@ from .flight import FlightEntry, FlightRecorder, Repeats
 from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
-from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, host_view, result_goes
+from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, keepable
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
@@ -612,12 +612,11 @@ class Communicator:
                  result.nbytes > TEMPLATE_MAX_OUT_BYTES):
             return  # a result other than the caller's arrays, or a numpy array made per call
         templates = self._prepared.templates
-        key = templates.wanted(kind, x, out, args, self.check)
-        if key is None:
+        wanted = templates.wanted(kind, x, out, args, self.check)
+        if wanted is None:
             return
-        xv, ov = host_view(x), host_view(out)
+        key, xv, ov = wanted
         made = ov if result is x or result is out else result  # the output the run writes
-        assert xv is not None  # wanted() found its view
         own_x, own_out = np.empty_like(xv), None if made is None else np.empty_like(made)
         pairs = [(xv, own_x)] if made is None or own_out is None else \
             [(xv, own_x), (made, own_out)]

@@ -170,9 +170,9 @@ class Templates:
         return Rebound(template, xv, ov, out if template.result in ("out", "new") else x)
 
     def wanted(self, kind: str, x: Any, out: Any, args: tuple[Any, ...],
-               check: bool) -> Hashable | None:
-        """The key to make a template under, on a form's second general call; else None (the
-        form is noted, or can't take one)."""
+               check: bool) -> tuple[Hashable, np.ndarray, np.ndarray | None] | None:
+        """On a form's second general call, what to make its template from (``template_key``'s
+        key and host views); else None (the form is noted, or can't take one)."""
         found = template_key(x, out, args, check)
         if found is None or found[0] in self._by_kind.get(kind, ()):
             return None
@@ -180,7 +180,7 @@ class Templates:
         seen = self._seen.setdefault(kind, {})
         if key in seen:
             del seen[key]
-            return key
+            return found
         if len(seen) >= 2 * TEMPLATES_PER_COLLECTIVE:
             del seen[next(iter(seen))]  # the oldest
         seen[key] = None
