@@ -215,19 +215,22 @@ def test_detection_nodes_from_hostnames_switches_from_topology_conf(four_hosts):
 @needs_root
 def test_probe_measures_the_shaped_rates(four_hosts, tmp_path):
     """Host links 200 Mbit/s (25 MB/s), uplinks 100 Mbit/s (12.5 MB/s): the probed bandwidths
-    of the inter-node and cross-switch pairs come within 20% of them, the uplink's within 25%."""
+    of the inter-node and cross-switch pairs come within 20% of them; the uplink, loaded both
+    ways by both pairs, reads between 0.65 and 1.05 of its rate."""
     c, out = four_hosts, tmp_path / "links.json"
     text = cluster_run(c, "topocoll topology --probe", timeout=180, command=[
-        "topocoll", "topology", "--probe", "--out", str(out), "--iters", "5",
+        "topocoll", "topology", "--probe", "--out", str(out), "--iters", "9",
         "--sizes", "1024,262144,1048576,2097152"])
     links = json.loads(out.read_text())["links"]
     inter, switch = links["inter"]["beta_bytes_per_s"], links["switch"]["beta_bytes_per_s"]
     assert abs(inter / 25e6 - 1) < 0.2, (inter, text)
     assert abs(switch / 12.5e6 - 1) < 0.2, (switch, text)
-    # both hosts of leaf 0 exchange with leaf 1 at once, both ways: the one uplink's rate (each
-    # way carries the other's TCP acknowledgements too: measured 0.83-0.89 of it)
+    # Two-way TCP through one shaped queue: each way's acknowledgements wait behind the other
+    # way's data, so single exchanges scatter between 0.57 and 0.94 of the rate (one way alone
+    # runs a steady 0.96, no drops), and the probe's fit over medians of 5-9 exchanges read
+    # 0.73-0.92 in 16 runs here (0.75 failed 3 CI runs of 4). What the bounds catch: the pairs' bytes not added up (0.5) or the host links' rate taken (2.0).
     uplink = links["uplink"]["beta_bytes_per_s"]
-    assert abs(uplink / 12.5e6 - 1) < 0.25, (uplink, text)
+    assert 0.65 < uplink / 12.5e6 < 1.05, (uplink, text)
 
 
 @needs_root
