@@ -5,11 +5,13 @@ Rank scripts live in ``tests/ranks/`` and wrap their body in :func:`rank_main`, 
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -21,6 +23,11 @@ RANKS_DIR = Path(__file__).resolve().parent / "ranks"
 # Oversubscribed ranks (4-8 ranks on 2 cores) must yield the CPU instead of spinning in MPICH's
 # progress loop; the settings, and where mpiexec is, are the cluster launcher's (one copy).
 from topocoll.cluster.launcher import YIELD_ENV, mpiexec_path  # noqa: E402,F401
+
+STACKS_ENV = ("TOPOCOLL_TEST_STACKS_DIR", "TOPOCOLL_TEST_STACKS_AFTER")
+"""Set by the harness for the ranks: a rank still running that many seconds after it imported
+this module writes every thread's stack to ``rank-<r>-<pid>.txt`` in that folder (faulthandler:
+it needs no GIL, so a rank stuck in C writes too), and a run that outlives its bound shows them."""
 
 
 NO_CLEANUP = ("-disable-auto-cleanup",)
@@ -100,6 +107,31 @@ LAUNCHER_ENV = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "PMIX_RA
 mpiexec-launched)."""
 
 
+def _arm_stack_dump() -> None:
+    """In a rank launched by the harness: arm the stack dump that ``STACKS_ENV`` asks for."""
+    folder, after = (os.environ.get(k) for k in STACKS_ENV)
+    if not folder or not after or not os.path.isdir(folder):
+        return
+    rank = os.environ.get("PMI_RANK", os.environ.get("RANK", "x"))
+    out = open(os.path.join(folder, f"rank-{rank}-{os.getpid()}.txt"), "w")  # noqa: SIM115
+    faulthandler.dump_traceback_later(float(after), exit=False, file=out)
+    _DUMP_FILES.append(out)  # kept open for the watchdog thread
+
+
+_DUMP_FILES: list[Any] = []
+_arm_stack_dump()
+
+
+def _stacks(folder: str) -> str:
+    """The stacks the ranks wrote into ``folder``, each under its rank's name."""
+    parts = []
+    for f in sorted(Path(folder).glob("rank-*.txt")):
+        text = f.read_text(errors="replace").strip()
+        if text:
+            parts.append(f"--- stacks of {f.stem} (rank-<r>-<pid>) ---\n{text}")
+    return "\n".join(parts)
+
+
 def _script(script: str | Path) -> Path:
     path = Path(script)
     return path if path.is_absolute() else RANKS_DIR / path
@@ -121,16 +153,21 @@ def _launch(cmd: list[str], path: Path, n: int, timeout: float, env: dict[str, s
         [str(TESTS_DIR)] + ([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else []))
     if env:
         full_env.update(env)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, cwd=str(ROOT), start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(
-            f"{path.name} on {n} ranks did not finish within {timeout:.0f}s "
-            f"(ranks that finished: {sorted(_finished(out))}); output:\n{out[-6000:]}")
+    with tempfile.TemporaryDirectory(prefix="topocoll-stacks-") as folder:
+        full_env[STACKS_ENV[0]] = folder
+        full_env[STACKS_ENV[1]] = str(max(1.0, timeout - max(5.0, 0.1 * timeout)))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=full_env, cwd=str(ROOT), start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            raise AssertionError(
+                f"{path.name} on {n} ranks did not finish within {timeout:.0f}s "
+                f"(ranks that finished: {sorted(_finished(out))}); output:\n{out[-6000:]}\n"
+                + (_stacks(folder) or "(no rank wrote its stacks: killed before they were "
+                                      "due, or none got as far as importing mpi_harness)"))
     if not check:
         return proc.returncode, out
     if proc.returncode != 0:
