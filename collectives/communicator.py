@@ -597,7 +597,7 @@ class Communicator:
                     self._prepared.add(Prepared(kind, keep[1], self.check, buf.user, keep[0],
                                                 result is buf.user, what, result, run, lean,
                                                 holds=small), buf.user)
-            elif copy_out is None and (small or keep[0] is None):
+            elif small or keep[0] is None:  # in-place rotate too: prepare() unstages it
                 self._template(kind, buf, keep, result, what, prepare, call.root)
         return self._submit(kind, run, async_op, what)
 

@@ -8,9 +8,9 @@ kept prepared for itself instead (``PreparedCalls``).
 
 A template is made on the second general call of a form (the first may stay a one-off), from the
 same call, on arrays of its own; only numpy arrays and CPU torch tensors that are C-contiguous,
-writable, not overlapping and up to ``TEMPLATE_MAX_BYTES``, whose result is the caller's own
-array (or a numpy array the collective allocates), take this way. The cross-rank agreement
-runs in the template's barrier as in any prepared run.
+writable, not overlapping (``out=x`` itself is in place) and up to ``TEMPLATE_MAX_BYTES``, whose
+result is the caller's own array (or a numpy array the collective allocates), take this way.
+The cross-rank agreement runs in the template's barrier as in any prepared run.
 """
 from __future__ import annotations
 
@@ -117,12 +117,14 @@ def template_key(x: Any, out: Any, args: tuple[Any, ...],
     """What a template must share with a call (``args``: the front method's other arguments),
     with the host views of ``x`` and ``out`` to copy through; None where the call can't take
     one: not a small writable C-contiguous numpy array or CPU tensor, an ``out`` unlike that or
-    overlapping ``x``, or arguments that can't be a key."""
+    overlapping ``x`` (``out=x`` itself is in place: no view of its own), or arguments that
+    can't be a key."""
     xv = host_view(x)
     if xv is None or xv.nbytes > TEMPLATE_MAX_BYTES:
         return None
-    if out is None:
-        ov, form = None, None
+    form: Hashable
+    if out is None or out is x:  # out=x: in place, one array to copy through
+        ov, form = None, None if out is None else "x"
     else:
         ov = host_view(out)
         if ov is None or ov.nbytes > TEMPLATE_MAX_OUT_BYTES or np.may_share_memory(xv, ov):

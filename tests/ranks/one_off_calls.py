@@ -20,9 +20,10 @@ WORLD = MPI.COMM_WORLD
 STEPS = 5  # a template is made on a form's second call: the rest run through it
 
 
-def templated(c, kind):
-    """How many forms of ``kind`` have a template (white-box)."""
-    return len(c._prepared.templates._by_kind.get(kind, {}))
+def templated(c, kind, form=None):
+    """How many forms of ``kind`` have a template (white-box); ``form="x"``: in place."""
+    return sum(t is not None and (form is None or key[4] == form)
+               for key, t in c._prepared.templates._by_kind.get(kind, {}).items())
 
 
 def same_everywhere(arr, what):
@@ -61,6 +62,9 @@ def every_collective_stays_exact(c):
             rot = c.rotate(x, out=np.empty(n, dt), shift=1)
             assert np.array_equal(rot, every[(r - 1) % p]), (dt, n, step, "rotate")
             x = every[r].copy()
+            assert c.rotate(x, out=x, shift=p - 1) is x
+            assert np.array_equal(x, every[(r + 1) % p]), (dt, n, step, "rotate in place")
+            x = every[r].copy()
             c.reduce(x, root=0)
             want = reference(every, "sum") if r == 0 else every[r]
             assert np.array_equal(x, want), (dt, n, step, "reduce")
@@ -68,6 +72,7 @@ def every_collective_stays_exact(c):
         for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "rotate",
                      "reduce"):
             assert templated(c, kind) > 0, f"{kind}: no template made"
+        assert templated(c, "rotate", form="x") > 0, "in-place rotate: no template made"
 
 
 def results_are_the_callers_own(c):
