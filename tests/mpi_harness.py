@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,11 +25,15 @@ RANKS_DIR = Path(__file__).resolve().parent / "ranks"
 # progress loop; the settings, and where mpiexec is, are the cluster launcher's (one copy).
 from topocoll.cluster.launcher import YIELD_ENV, mpiexec_path  # noqa: E402,F401
 
-STACKS_ENV = ("TOPOCOLL_TEST_STACKS_DIR", "TOPOCOLL_TEST_STACKS_AFTER")
-"""Set by the harness for the ranks: a rank still running that many seconds after it imported
-this module writes every thread's stack to ``rank-<r>-<pid>.txt`` in that folder (faulthandler:
-it needs no GIL, so a rank stuck in C writes too), and a run that outlives its bound shows them."""
-
+STACKS_ENV = "TOPOCOLL_TEST_STACKS_DIR"
+"""Set by the harness for the ranks: each rank registers a ``faulthandler`` dump of every
+thread's stack on ``STACKS_SIGNAL`` into ``rank-<r>-<pid>.txt`` in that folder; a run that
+outlives its bound signals every rank named there, then kills the job and shows the stacks.
+The dump runs in the signal handler, without the GIL, so a rank stuck in C writes too; no
+watchdog thread (a forked child would wait for it at exit)."""
+STACKS_SIGNAL = signal.SIGUSR2
+STACKS_GRACE = 2.0
+"""Seconds the ranks get to write their stacks before the job is killed."""
 
 NO_CLEANUP = ("-disable-auto-cleanup",)
 """mpiexec flags for scripts whose ranks end with ``faults.exit_without_finalize`` (after a fault
@@ -108,24 +113,36 @@ mpiexec-launched)."""
 
 
 def _arm_stack_dump() -> None:
-    """In a rank launched by the harness: arm the stack dump that ``STACKS_ENV`` asks for."""
-    folder, after = (os.environ.get(k) for k in STACKS_ENV)
-    if not folder or not after or not os.path.isdir(folder):
+    """In a rank launched by the harness: register the stack dump that ``STACKS_ENV`` asks for."""
+    folder = os.environ.get(STACKS_ENV)
+    if not folder or not os.path.isdir(folder):
         return
     rank = os.environ.get("PMI_RANK", os.environ.get("RANK", "x"))
     out = open(os.path.join(folder, f"rank-{rank}-{os.getpid()}.txt"), "w")  # noqa: SIM115
-    faulthandler.dump_traceback_later(float(after), exit=False, file=out)
-    _DUMP_FILES.append(out)  # kept open for the watchdog thread
+    faulthandler.register(STACKS_SIGNAL, file=out, all_threads=True)
+    _DUMP_FILES.append(out)  # kept open for the handler
 
 
 _DUMP_FILES: list[Any] = []
 _arm_stack_dump()
 
 
-def _stacks(folder: str) -> str:
-    """The stacks the ranks wrote into ``folder``, each under its rank's name."""
+def _dump_stacks(folder: str) -> str:
+    """Ask every rank that registered in ``folder`` for its stacks; those written, by rank."""
+    files = sorted(Path(folder).glob("rank-*.txt"))
+    asked = []
+    for f in files:
+        try:
+            os.kill(int(f.stem.rsplit("-", 1)[1]), STACKS_SIGNAL)
+            asked.append(f)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass  # that rank has ended
+    deadline = time.monotonic() + STACKS_GRACE
+    while asked and time.monotonic() < deadline and \
+            not all(f.stat().st_size for f in asked):
+        time.sleep(0.05)
     parts = []
-    for f in sorted(Path(folder).glob("rank-*.txt")):
+    for f in files:
         text = f.read_text(errors="replace").strip()
         if text:
             parts.append(f"--- stacks of {f.stem} (rank-<r>-<pid>) ---\n{text}")
@@ -154,20 +171,20 @@ def _launch(cmd: list[str], path: Path, n: int, timeout: float, env: dict[str, s
     if env:
         full_env.update(env)
     with tempfile.TemporaryDirectory(prefix="topocoll-stacks-") as folder:
-        full_env[STACKS_ENV[0]] = folder
-        full_env[STACKS_ENV[1]] = str(max(1.0, timeout - max(5.0, 0.1 * timeout)))
+        full_env[STACKS_ENV] = folder
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, env=full_env, cwd=str(ROOT), start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stacks = _dump_stacks(folder)
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             raise AssertionError(
                 f"{path.name} on {n} ranks did not finish within {timeout:.0f}s "
                 f"(ranks that finished: {sorted(_finished(out))}); output:\n{out[-6000:]}\n"
-                + (_stacks(folder) or "(no rank wrote its stacks: killed before they were "
-                                      "due, or none got as far as importing mpi_harness)"))
+                + (stacks or "(no rank wrote its stacks: none got as far as importing "
+                              "mpi_harness)"))
     if not check:
         return proc.returncode, out
     if proc.returncode != 0:

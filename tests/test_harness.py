@@ -1,5 +1,5 @@
-"""The test harness itself: a run that outlives its bound is killed and shows where each rank
-was (the stacks the ranks write shortly before the bound)."""
+"""The test harness itself: a run that outlives its bound shows where each rank was (the ranks
+write their stacks when the harness signals them at the bound), then is killed."""
 from __future__ import annotations
 
 import re
