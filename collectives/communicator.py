@@ -174,7 +174,7 @@ class Communicator:
         buf = as_buffer(x, "x")
         op = parse_op(op)
         check_reducible(buf.dtype, op)
-        if out is None:
+        if out is None or out is x:  # out=x: in place, for a tensor too (its views differ)
             check_writable(buf, "x")
             target = buf
         else:

@@ -228,7 +228,8 @@ def test_probe_measures_the_shaped_rates(four_hosts, tmp_path):
     # Two-way TCP through one shaped queue: each way's acknowledgements wait behind the other
     # way's data, so single exchanges scatter between 0.57 and 0.94 of the rate (one way alone
     # runs a steady 0.96, no drops), and the probe's fit over medians of 5-9 exchanges read
-    # 0.73-0.92 in 16 runs here (0.75 failed 3 CI runs of 4). What the bounds catch: the pairs' bytes not added up (0.5) or the host links' rate taken (2.0).
+    # 0.73-0.92 in 16 runs here (0.75 failed 3 CI runs of 4). What the bounds catch: the
+    # pairs' bytes not added up (0.5) or the host links' rate taken (2.0).
     uplink = links["uplink"]["beta_bytes_per_s"]
     assert 0.65 < uplink / 12.5e6 < 1.05, (uplink, text)
 

@@ -180,8 +180,8 @@ def timeout_names_the_rank(c):
 
 def torch_tensors(c):
     """CPU tensors, a new one each call (as a training loop's loss), take templates too,
-    bfloat16 included: exact, in the caller's tensor; a non-contiguous one still gets the
-    general path's error."""
+    bfloat16 included, in place with ``out=t`` as well: exact, in the caller's tensor; a
+    non-contiguous one still gets the general path's error."""
     try:
         import torch
     except ImportError:
@@ -198,10 +198,20 @@ def torch_tensors(c):
             assert torch.equal(out, torch.cat(every)), (dt, step, "all_gather")
             t = every[r].clone()
             assert c.broadcast(t, root=p - 1) is t and torch.equal(t, every[p - 1]), (dt, step)
+            t = every[r].clone()
+            assert c.all_reduce(t, out=t) is t, (dt, step, "all_reduce out=t")
+            assert torch.equal(t, sum(every[1:], every[0].clone())), (dt, step, "out=t", t)
+            t = every[r].clone()
+            assert c.rotate(t, out=t, async_op=True).wait() is t
+            assert torch.equal(t, every[(r - 1) % p]), (dt, step, "rotate in place async")
         fresh = torch.ones(5, dtype=dt)
         assert p == 1 or isinstance(c._prepared.find("all_reduce", fresh, None,
                                                      ("sum", "auto", False, None), c.check),
                                     Rebound), dt
+        fresh = torch.ones(5, dtype=dt)  # another: a tensor looked up twice counts as repeating
+        assert p == 1 or isinstance(c._prepared.find("all_reduce", fresh, fresh,
+                                                     ("sum", "auto", False, None), c.check),
+                                    Rebound), (dt, "out=t")
     expect_raises(ValueError, lambda: c.all_reduce(torch.ones(10)[::2]), "not contiguous")
 
 
