@@ -100,15 +100,16 @@ def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
 
 
 def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
-    """The run of a ``call`` that fits one step made ready for repeating (the communicator's
-    prepared and persistent calls): what ``_run`` would do, one step through the slots, with
-    every view, bound and reducer worked out here, so a run only publishes, syncs once (checking
-    ``call.agreement`` there, as ``_Gate`` does) and finishes. From ``REGISTERED_FROM`` on, where
+    """The run of a ``call`` made ready for repeating (the communicator's prepared and persistent
+    calls): what ``_run`` would do, with every view, bound and reducer worked out here. A call
+    that fits one step (one shot, for the reduce family) only publishes, syncs once (checking
+    ``call.agreement`` there, as ``_Gate`` does) and finishes; a larger reduction runs
+    ``_prepare_steps``'s steps. From ``REGISTERED_FROM`` on, where
     ``_run`` opens with the registration gate, the run publishes what an unregistered rank
     publishes there (``GATE_EARLY``) and, should a peer's buffer be registered, syncs a second
     time as that gate does. A call on a registered buffer gets ``_prepare_registered``'s run.
     ``ctx`` is reused by every run. None where the call would take another path (one rank,
-    broadcast's gate, several steps): those run the general way."""
+    broadcast's gate, a move of several steps): those run the general way."""
     arena = _prepared_arena(b, call)
     if arena is None or call.kind not in _PREPARED:
         return None
@@ -118,9 +119,9 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
         where = arena.locate(call.send)
         if where is not None:
             return _prepare_registered(b, ctx, call, arena, where, _SLOTS[call.kind])
-    if (gated and call.kind == "broadcast") or \
-            call.send.nbytes > (arena.slot_bytes if moved else
-                                one_shot_bytes(call.kind, b.size, arena)):
+    if not moved and call.send.nbytes > one_shot_bytes(call.kind, b.size, arena):
+        return _prepare_steps(b, ctx, call, arena, gated)
+    if (gated and call.kind == "broadcast") or (moved and call.send.nbytes > arena.slot_bytes):
         return None
     r, mine = b.rank, call.input
     typed = [arena.slots(h, np.uint8 if moved else mine.dtype) for h in (0, 1)]
@@ -128,48 +129,119 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     source = _mv(_bytes(mine))
     after = _after_barrier(b, call, typed, source)
     writes = call.kind != "broadcast" or r == call.root
-    sig, check = call.agreement if call.agreement is not None else (None, None)
-    sig_bytes = sig.tobytes() if sig is not None else b""
-    mine_words, every_words = arena.signature_words(len(sig) if sig is not None else 0)
-    gate = arena.registration_words(len(GATE_EARLY)) if gated else None
-    compiled = _compiled_plan(arena, after, sig_bytes, mine_words, every_words,
-                              publish if writes else None, source, gate)
+    first = _FirstBarrier(arena, call, gated)
+    compiled = _compiled_plan(arena, after, first.sig, first.mine, first.every,
+                              publish if writes else None, source, first.gate)
     if compiled is not None:
-        return _compiled_run(arena, ctx, compiled, after, check, sig_bytes)
+        return _compiled_run(arena, ctx, compiled, after, first.check, first.sig)
 
     done = after.run
-    state = [0, 0, 0]  # the started run's (arena mark, half, publication area): arena.begin()
-    early = GATE_EARLY.tobytes()
 
     def start() -> None:
         ctx.deadline = None
-        state[:] = arena.begin()
-        if check is not None:
-            mine_words[state[2]][:] = sig_bytes
-        if gate is not None:
-            gate[0][state[2]][:] = early
+        half = first.begin()
         if writes:
-            publish[state[1]][:] = source
+            publish[half][:] = source
         arena.arrive()
 
     def complete(block: bool) -> bool:
+        if not first.passed(ctx, block):
+            return False
+        done(first.state[1])
+        return True
+
+    return Run(start, complete)
+
+
+class _FirstBarrier:
+    """A prepared run's words around its first barrier, as ``_Gate`` publishes and checks them
+    for a rank that copies in early: the call's signature (a mismatch raises on every rank) and,
+    ``gated`` (from ``REGISTERED_FROM`` on), ``GATE_EARLY`` (should a peer's buffer be
+    registered, it copies in after the barrier: everyone meets it at ``_copied_in``). Written
+    and compared as bytes: no numpy call on the way."""
+
+    __slots__ = ("arena", "check", "sig", "mine", "every", "gate", "state")
+
+    def __init__(self, arena: SharedArena, call: Call, gated: bool) -> None:
+        sig, check = call.agreement if call.agreement is not None else (None, None)
+        self.arena = arena
+        self.check: Callable[..., None] | None = check
+        self.sig: bytes = sig.tobytes() if sig is not None else b""
+        self.mine, self.every = arena.signature_words(len(sig) if sig is not None else 0)
+        self.gate = arena.registration_words(len(GATE_EARLY)) if gated else None
+        self.state = (0, 0, 0)  # the started run's (arena mark, half, publication area)
+
+    def begin(self) -> int:
+        """Step the arena's counters for a run and write its words; the half it starts on."""
+        state = self.state = self.arena.begin()
+        if self.check is not None:
+            self.mine[state[2]][:] = self.sig
+        if self.gate is not None:
+            self.gate[0][state[2]][:] = _EARLY
+        return state[1]
+
+    def passed(self, ctx: OpContext, block: bool) -> bool:
+        """After this rank arrived: wait for every peer (False: not in yet, where ``block`` is
+        False), then check the words."""
+        arena, area = self.arena, self.state[2]
         if not arena.arrived():
             if not block:
                 return False
             arena.wait(ctx)
         elif not ORDERED_STORES:
             arena.wait(ctx)  # the fence after the flags
-        if check is not None:
-            for words in every_words[state[2]]:
-                if words != sig_bytes:
-                    arena.rewind(state[0])
-                    check(*arena.agreed(len(sig_bytes) // 8))  # raises, naming the field
-        if gate is not None and not all(words == early for words in gate[1][state[2]]):
+        if self.check is not None:
+            for words in self.every[area]:
+                if words != self.sig:
+                    arena.rewind(self.state[0])
+                    self.check(*arena.agreed(len(self.sig) // 8))  # raises, naming the field
+        if self.gate is not None and not all(words == _EARLY for words in self.gate[1][area]):
             _copied_in(arena, ctx)  # a peer's buffer is registered: it copies in after this
-        done(state[1])
         return True
 
-    return Run(start, complete)
+
+def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
+                   gated: bool) -> "Run | None":
+    """The reduce family's prepared run through the slots in steps (``_reduce``, whose
+    ``_ReduceStep`` views it cuts once for either half the run may start on): a run writes its
+    ``_FirstBarrier`` words, copies its first step in, syncs, checks the words, then goes on
+    step by step as ``_reduce`` does. None where the slot is too small (the general path says
+    so)."""
+    mode = call.kind
+    bounds = split_bounds(call.send.size, b.size) if mode == "reduce" else call.bounds
+    w = _region_width(arena, call, b.size)
+    if w < 1:
+        return None
+    op = call.op or "sum"
+    combine = host_ufunc(call.dtype, op) or reducer(call.dtype, op)  # numpy's own, where it is
+    dtype = call.send.dtype
+    steps = _steps(bounds, w)
+    by_first_half = [[_ReduceStep(call, mode, b.rank, arena.slots((h + k) % 2, dtype),
+                                  bounds, _pieces(bounds, k, w), w, combine)
+                      for k in range(steps)] for h in (0, 1)]
+    first = _FirstBarrier(arena, call, gated)
+
+    def start() -> None:
+        ctx.deadline = None
+        by_first_half[first.begin()][0].copy_in()
+        arena.arrive()
+
+    def complete(block: bool) -> bool:
+        if not first.passed(ctx, block):
+            return False
+        for k, step in enumerate(by_first_half[first.state[1]]):
+            if k:
+                arena.flip()  # the half this step's views were cut for
+                step.copy_in()
+                arena.sync(ctx)
+            step.reduce()
+            if step.second_sync:
+                arena.sync(ctx)
+                step.copy_out()
+        return True
+
+    one_barrier = steps == 1 and not by_first_half[0][0].second_sync
+    return Run(start, complete, starts_inline=one_barrier)  # else: barriers follow the first
 
 
 def prepare_registered_or_native(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
@@ -622,6 +694,9 @@ GATE_EARLY = np.array([1, 0, 0, 0, 0], np.int64)
 copies into the slots before syncing), with no registered buffer or input to offer."""
 
 
+_EARLY = GATE_EARLY.tobytes()
+
+
 def _gate_words(where: tuple[int, int] | None, source: tuple[int, int] | None) -> np.ndarray:
     """What a rank that is not early publishes at ``_Gate``'s barrier: where its buffer and its
     out-of-place input are registered ((0, 0): not)."""
@@ -771,50 +846,80 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> Callab
 
 
 def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Gate) -> None:
-    """The reduce family through the slots (see the module docstring); ``mode`` says where the
-    result goes."""
+    """The reduce family through the slots (see the module docstring), step by step; ``mode``
+    says where the result goes."""
     arena = _arena(b)
-    src, r, p = call.send, b.rank, b.size
-    w = arena.slot_bytes // (p * src.itemsize)
+    w = _region_width(arena, call, b.size)
     if w < 1:
         raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
-                         f"too small for {p} ranks; raise TOPOCOLL_SHM_SLOT")
-    in_buffer = mode == "all_reduce"            # result of my region lands in place in src
-    mine = call.input                           # my input (out of place: not src)
+                         f"too small for {b.size} ranks; raise TOPOCOLL_SHM_SLOT")
+    combine = reducer(call.dtype, call.op or "sum")
     for k in range(_steps(bounds, w)):
-        slots = _slots(arena, src.dtype)
-        pieces = _pieces(bounds, k, w)
-        for q, (lo, hi) in enumerate(pieces):   # 1. copy in (my own region too, for reduce)
-            if hi > lo and (q != r or mode == "reduce"):
-                slots[r][q * w:q * w + hi - lo] = mine[lo:hi]
+        step = _ReduceStep(call, mode, b.rank, _slots(arena, call.send.dtype), bounds,
+                           _pieces(bounds, k, w), w, combine)
+        step.copy_in()
         gate.sync()
-        lo, hi = pieces[r]                      # 3. reduce my region
+        step.reduce()
+        if step.second_sync:
+            gate.sync()
+            step.copy_out()
+    gate.close()
+
+
+class _ReduceStep:
+    """One pipeline step of the reduce family through the slots, its views cut once: 1. copy
+    in, (sync), 3. reduce my region in cache-sized chunks and publish it, (sync), 5. copy out
+    (the module docstring). ``_reduce`` makes one per step; a prepared run keeps them."""
+
+    __slots__ = ("ins", "chunks", "outs", "second_sync", "call", "combine")
+
+    def __init__(self, call: Call, mode: str, r: int, slots: list[np.ndarray], bounds,
+                 pieces: list[tuple[int, int]], w: int, combine: Any) -> None:
+        src, mine = call.send, call.input         # mine: my input (out of place: not src)
+        in_buffer = mode == "all_reduce"          # the result of my region lands in src
+        self.call, self.combine = call, combine
+        self.ins = [(slots[r][q * w:q * w + hi - lo], mine[lo:hi])  # my own region too, for reduce
+                    for q, (lo, hi) in enumerate(pieces) if hi > lo and (q != r or mode == "reduce")]
+        lo, hi = pieces[r]
         n = hi - lo
         if mode == "reduce_scatter":
             assert call.recv is not None  # reduce_scatter always has an output
-            acc = call.recv[k * w:k * w + n]
+            at = lo - bounds[r][0]                # this step's offset in my region
+            acc = call.recv[at:at + n]
         elif in_buffer:
             acc = src[lo:hi]
         else:
             acc = slots[r][r * w:r * w + n]
         first = mine[lo:hi] if mode != "reduce" else acc  # own data, reduced first
-        step = max(1, CHUNK_BYTES // src.itemsize)
-        for a in range(0, n, step):             # in cache-sized chunks: the publish reads cache
-            e = min(n, a + step)
-            part = acc[a:e]
-            _reduce_region(call, first[a:e],
-                           [slots[q][r * w + a:r * w + e] for q in range(p) if q != r], part)
-            if in_buffer:
-                slots[r][r * w + a:r * w + e] = part  # publish it
-        if mode == "reduce_scatter":
-            continue                            # nobody reads my result: no second sync
-        gate.sync()
-        if mode == "reduce" and r != call.root:
-            continue
-        for q, (lo, hi) in enumerate(pieces):   # 5. copy out every rank's result
-            if hi > lo and (q != r or not in_buffer):
-                src[lo:hi] = slots[q][q * w:q * w + hi - lo]
-    gate.close()
+        step = max(1, CHUNK_BYTES // src.itemsize)  # in cache-sized chunks: the publish reads cache
+        self.chunks = [(first[a:a + step], [s[r * w + a:r * w + min(n, a + step)]
+                                            for q, s in enumerate(slots) if q != r],
+                        acc[a:a + step], slots[r][r * w + a:r * w + min(n, a + step)]
+                        if in_buffer else None) for a in range(0, n, step)]
+        self.second_sync = mode != "reduce_scatter"  # nobody reads a reduce_scatter's result
+        copies_out = in_buffer or (mode == "reduce" and r == call.root)
+        self.outs = [(src[lo:hi], slots[q][q * w:q * w + hi - lo])  # every rank's result
+                     for q, (lo, hi) in enumerate(pieces)
+                     if copies_out and hi > lo and (q != r or not in_buffer)]
+
+    def copy_in(self) -> None:
+        for dst, src in self.ins:
+            dst[:] = src
+
+    def reduce(self) -> None:
+        for first, peers, acc, publish in self.chunks:
+            _reduce_region(self.call, first, peers, acc, self.combine)
+            if publish is not None:
+                publish[:] = acc
+
+    def copy_out(self) -> None:
+        for dst, src in self.outs:
+            dst[:] = src
+
+
+def _region_width(arena: SharedArena, call: Call, ranks: int) -> int:
+    """Elements of each region one pipeline step moves (0: the slot is too small)."""
+    return arena.slot_bytes // (ranks * call.send.itemsize)
 
 
 _SLOTS = {"all_reduce": _slots_all_reduce, "reduce_scatter": _slots_reduce_scatter,
@@ -833,11 +938,11 @@ _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scat
 
 
 def _reduce_region(call: Call, own: np.ndarray, peers: list[np.ndarray],
-                   out: np.ndarray) -> None:
+                   out: np.ndarray, combine: Any = None) -> None:
     """``out = own (op) peers[0] (op) peers[1] ...`` (then the mean, for 'avg'): this rank's data
     first, then its peers' in rank order, the one order every region is reduced in, which keeps
-    ranks bitwise identical. ``out`` may be ``own``."""
-    combine = reducer(call.dtype, call.op or "sum")
+    ranks bitwise identical. ``out`` may be ``own``; ``combine``: the call's ``reducer``."""
+    combine = combine or reducer(call.dtype, call.op or "sum")
     into = own
     for other in peers:
         combine(into, other, out=out)

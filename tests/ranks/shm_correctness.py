@@ -3,7 +3,7 @@
 Run with a small TOPOCOLL_SHM_SLOT so that modest sizes already take many pipeline steps.
 """
 import _common  # noqa: F401  (sets sys.path)
-from _common import rank_data, rank_main, reference, valid_ops
+from _common import expect_raises, rank_data, rank_main, reference, valid_ops
 
 import sys
 
@@ -11,7 +11,7 @@ import numpy as np
 from mpi4py import MPI
 
 from topocoll import collectives
-from topocoll.collectives import select
+from topocoll.collectives import MismatchError, select
 
 DTYPES = ["int8", "int32", "uint16", "int64", "float16", "float32", "float64", "complex64"]
 SLOT = 4096  # replaced by the arena's step once the communicator exists
@@ -170,6 +170,61 @@ def check_auto_and_arena(c):
         raise AssertionError("the arena's memory is not in /proc/self/maps")
 
 
+def check_reducing_repeats(c):
+    """Reductions beyond one shot repeated on the same arrays run prepared in steps (a kept
+    run that starts on either half of the slots: a small call between repeats flips which),
+    blocking and async: exact, alike everywhere, and a rank diverging on a repeat still fails
+    every rank with MismatchError, the communicator healthy after."""
+    p, r = c.size, c.rank
+    flip = np.ones(1, np.float32)
+    for dt, n in (("float32", 3 * SLOT // 4 // p + 7), ("int64", 5 * SLOT // 8 // p + 3),
+                  ("float16", SLOT // 2 // p + 1)):
+        x, out = np.empty(n, dt), np.empty(n, dt)
+        rows = np.empty((n // 3, 3), dt)
+        part = np.empty_like(np.array_split(rows, p)[r])
+        for op in valid_ops(dt):
+            for step in range(5):
+                every = [rank_data(n, dt, q, salt=step) for q in range(p)]
+                ref = reference(every, op)
+                what = f"{dt} {op} n={n} repeat {step}"
+                x[...] = every[r]
+                if step % 2:
+                    c.all_reduce(flip)
+                assert c.all_reduce(x, op=op) is x
+                assert np.array_equal(x, ref), f"all_reduce {what}"
+                same_on_all_ranks(x, f"all_reduce {what}")
+                x[...] = every[r]
+                h = c.all_reduce(x, op=op, out=out, async_op=step % 2 == 1)
+                assert (h.wait() if step % 2 else h) is out
+                assert np.array_equal(out, ref) and np.array_equal(x, every[r]), \
+                    f"all_reduce out= {what}"
+                rows[...] = every[r][:rows.size].reshape(rows.shape)
+                h = c.reduce_scatter(rows, op=op, out=part, async_op=step % 2 == 0)
+                assert (h if step % 2 else h.wait()) is part
+                want = np.array_split(reference([e[:rows.size].reshape(rows.shape)
+                                                 for e in every], op), p)[r]
+                assert np.array_equal(part, want), f"reduce_scatter {what}"
+                root = p - 1
+                x[...] = every[r]
+                c.reduce(x, root=root, op=op)
+                assert np.array_equal(x, ref if r == root else every[r]), f"reduce {what}"
+        if p > 1:
+            for kind, a in (("all_reduce", x), ("reduce_scatter", rows), ("reduce", x)):
+                runs = [e.lean for e in c._prepared._by_kind[kind].get(id(a), [])]
+                assert runs and all(run is not None for run in runs), \
+                    f"{kind} {dt}: repeats in steps were not prepared ({runs})"
+    if p > 1:
+        x = np.ones(3 * SLOT // 4 // p + 7, np.float32)
+        for _ in range(3):
+            x[...] = 1
+            c.all_reduce(x)
+        x[...] = 1
+        expect_raises(MismatchError, lambda: c.all_reduce(x, op="max" if r == p - 1 else "sum"),
+                      "reduction op")
+        x[...] = 1
+        assert c.all_reduce(x) is x and np.all(x == p)
+
+
 def check_split(c):
     """shm on a sub-communicator (what hierarchical algorithms do with node groups)."""
     sub = c.split(c.rank % 2)
@@ -191,6 +246,7 @@ def body():
         check_auto_and_arena(c)
     else:
         check_reducing(c)
+        check_reducing_repeats(c)
         check_random_floats(c)
         check_moving(c)
         check_torch(c)
