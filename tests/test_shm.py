@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mpi_harness import NO_CLEANUP, RANKS_DIR, ROOT, YIELD_ENV, mpiexec_path, run_ranks
@@ -23,6 +24,59 @@ def test_every_shm_collective_matches_numpy(n):
 def test_default_slot_large_arrays_and_auto(n):
     out = run_ranks("shm_correctness.py", n, args=["big"], timeout=120)
     assert out.count("(deleted)") == n  # every rank's arena file was unlinked while in use
+
+
+def _cross_process_reads() -> str | None:
+    """Why this system forbids reading another process's memory (process_vm_readv), or None:
+    a forked child changes a word, the parent reads it back from the child."""
+    import ctypes
+
+    from topocoll.collectives.backends import cma
+
+    readv = cma._readv()
+    if readv is None:
+        return "no process_vm_readv in this libc"
+    word = np.array([1], np.int64)
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: change the word, say so, wait for the parent's read
+        word[0] = 0x5EED
+        os.write(ready_w, b"x")
+        os.read(done_r, 1)
+        os._exit(0)
+    try:
+        os.read(ready_r, 1)
+        got = np.zeros(1, np.int64)
+        memory = cma.PeerMemory([pid], readv)
+        try:
+            memory.read(0, word.ctypes.data, got)
+        except Exception as err:  # noqa: BLE001 - the reason to skip
+            return f"process_vm_readv is not allowed here: {err}"
+        return None if got[0] == 0x5EED else f"read {got[0]:#x}, not the child's word"
+    finally:
+        os.write(done_w, b"x")
+        os.waitpid(pid, 0)
+        for fd in (ready_r, ready_w, done_r, done_w):
+            os.close(fd)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_single_copy_reads_match_numpy(n):
+    """Every dtype and op of all_reduce and reduce_scatter reading the peers' memory directly
+    (from any size past the gate: TOPOCOLL_CMA_FROM=0), next to the slots' matrix."""
+    reason = _cross_process_reads()
+    if reason:
+        pytest.skip(reason)
+    out = run_ranks("shm_correctness.py", n, timeout=150,
+                    env={**SMALL_SLOT, "TOPOCOLL_CMA_FROM": "0"})
+    assert out.count("SINGLE-COPY on") == n, out[-3000:]
+
+
+def test_single_copy_off_by_env():
+    out = run_ranks("shm_correctness.py", 2, timeout=150,
+                    env={**SMALL_SLOT, "TOPOCOLL_CMA_FROM": "0", "TOPOCOLL_CMA": "0"})
+    assert out.count("SINGLE-COPY off") == 2, out[-3000:]
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])

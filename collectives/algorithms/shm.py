@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..backends.base import Backend
+from ..backends import cma
 from ..backends.shm import ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
@@ -119,6 +120,8 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
         where = arena.locate(call.send)
         if where is not None:
             return _prepare_registered(b, ctx, call, arena, where, _SLOTS[call.kind])
+    if single_copy(call, arena, b.size):
+        return None  # the general path reads the peers' memory directly
     if not moved and call.send.nbytes > one_shot_bytes(call.kind, b.size, arena):
         return _prepare_steps(b, ctx, call, arena, gated)
     if (gated and call.kind == "broadcast") or (moved and call.send.nbytes > arena.slot_bytes):
@@ -495,10 +498,30 @@ def _run(b: Backend, ctx: OpContext, call: Call, fallback) -> None:
         if source is None:
             take_source(call)               # peers may read my buffer right after the gate
     only = call.root if call.kind == "broadcast" else None   # whose buffer the copy path reads
+    offer = (call.input.ctypes.data, call.send.ctypes.data) \
+        if fallback is not None and single_copy(call, arena, b.size) else None
     gate = _Gate(arena, ctx, where, only=only, early=fallback is not None,
-                 agreement=call.agreement, registered=not small, source=source)
+                 agreement=call.agreement, registered=not small, source=source, offer=offer)
     call.agreement = None
     _after_gate(b, ctx, call, gate, fallback)
+
+
+SINGLE_COPY = ("all_reduce", "reduce_scatter")
+"""The collectives that read their peers' memory directly where they can (``single_copy``): they
+read into cache-sized scratch and reduce from there. An all-gather reading straight into its
+output measured no faster than the slots here (2 and 4 ranks, 256 KiB-8 MiB per rank)."""
+
+
+def single_copy(call: Call, arena: SharedArena, ranks: int) -> bool:
+    """Whether ``call`` offers its buffers for single-copy reads (``_single_copy_reduce``)
+    instead of the slots' two copies: a ``SINGLE_COPY`` collective of numpy storage from
+    ``cma.single_copy_from()`` bytes of input on (beyond one shot, and passing the registration gate,
+    whose barrier carries the offers), where the arena can read its ranks' memory. The same
+    answer on every rank: the size is agreed, and so is the probe."""
+    nbytes = call.send.nbytes
+    return call.kind in SINGLE_COPY and arena.peer_memory is not None \
+        and isinstance(call.send, np.ndarray) and nbytes >= cma.single_copy_from() \
+        and nbytes >= REGISTERED_FROM and nbytes > one_shot_bytes(call.kind, ranks, arena)
 
 
 def _after_gate(b: Backend, ctx: OpContext, call: Call, gate: "_Gate", fallback) -> None:
@@ -592,11 +615,55 @@ def _copies_then_sync(arena: SharedArena, ctx: OpContext,
 
 
 def _slots_all_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    if gate.offers is not None:
+        return _single_copy_reduce(b, ctx, call, gate, gate.offers)
     _reduce(b, ctx, call, "all_reduce", call.bounds, gate)
 
 
 def _slots_reduce_scatter(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    if gate.offers is not None:
+        return _single_copy_reduce(b, ctx, call, gate, gate.offers)
     _reduce(b, ctx, call, "reduce_scatter", call.bounds, gate)
+
+
+def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate",
+                        offers: list[tuple[int, int]]) -> None:
+    """All-reduce or reduce-scatter reading the peers' memory directly (``offers``: every rank's
+    input and buffer addresses, published at the gate's barrier, which every rank has passed):
+    rank r reads region r of every peer's input chunk by chunk into cache-sized scratch and
+    reduces it with its own into its result, in the slots' order (own data, then the peers' in
+    rank order); an all-reduce then syncs and reads every peer's result region from its buffer.
+    One copy per byte received where the slots take two. A closing barrier: no rank returns
+    (and reuses its buffers) while a peer may still read them."""
+    arena, r, p = gate.arena, b.rank, b.size
+    memory = arena.peer_memory
+    assert memory is not None  # offers are made only where it is
+    gate.passed()
+    mine, src, unit = call.input, call.send, call.send.itemsize
+    lo, hi = call.bounds[r]
+    if call.kind == "reduce_scatter":
+        assert call.recv is not None  # reduce_scatter always has an output
+        result = call.recv
+    else:
+        result = src[lo:hi]
+    op = call.op or "sum"
+    combine = host_ufunc(call.dtype, op) or reducer(call.dtype, op)
+    step = max(1, CHUNK_BYTES // unit)
+    peers = [q for q in range(p) if q != r]
+    scratch = arena.scratch(len(peers) * min(step, hi - lo) * unit).view(src.dtype)
+    for a in range(lo, hi, step):
+        n = min(hi, a + step) - a
+        parts = [scratch[i * n:(i + 1) * n] for i in range(len(peers))]
+        for q, part in zip(peers, parts):
+            memory.read(q, offers[q][0] + a * unit, part)
+        _reduce_region(call, mine[a:a + n], parts, result[a - lo:a - lo + n], combine)
+    if call.kind == "all_reduce":
+        arena.sync(ctx)                     # every rank's region is reduced
+        for q in peers:
+            qlo, qhi = call.bounds[q]
+            if qhi > qlo:
+                memory.read(q, offers[q][1] + qlo * unit, src[qlo:qhi])
+    arena.sync(ctx)                         # the peers are done reading my memory
 
 
 def _slots_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
@@ -689,18 +756,21 @@ def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
 
 
 # -- helpers --
-GATE_EARLY = np.array([1, 0, 0, 0, 0], np.int64)
+GATE_EARLY = np.array([1, 0, 0, 0, 0, 0, 0], np.int64)
 """What a rank whose buffer is not registered publishes at ``_Gate``'s barrier: it is early (it
-copies into the slots before syncing), with no registered buffer or input to offer."""
+copies into the slots before syncing), with no registered buffer or input to offer, nor its
+buffers' addresses for single-copy reads."""
 
 
 _EARLY = GATE_EARLY.tobytes()
 
 
-def _gate_words(where: tuple[int, int] | None, source: tuple[int, int] | None) -> np.ndarray:
+def _gate_words(where: tuple[int, int] | None, source: tuple[int, int] | None,
+                offer: tuple[int, int] | None = None) -> np.ndarray:
     """What a rank that is not early publishes at ``_Gate``'s barrier: where its buffer and its
-    out-of-place input are registered ((0, 0): not)."""
-    return np.array([0, *(where or (0, 0)), *(source or (0, 0))], np.int64)
+    out-of-place input are registered ((0, 0): not), and the addresses of its input and buffer
+    that it offers for single-copy reads ((0, 0): none)."""
+    return np.array([0, *(where or (0, 0)), *(source or (0, 0)), *(offer or (0, 0))], np.int64)
 
 
 class _Gate:
@@ -715,15 +785,17 @@ class _Gate:
     No early rank: ``peers`` lists every rank's (window, offset) and the zero-copy path runs;
     ``sources`` lists where every rank's out-of-place input is registered, if every rank's is
     (peers then read inputs in place), else ``late_sources`` says whether some rank still holds
-    one to copy into its output. Otherwise the fallback's first ``sync`` also makes early ranks
-    wait for the others' copy in.
+    one to copy into its output. Otherwise, where every rank offered its buffers' addresses
+    (``offer``: it is not early either), ``offers`` lists them and the single-copy path runs;
+    else the fallback's first ``sync`` also makes early ranks wait for the others' copy in.
     """
 
     def __init__(self, arena: SharedArena, ctx: OpContext, where: tuple[int, int] | None,
                  only: int | None = None, early: bool = True, agreement: Any = None,
                  registered: bool = True, source: tuple[int, int] | None = None,
-                 synced: bool = False) -> None:
+                 synced: bool = False, offer: tuple[int, int] | None = None) -> None:
         self.arena, self.ctx = arena, ctx
+        self.offers: list[tuple[int, int]] | None = None
         self._agreement = agreement  # checked right after the first barrier, which shares it
         self._mark = arena.mark()      # undone on mismatch (peers on other paths never flipped)
         self.peers: list[tuple[int, int]] | None = None
@@ -737,9 +809,10 @@ class _Gate:
             arena.publish(sig=sig)
             return
         needed = only is None or only == arena.rank  # whose buffer the zero-copy path reads
-        self.early = early and needed and where is None
+        self.early = early and needed and where is None and offer is None
         if not synced:
-            arena.publish(sig=sig, reg=GATE_EARLY if self.early else _gate_words(where, source))
+            arena.publish(sig=sig, reg=GATE_EARLY if self.early else
+                          _gate_words(where, source, offer))
         if not self.early:
             if not synced:
                 arena.sync(ctx)
@@ -752,6 +825,8 @@ class _Gate:
                     self.sources = [(w[3], w[4]) for w in words]
                 else:
                     self.late_sources = any(w[3] for w in words)
+            elif all(w[5] for w in words):
+                self.offers = [(w[5], w[6]) for w in words]
 
     def sync(self) -> None:
         """A barrier of the slot path; the first one also pairs the two kinds of ranks up: where
@@ -766,6 +841,10 @@ class _Gate:
             self._check_agreement()
             if not self._alike and not all(w[0] for w in self.arena.published(1)):
                 _copied_in(self.arena, self.ctx)  # ranks that synced once already copy in
+
+    def passed(self) -> None:
+        """Note that the first barrier was this gate's own (every rank synced at it)."""
+        self._first = False
 
     def close(self) -> None:
         """Make sure the first barrier happened (a call whose loop had no step)."""

@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from . import cma
 from ..context import OpContext
 from ..errors import CollectiveTimeoutError
 
@@ -78,6 +79,9 @@ class SharedArena:
         self._windows: dict[int, tuple[Any, list[np.ndarray]]] = {}  # id -> (window, segments)
         self._mine: dict[int, tuple[int, int]] = {}  # id -> (address, bytes) of my segment
         self._next_window = 1
+        self._scratch = np.empty(0, np.uint8)
+        self.peer_memory: cma.PeerMemory | None = None
+        """Single-copy reads of the ranks' own memory (``cma.probe``), where the system allows."""
         for q in range(size):
             mem, _unit = win.Shared_query(q)
             seg = np.frombuffer(mem, dtype=np.uint8)
@@ -105,7 +109,7 @@ class SharedArena:
         arena = cls(win, comm.Get_rank(), comm.Get_size(), slot)
         arena._comm = comm
         arena._flags[arena.rank][0] = 0
-        comm.Barrier()  # every flag is zeroed before anyone polls one
+        arena.peer_memory = cma.probe(comm)  # ends in an allreduce: every flag is zeroed after
         return arena
 
     def flip(self) -> int:
@@ -186,6 +190,13 @@ class SharedArena:
             if flag[0] < epoch:
                 return False
         return True
+
+    def scratch(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of this rank's private memory, kept for the next call (an algorithm's
+        staging space: no allocation, no fresh pages per call); its contents don't last."""
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes]
 
     def flag_words(self) -> list[memoryview]:
         """Every rank's flag word (this rank's writable), by rank."""

@@ -3,8 +3,9 @@
 Run with a small TOPOCOLL_SHM_SLOT so that modest sizes already take many pipeline steps.
 """
 import _common  # noqa: F401  (sets sys.path)
-from _common import expect_raises, rank_data, rank_main, reference, valid_ops
+from _common import expect_raises, rank_data, rank_main, reference, slots_marked, valid_ops
 
+import os
 import sys
 
 import numpy as np
@@ -12,6 +13,8 @@ from mpi4py import MPI
 
 from topocoll import collectives
 from topocoll.collectives import MismatchError, select
+from topocoll.collectives.algorithms.shm import REGISTERED_FROM
+from topocoll.collectives.backends import cma
 
 DTYPES = ["int8", "int32", "uint16", "int64", "float16", "float32", "float64", "complex64"]
 SLOT = 4096  # replaced by the arena's step once the communicator exists
@@ -210,6 +213,8 @@ def check_reducing_repeats(c):
                 assert np.array_equal(x, ref if r == root else every[r]), f"reduce {what}"
         if p > 1:
             for kind, a in (("all_reduce", x), ("reduce_scatter", rows), ("reduce", x)):
+                if kind != "reduce" and single_copy_at(c, a.nbytes):
+                    continue  # the general path reads the peers' memory (check_single_copy)
                 runs = [e.lean for e in c._prepared._by_kind[kind].get(id(a), [])]
                 assert runs and all(run is not None for run in runs), \
                     f"{kind} {dt}: repeats in steps were not prepared ({runs})"
@@ -223,6 +228,48 @@ def check_reducing_repeats(c):
                       "reduction op")
         x[...] = 1
         assert c.all_reduce(x) is x and np.all(x == p)
+
+
+def single_copy_at(c, nbytes):
+    """Whether an all_reduce or reduce_scatter of ``nbytes`` reads its peers' memory directly."""
+    arena = c.backend.arena()
+    return arena is not None and arena.peer_memory is not None and \
+        nbytes >= max(cma.single_copy_from(), REGISTERED_FROM) and nbytes > SLOT
+
+
+def check_single_copy(c):
+    """Where the ranks can read each other's memory (``TOPOCOLL_CMA`` unset), all_reduce (in
+    place, out of place) and reduce_scatter from ``TOPOCOLL_CMA_FROM`` on read it directly: the
+    slots stay untouched, results exact and alike everywhere, uneven sizes too."""
+    p, r = c.size, c.rank
+    arena = c.backend.arena()
+    on = arena is not None and arena.peer_memory is not None
+    print(f"SINGLE-COPY {'on' if on else 'off'} rank {r}")
+    if os.environ.get("TOPOCOLL_CMA") == "0":
+        assert not on, "TOPOCOLL_CMA=0 did not turn single-copy reads off"
+    if not on or p == 1:
+        return
+    nbytes = max(cma.single_copy_from(), REGISTERED_FROM, SLOT + 1)
+    for dt in DTYPES:
+        n = nbytes // np.dtype(dt).itemsize + 7  # uneven over the ranks
+        x, out = np.empty(n, dt), np.empty(n, dt)
+        for op in valid_ops(dt):
+            what = f"single-copy {dt} {op}"
+            every = [rank_data(n, dt, q, salt=7) for q in range(p)]
+            ref = reference(every, op)
+            x[...] = every[r]
+            untouched = slots_marked(c)
+            assert c.all_reduce(x, op=op) is x and not untouched(), f"{what}: slots used"
+            assert np.array_equal(x, ref), f"all_reduce {what}"
+            same_on_all_ranks(x, f"all_reduce {what}")
+            x[...] = every[r]
+            untouched = slots_marked(c)
+            assert c.all_reduce(x, op=op, out=out) is out and not untouched(), what
+            assert np.array_equal(out, ref) and np.array_equal(x, every[r]), f"out= {what}"
+            untouched = slots_marked(c)
+            got = c.reduce_scatter(x, op=op)
+            assert not untouched(), f"reduce_scatter {what}: slots used"
+            assert np.array_equal(got, np.array_split(ref, p)[r]), f"reduce_scatter {what}"
 
 
 def check_split(c):
@@ -247,6 +294,7 @@ def body():
     else:
         check_reducing(c)
         check_reducing_repeats(c)
+        check_single_copy(c)
         check_random_floats(c)
         check_moving(c)
         check_torch(c)
