@@ -92,6 +92,12 @@ def test_absent_peer_times_out_naming_it(n, kind):
     assert out.count(f"rank {n - 1} at the shared-memory barrier") == n - 1
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_gave_up_stops_its_late_peers(n):
+    out = run_ranks("shm_timeout.py", n, args=["gave_up"], timeout=60, launcher=NO_CLEANUP)
+    assert out.count("gave up") == n - 1, out  # every other rank, whether early or late
+
+
 def test_no_segment_left_after_a_crash():
     env = dict(os.environ, **YIELD_ENV, PYTHONPATH=str(ROOT))
     proc = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-u",

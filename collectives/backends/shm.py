@@ -36,6 +36,10 @@ HEADER_BYTES = 4096
 WORDS_OFFSET, AREA_WORDS = 64, 248
 """Where the two alternating areas of ``publish`` start, and their size in int64s."""
 
+GAVE_UP = -1
+"""A rank's flag once it abandoned the arena (a barrier that timed out, a failed call): below
+every epoch, so it never counts as arrived, and peers waiting on it raise at once."""
+
 STEP, PUBLISHED, EPOCH = 0, 1, 2
 """Indices of ``SharedArena.counters`` (``_shmrun.c`` steps them in the same order)."""
 
@@ -176,12 +180,26 @@ class SharedArena:
                     ctx: OpContext) -> None:
         if not arrived():
             try:
-                ctx.poll(arrived, missing)
+                ctx.poll(lambda: arrived() or self._gave_up() is not None, missing)
             except CollectiveTimeoutError:
-                self._broken = True  # the arena is unusable: a peer may be gone
+                self.abandon()  # the arena is unusable: a peer may be gone
                 raise
+            quitter = None if arrived() else self._gave_up()
+            if quitter is not None:
+                self.abandon()
+                raise CollectiveTimeoutError(
+                    f"{ctx.name} timed out on {self.peer_name(quitter)}, which gave up on the "
+                    f"call (its own wait timed out or the call failed there), while waiting for "
+                    f"{missing()}")
         if not ORDERED_STORES:
             self._win.Sync()  # peers' data loads after their flags
+
+    def _gave_up(self) -> int | None:
+        """The first rank whose flag says it abandoned the arena (``abandon``), or None."""
+        for q, flag in enumerate(self._flag_words):
+            if flag[0] == GAVE_UP:
+                return q
+        return None
 
     def arrived(self) -> bool:
         """Whether every rank has arrived at the barrier this rank last entered."""
@@ -346,8 +364,13 @@ class SharedArena:
         return seg[off:off + like.nbytes].view(like.dtype)
 
     def abandon(self) -> None:
-        """A peer may be gone: ``close`` must not free the windows collectively."""
+        """A peer may be gone, or this rank gave up on a call: ``close`` must not free the
+        windows collectively, and this rank's flag says ``GAVE_UP`` for good, so a peer still
+        inside that call stops at its next barrier instead of completing it, perhaps having
+        read this rank's buffers (single-copy reads) after the caller reused them."""
         self._broken = True
+        if self._flag_words:
+            self._flag_words[self.rank][0] = GAVE_UP
 
     def close(self) -> None:
         """Free the windows (collective); skipped after a timeout, when a peer may be gone."""

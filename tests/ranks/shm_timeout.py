@@ -48,7 +48,36 @@ def body():
     MPI.COMM_WORLD.Barrier()
 
 
+def gave_up():
+    """Rank 0 gives up on a call (timeout 1 s) that the last rank joins late, with a long
+    timeout of its own, reading large plain buffers (single-copy where the kernel allows, else
+    the slots): the late rank must not complete the call, whose partner already returned and
+    may reuse its buffers, nor wait out its own timeout; it raises at once, naming rank 0."""
+    c = collectives.init(timeout=30)
+    late = c.size - 1
+    x = np.ones(3 << 20, np.float32)  # 12 MiB: past the single-copy threshold
+    t0 = time.monotonic()
+    try:
+        if c.rank == late:
+            time.sleep(2.5)
+            t0 = time.monotonic()
+        c.all_reduce(x, algo="shm", timeout=1.0 if c.rank == 0 else 30)
+    except CollectiveTimeoutError as err:
+        msg = str(err)
+        took = time.monotonic() - t0
+        print(f"rank {c.rank}: after {took:.1f} s: {msg}")
+        if c.rank == late:
+            assert "rank 0" in msg and "gave up" in msg and took < 5, (took, msg)
+    else:
+        raise AssertionError(f"rank {c.rank}: the call with a peer that gave up completed")
+    c.close()
+    MPI.COMM_WORLD.Barrier()
+
+
 def main():
+    if sys.argv[1] == "gave_up":
+        rank_main(gave_up)
+        faults.exit_without_finalize(0)
     rank_main(body)
     faults.exit_without_finalize(0)  # the absent rank's communicator is abandoned mid-protocol
 
