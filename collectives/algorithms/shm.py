@@ -515,9 +515,9 @@ output measured no faster than the slots here (2 and 4 ranks, 256 KiB-8 MiB per 
 def single_copy(call: Call, arena: SharedArena, ranks: int) -> bool:
     """Whether ``call`` offers its buffers for single-copy reads (``_single_copy_reduce``)
     instead of the slots' two copies: a ``SINGLE_COPY`` collective of numpy storage from
-    ``cma.single_copy_from()`` bytes of input on (beyond one shot, and passing the registration gate,
-    whose barrier carries the offers), where the arena can read its ranks' memory. The same
-    answer on every rank: the size is agreed, and so is the probe."""
+    ``cma.single_copy_from()`` bytes of input on (beyond one shot, and passing the registration
+    gate, whose barrier carries the offers), where the arena can read its ranks' memory. The
+    same answer on every rank: the size is agreed, and so is the probe."""
     nbytes = call.send.nbytes
     return call.kind in SINGLE_COPY and arena.peer_memory is not None \
         and isinstance(call.send, np.ndarray) and nbytes >= cma.single_copy_from() \
@@ -957,8 +957,9 @@ class _ReduceStep:
         src, mine = call.send, call.input         # mine: my input (out of place: not src)
         in_buffer = mode == "all_reduce"          # the result of my region lands in src
         self.call, self.combine = call, combine
-        self.ins = [(slots[r][q * w:q * w + hi - lo], mine[lo:hi])  # my own region too, for reduce
-                    for q, (lo, hi) in enumerate(pieces) if hi > lo and (q != r or mode == "reduce")]
+        self.ins = [(slots[r][q * w:q * w + hi - lo], mine[lo:hi])  # mine too, for reduce
+                    for q, (lo, hi) in enumerate(pieces)
+                    if hi > lo and (q != r or mode == "reduce")]
         lo, hi = pieces[r]
         n = hi - lo
         if mode == "reduce_scatter":
