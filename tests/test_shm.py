@@ -79,6 +79,11 @@ def test_single_copy_off_by_env():
     assert out.count("SINGLE-COPY off") == 2, out[-3000:]
 
 
+def test_single_copy_threshold_is_agreed_and_checked():
+    out = run_ranks("shm_env.py", 2, args=["cma_from"], timeout=60)
+    assert out.count("must be a number of bytes") == 2, out
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_disabled_by_env_falls_back(n):
     run_ranks("shm_env.py", n, args=["disabled"], timeout=60, env={"TOPOCOLL_SHM": "0"})

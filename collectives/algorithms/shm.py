@@ -26,7 +26,6 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..backends.base import Backend
-from ..backends import cma
 from ..backends.shm import ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
@@ -110,7 +109,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     publishes there (``GATE_EARLY``) and, should a peer's buffer be registered, syncs a second
     time as that gate does. A call on a registered buffer gets ``_prepare_registered``'s run.
     ``ctx`` is reused by every run. None where the call would take another path (one rank,
-    broadcast's gate, a move of several steps): those run the general way."""
+    broadcast's gate, a move of several steps, single-copy reads): those run the general way."""
     arena = _prepared_arena(b, call)
     if arena is None or call.kind not in _PREPARED:
         return None
@@ -188,9 +187,9 @@ class _FirstBarrier:
         False), then check the words."""
         arena, area = self.arena, self.state[2]
         if not arena.arrived():
-            if not block:
+            if not block and arena.abandoned_by() is None:
                 return False
-            arena.wait(ctx)
+            arena.wait(ctx)  # a peer that gave up makes it raise at once
         elif not ORDERED_STORES:
             arena.wait(ctx)  # the fence after the flags
         if self.check is not None:
@@ -215,8 +214,7 @@ def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
     w = _region_width(arena, call, b.size)
     if w < 1:
         return None
-    op = call.op or "sum"
-    combine = host_ufunc(call.dtype, op) or reducer(call.dtype, op)  # numpy's own, where it is
+    combine = _host_combine(call)
     dtype = call.send.dtype
     steps = _steps(bounds, w)
     by_first_half = [[_ReduceStep(call, mode, b.rank, arena.slots((h + k) % 2, dtype),
@@ -293,9 +291,9 @@ def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedAre
         arena.arrive()
 
     def complete(block: bool) -> bool:
-        if not block and not arena.arrived():
+        if not block and not arena.arrived() and arena.abandoned_by() is None:
             return False
-        arena.wait(ctx)
+        arena.wait(ctx)  # a peer that gave up makes it raise at once
         if agreement is not None:
             _check_agreed(arena, agreement, mark[0])
         every = arena.published(len(GATE_EARLY))
@@ -322,7 +320,9 @@ class Run:
     ``starts_inline``: once every rank has arrived, ``complete`` waits on no peer, so an async
     call may start it on the caller's thread and complete it whenever; False where more
     barriers follow (the registered run's closing one), which an async call must leave to the
-    progress thread lest a rank block at issue on a peer that completes only in its wait()."""
+    progress thread lest a rank block at issue on a peer that completes only in its wait().
+    (A run that meets a registered peer at ``_copied_in`` waits there for the late ranks' copy
+    alone, as the general gate does.)"""
 
     __slots__ = ("start", "complete", "go", "starts_inline", "_both")
 
@@ -356,7 +356,7 @@ class AfterBarrier:
         self.dtype: Any = call.dtype if call is not None else None
         self._combine: Any = None
         if out is not None and call is not None:
-            self._combine = host_ufunc(call.dtype, self.op) or reducer(call.dtype, self.op)
+            self._combine = _host_combine(call)
 
     def run(self, half: int) -> None:
         """The copies and the reduction of ``half``, in Python."""
@@ -515,13 +515,14 @@ output measured no faster than the slots here (2 and 4 ranks, 256 KiB-8 MiB per 
 def single_copy(call: Call, arena: SharedArena, ranks: int) -> bool:
     """Whether ``call`` offers its buffers for single-copy reads (``_single_copy_reduce``)
     instead of the slots' two copies: a ``SINGLE_COPY`` collective of numpy storage from
-    ``cma.single_copy_from()`` bytes of input on (beyond one shot, and passing the registration
-    gate, whose barrier carries the offers), where the arena can read its ranks' memory. The
-    same answer on every rank: the size is agreed, and so is the probe."""
-    nbytes = call.send.nbytes
-    return call.kind in SINGLE_COPY and arena.peer_memory is not None \
-        and isinstance(call.send, np.ndarray) and nbytes >= cma.single_copy_from() \
-        and nbytes >= REGISTERED_FROM and nbytes > one_shot_bytes(call.kind, ranks, arena)
+    ``TOPOCOLL_CMA_FROM`` bytes of input on (``PeerMemory.from_bytes``; beyond one shot, and
+    passing the registration gate, whose barrier carries the offers), where the arena can read
+    its ranks' memory. The same answer on every rank: the size is agreed, and so is the probe
+    with its threshold."""
+    nbytes, memory = call.send.nbytes, arena.peer_memory
+    return call.kind in SINGLE_COPY and memory is not None and isinstance(call.send, np.ndarray) \
+        and nbytes >= memory.from_bytes and nbytes >= REGISTERED_FROM \
+        and nbytes > one_shot_bytes(call.kind, ranks, arena)
 
 
 def _after_gate(b: Backend, ctx: OpContext, call: Call, gate: "_Gate", fallback) -> None:
@@ -646,8 +647,7 @@ def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate",
         result = call.recv
     else:
         result = src[lo:hi]
-    op = call.op or "sum"
-    combine = host_ufunc(call.dtype, op) or reducer(call.dtype, op)
+    combine = _host_combine(call)
     step = max(1, CHUNK_BYTES // unit)
     peers = [q for q in range(p) if q != r]
     scratch = arena.scratch(len(peers) * min(step, hi - lo) * unit).view(src.dtype)
@@ -1029,6 +1029,13 @@ def _reduce_region(call: Call, own: np.ndarray, peers: list[np.ndarray],
         into = out
     if call.op == "avg":
         finish_avg(call.dtype, out, len(peers) + 1)
+
+
+def _host_combine(call: Call) -> Any:
+    """The call's combine for numpy arrays: numpy's own ufunc where ``reducer`` would call it
+    (one Python call less per chunk), else ``reducer``'s function."""
+    op = call.op or "sum"
+    return host_ufunc(call.dtype, op) or reducer(call.dtype, op)
 
 
 def _arena(b: Backend) -> SharedArena:

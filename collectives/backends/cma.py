@@ -34,10 +34,14 @@ class _IOVec(ctypes.Structure):
 
 
 class PeerMemory:
-    """Reads from the memory of the node's ranks (``pids``, by rank)."""
+    """Reads from the memory of the node's ranks (``pids``, by rank); ``from_bytes``: the input
+    size from which collectives use it (``TOPOCOLL_CMA_FROM``, agreed by the ranks). One arena
+    owns it, and an arena is driven by one thread at a time (its communicator's operations run
+    one after another), so its iovec pair is reused without a lock."""
 
-    def __init__(self, pids: list[int], readv: Any) -> None:
+    def __init__(self, pids: list[int], readv: Any, from_bytes: int = CMA_FROM_BYTES) -> None:
         self.pids = pids
+        self.from_bytes = from_bytes
         self._readv = readv
         self._local, self._remote = _IOVec(), _IOVec()
         self._args = (ctypes.byref(self._local), 1, ctypes.byref(self._remote), 1, 0)
@@ -77,9 +81,14 @@ def single_copy_from() -> int:
 def probe(comm: Any) -> PeerMemory | None:
     """Collective over mpi4py ``comm`` (ranks of one node): each rank reads a word from every
     peer; a PeerMemory on every rank if all of them could, else None on every rank (the
-    kernel, a container's seccomp filter or ptrace rules forbid it, or ``TOPOCOLL_CMA=0``)."""
-    from mpi4py import MPI
-
+    kernel, a container's seccomp filter or ptrace rules forbid it, or ``TOPOCOLL_CMA=0``).
+    Its ``from_bytes`` is the smallest ``TOPOCOLL_CMA_FROM`` of the ranks, so all choose alike;
+    a malformed value on any rank raises ValueError on every rank, naming it."""
+    global _granted
+    try:
+        from_bytes, bad = single_copy_from(), ""
+    except ValueError as err:
+        from_bytes, bad = CMA_FROM_BYTES, str(err)
     readv = _readv() if os.environ.get(ENV_CMA, "1").strip().lower() not in \
         ("0", "false", "no", "off") else None
     word = np.array([comm.Get_rank() + 0x5EED], np.int64)
@@ -94,8 +103,21 @@ def probe(comm: Any) -> PeerMemory | None:
                 ok = ok and int(got[0]) == q + 0x5EED
         except TransportError:
             ok = False
-    ok = bool(comm.allreduce(int(ok), op=MPI.MIN))  # peers read my word before it goes
-    return memory if ok else None
+    every = comm.allgather((ok, from_bytes, bad))  # peers read my word before it goes
+    errors = [f"{msg} (rank {q})" for q, (_ok, _from, msg) in enumerate(every) if msg]
+    if errors:
+        raise ValueError("; ".join(errors))
+    if memory is not None and all(ok for ok, _from, _msg in every):
+        memory.from_bytes = min(f for _ok, f, _msg in every)
+        _granted = True
+        return memory
+    if readv is not None and not _granted:
+        _allow_readers(False)  # nothing here reads this process: take the permission back
+    return None
+
+
+_granted = False
+"""Whether a probe of this process succeeded (its ranks read each other from then on)."""
 
 
 def _readv() -> Any:
@@ -109,8 +131,15 @@ def _readv() -> Any:
     readv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p,
                       ctypes.c_ulong, ctypes.c_ulong]
     readv.restype = ctypes.c_ssize_t
-    try:
-        libc.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY, 0, 0, 0)  # EINVAL without Yama: fine
-    except AttributeError:
-        pass
+    _allow_readers(True)
     return readv
+
+
+def _allow_readers(allow: bool) -> None:
+    """Let any process of this user read this one where Yama's ptrace scope 1 would allow only
+    its ancestors (as UCX does), or take that back; EINVAL without Yama: nothing to do."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(_PR_SET_PTRACER, _PR_SET_PTRACER_ANY if allow else ctypes.c_ulong(0), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

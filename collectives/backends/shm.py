@@ -180,11 +180,11 @@ class SharedArena:
                     ctx: OpContext) -> None:
         if not arrived():
             try:
-                ctx.poll(lambda: arrived() or self._gave_up() is not None, missing)
-            except CollectiveTimeoutError:
-                self.abandon()  # the arena is unusable: a peer may be gone
+                ctx.poll(lambda: arrived() or self.abandoned_by() is not None, missing)
+            except BaseException:
+                self.abandon()  # timed out or interrupted: a peer may be gone, or wait for us
                 raise
-            quitter = None if arrived() else self._gave_up()
+            quitter = None if arrived() else self.abandoned_by()
             if quitter is not None:
                 self.abandon()
                 raise CollectiveTimeoutError(
@@ -194,7 +194,7 @@ class SharedArena:
         if not ORDERED_STORES:
             self._win.Sync()  # peers' data loads after their flags
 
-    def _gave_up(self) -> int | None:
+    def abandoned_by(self) -> int | None:
         """The first rank whose flag says it abandoned the arena (``abandon``), or None."""
         for q, flag in enumerate(self._flag_words):
             if flag[0] == GAVE_UP:
@@ -211,7 +211,8 @@ class SharedArena:
 
     def scratch(self, nbytes: int) -> np.ndarray:
         """``nbytes`` of this rank's private memory, kept for the next call (an algorithm's
-        staging space: no allocation, no fresh pages per call); its contents don't last."""
+        staging space: no allocation, no fresh pages per call); its contents don't last. One
+        buffer per arena: an arena runs one operation at a time (its communicator's order)."""
         if self._scratch.nbytes < nbytes:
             self._scratch = np.empty(nbytes, np.uint8)
         return self._scratch[:nbytes]
@@ -371,6 +372,8 @@ class SharedArena:
         self._broken = True
         if self._flag_words:
             self._flag_words[self.rank][0] = GAVE_UP
+            if not ORDERED_STORES and self._win is not None:
+                self._win.Sync()  # the flag before any later reuse of this rank's buffers
 
     def close(self) -> None:
         """Free the windows (collective); skipped after a timeout, when a peer may be gone."""

@@ -13,8 +13,7 @@ from mpi4py import MPI
 
 from topocoll import collectives
 from topocoll.collectives import MismatchError, select
-from topocoll.collectives.algorithms.shm import REGISTERED_FROM
-from topocoll.collectives.backends import cma
+from topocoll.collectives.algorithms.shm import REGISTERED_FROM, one_shot_bytes
 
 DTYPES = ["int8", "int32", "uint16", "int64", "float16", "float32", "float64", "complex64"]
 SLOT = 4096  # replaced by the arena's step once the communicator exists
@@ -180,8 +179,9 @@ def check_reducing_repeats(c):
     every rank with MismatchError, the communicator healthy after."""
     p, r = c.size, c.rank
     flip = np.ones(1, np.float32)
-    for dt, n in (("float32", 3 * SLOT // 4 // p + 7), ("int64", 5 * SLOT // 8 // p + 3),
-                  ("float16", SLOT // 2 // p + 1)):
+    for dt, n in (("float32", 3 * SLOT // 4 + 7), ("int64", 5 * SLOT // 8 + 3),
+                  ("float16", SLOT // 2 + 1),  # beyond one shot (a slot) on any rank count
+                  ("float32", REGISTERED_FROM // 4 + 5)):  # past the registration gate too
         x, out = np.empty(n, dt), np.empty(n, dt)
         rows = np.empty((n // 3, 3), dt)
         part = np.empty_like(np.array_split(rows, p)[r])
@@ -213,7 +213,7 @@ def check_reducing_repeats(c):
                 assert np.array_equal(x, ref if r == root else every[r]), f"reduce {what}"
         if p > 1:
             for kind, a in (("all_reduce", x), ("reduce_scatter", rows), ("reduce", x)):
-                if kind != "reduce" and single_copy_at(c, a.nbytes):
+                if kind != "reduce" and single_copy_at(c, kind, a.nbytes):
                     continue  # the general path reads the peers' memory (check_single_copy)
                 runs = [e.lean for e in c._prepared._by_kind[kind].get(id(a), [])]
                 assert runs and all(run is not None for run in runs), \
@@ -230,11 +230,12 @@ def check_reducing_repeats(c):
         assert c.all_reduce(x) is x and np.all(x == p)
 
 
-def single_copy_at(c, nbytes):
-    """Whether an all_reduce or reduce_scatter of ``nbytes`` reads its peers' memory directly."""
+def single_copy_at(c, kind, nbytes):
+    """Whether ``kind`` (all_reduce or reduce_scatter) of ``nbytes`` reads the peers' memory."""
     arena = c.backend.arena()
     return arena is not None and arena.peer_memory is not None and \
-        nbytes >= max(cma.single_copy_from(), REGISTERED_FROM) and nbytes > SLOT
+        nbytes >= max(arena.peer_memory.from_bytes, REGISTERED_FROM) and \
+        nbytes > one_shot_bytes(kind, c.size, arena)
 
 
 def check_single_copy(c):
@@ -247,9 +248,9 @@ def check_single_copy(c):
     print(f"SINGLE-COPY {'on' if on else 'off'} rank {r}")
     if os.environ.get("TOPOCOLL_CMA") == "0":
         assert not on, "TOPOCOLL_CMA=0 did not turn single-copy reads off"
-    if not on or p == 1:
-        return
-    nbytes = max(cma.single_copy_from(), REGISTERED_FROM, SLOT + 1)
+    if not on or p == 1 or arena.peer_memory.from_bytes > REGISTERED_FROM:
+        return  # the default threshold (8 MiB): test_single_copy_reads_match_numpy lowers it
+    nbytes = max(REGISTERED_FROM, SLOT + 1)
     for dt in DTYPES:
         n = nbytes // np.dtype(dt).itemsize + 7  # uneven over the ranks
         x, out = np.empty(n, dt), np.empty(n, dt)

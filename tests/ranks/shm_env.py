@@ -1,5 +1,6 @@
 """Fallbacks and lifetime: TOPOCOLL_SHM=0 turns the arena off (auto falls back, 'shm' raises
-ValueError on every rank); with it on, the arena's file in /dev/shm is gone even if a rank dies."""
+ValueError on every rank); with it on, the arena's file in /dev/shm is gone even if a rank dies;
+TOPOCOLL_CMA_FROM is agreed, and a malformed one fails every rank's init."""
 import _common  # noqa: F401
 from _common import rank_main
 
@@ -49,7 +50,29 @@ def crash(c):
         MPI.COMM_WORLD.Abort(3)
 
 
+def cma_from():
+    """TOPOCOLL_CMA_FROM differs across ranks: the ranks agree on the smallest; malformed on one
+    rank (a fresh init), every rank's init raises ValueError naming it and that rank."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    os.environ["TOPOCOLL_CMA_FROM"] = str((rank + 1) << 20)
+    c = collectives.init(timeout=30)
+    memory = c.backend.arena().peer_memory
+    if memory is not None:
+        assert memory.from_bytes == 1 << 20, memory.from_bytes
+    c.close()
+    os.environ["TOPOCOLL_CMA_FROM"] = "lots" if rank == 0 else "0"
+    try:
+        collectives.init(timeout=30)
+    except ValueError as err:
+        assert "TOPOCOLL_CMA_FROM='lots'" in str(err) and "rank 0" in str(err), str(err)
+        print(f"rank {rank}: {err}")
+    else:
+        raise AssertionError("a malformed TOPOCOLL_CMA_FROM was accepted")
+
+
 def body():
+    if sys.argv[1] == "cma_from":
+        return cma_from()
     c = collectives.init(timeout=30)
     {"disabled": disabled, "crash": crash}[sys.argv[1]](c)
     c.close()
