@@ -105,14 +105,14 @@ def probe(comm: Any) -> PeerMemory | None:
             ok = False
     every = comm.allgather((ok, from_bytes, bad))  # peers read my word before it goes
     errors = [f"{msg} (rank {q})" for q, (_ok, _from, msg) in enumerate(every) if msg]
-    if errors:
-        raise ValueError("; ".join(errors))
-    if memory is not None and all(ok for ok, _from, _msg in every):
+    if memory is not None and not errors and all(ok for ok, _from, _msg in every):
         memory.from_bytes = min(f for _ok, f, _msg in every)
         _granted = True
         return memory
     if readv is not None and not _granted:
         _allow_readers(False)  # nothing here reads this process: take the permission back
+    if errors:
+        raise ValueError("; ".join(errors))
     return None
 
 
