@@ -271,6 +271,17 @@ def check_single_copy(c):
             got = c.reduce_scatter(x, op=op)
             assert not untouched(), f"reduce_scatter {what}: slots used"
             assert np.array_equal(got, np.array_split(ref, p)[r]), f"reduce_scatter {what}"
+    # rank 0's buffer registered, the others' plain: every rank still offers, so all read directly
+    n = nbytes // 4 + 3
+    mem = c.alloc(n, np.float32)
+    x = mem if r == 0 else np.empty(n, np.float32)
+    every = [rank_data(n, "float32", q, salt=9) for q in range(p)]
+    x[...] = every[r]
+    untouched = slots_marked(c)
+    assert c.all_reduce(x) is x and not untouched(), "mixed registration: slots used"
+    assert np.array_equal(x, reference(every, "sum")), "mixed registration all_reduce"
+    del x
+    c.free(mem)
 
 
 def check_split(c):
