@@ -222,6 +222,9 @@ def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
                       for k in range(steps)] for h in (0, 1)]
     first = _FirstBarrier(arena, call, gated)
 
+    def sync() -> None:
+        arena.sync(ctx)
+
     def start() -> None:
         ctx.deadline = None
         by_first_half[first.begin()][0].copy_in()
@@ -234,11 +237,8 @@ def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
             if k:
                 arena.flip()  # the half this step's views were cut for
                 step.copy_in()
-                arena.sync(ctx)
-            step.reduce()
-            if step.second_sync:
-                arena.sync(ctx)
-                step.copy_out()
+                sync()
+            step.finish(sync)
         return True
 
     one_barrier = steps == 1 and not by_first_half[0][0].second_sync
@@ -617,29 +617,28 @@ def _copies_then_sync(arena: SharedArena, ctx: OpContext,
 
 def _slots_all_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     if gate.offers is not None:
-        return _single_copy_reduce(b, ctx, call, gate, gate.offers)
+        return _single_copy_reduce(b, ctx, call, gate)
     _reduce(b, ctx, call, "all_reduce", call.bounds, gate)
 
 
 def _slots_reduce_scatter(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
     if gate.offers is not None:
-        return _single_copy_reduce(b, ctx, call, gate, gate.offers)
+        return _single_copy_reduce(b, ctx, call, gate)
     _reduce(b, ctx, call, "reduce_scatter", call.bounds, gate)
 
 
-def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate",
-                        offers: list[tuple[int, int]]) -> None:
-    """All-reduce or reduce-scatter reading the peers' memory directly (``offers``: every rank's
-    input and buffer addresses, published at the gate's barrier, which every rank has passed):
+def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
+    """All-reduce or reduce-scatter reading the peers' memory directly (``gate.offers``: every
+    rank's input and buffer addresses, published at the gate's barrier, which every rank passed):
     rank r reads region r of every peer's input chunk by chunk into cache-sized scratch and
     reduces it with its own into its result, in the slots' order (own data, then the peers' in
     rank order); an all-reduce then syncs and reads every peer's result region from its buffer.
     One copy per byte received where the slots take two. A closing barrier: no rank returns
     (and reuses its buffers) while a peer may still read them."""
     arena, r, p = gate.arena, b.rank, b.size
-    memory = arena.peer_memory
-    assert memory is not None  # offers are made only where it is
-    gate.passed()
+    memory, offers = arena.peer_memory, gate.offers
+    assert memory is not None and offers is not None  # offers are made only where it is
+    gate.first_was_the_gates()
     mine, src, unit = call.input, call.send, call.send.itemsize
     lo, hi = call.bounds[r]
     if call.kind == "reduce_scatter":
@@ -842,7 +841,7 @@ class _Gate:
             if not self._alike and not all(w[0] for w in self.arena.published(1)):
                 _copied_in(self.arena, self.ctx)  # ranks that synced once already copy in
 
-    def passed(self) -> None:
+    def first_was_the_gates(self) -> None:
         """Note that the first barrier was this gate's own (every rank synced at it)."""
         self._first = False
 
@@ -914,9 +913,11 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> Callab
             to = [bufs[call.root][a:e]] if spare is not None else []
         chunks.append((ins[r][a:e], [ins[q][a:e] for q in range(p) if q != r], acc, to))
 
+    combine = _host_combine(call)
+
     def run() -> None:
         for own, others, acc, to in chunks:
-            _reduce_region(call, own, others, acc)
+            _reduce_region(call, own, others, acc, combine)
             for dst in to:
                 dst[:] = acc
         arena.sync(ctx)
@@ -938,17 +939,15 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
                            _pieces(bounds, k, w), w, combine)
         step.copy_in()
         gate.sync()
-        step.reduce()
-        if step.second_sync:
-            gate.sync()
-            step.copy_out()
+        step.finish(gate.sync)
     gate.close()
 
 
 class _ReduceStep:
     """One pipeline step of the reduce family through the slots, its views cut once: 1. copy
-    in, (sync), 3. reduce my region in cache-sized chunks and publish it, (sync), 5. copy out
-    (the module docstring). ``_reduce`` makes one per step; a prepared run keeps them."""
+    in (``copy_in``), (sync), 3. reduce my region in cache-sized chunks and publish it, (sync),
+    5. copy out (``finish``; the module docstring). ``_reduce`` makes one per step; a prepared
+    run keeps them."""
 
     __slots__ = ("ins", "chunks", "outs", "second_sync", "call", "combine")
 
@@ -986,15 +985,17 @@ class _ReduceStep:
         for dst, src in self.ins:
             dst[:] = src
 
-    def reduce(self) -> None:
+    def finish(self, sync: Callable[[], None]) -> None:
+        """After the step's first barrier: reduce my region (publishing it), then, unless
+        nobody reads it, ``sync`` and copy every rank's result out."""
         for first, peers, acc, publish in self.chunks:
             _reduce_region(self.call, first, peers, acc, self.combine)
             if publish is not None:
                 publish[:] = acc
-
-    def copy_out(self) -> None:
-        for dst, src in self.outs:
-            dst[:] = src
+        if self.second_sync:
+            sync()
+            for dst, src in self.outs:
+                dst[:] = src
 
 
 def _region_width(arena: SharedArena, call: Call, ranks: int) -> int:
@@ -1018,11 +1019,11 @@ _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scat
 
 
 def _reduce_region(call: Call, own: np.ndarray, peers: list[np.ndarray],
-                   out: np.ndarray, combine: Any = None) -> None:
+                   out: np.ndarray, combine: Any) -> None:
     """``out = own (op) peers[0] (op) peers[1] ...`` (then the mean, for 'avg'): this rank's data
     first, then its peers' in rank order, the one order every region is reduced in, which keeps
-    ranks bitwise identical. ``out`` may be ``own``; ``combine``: the call's ``reducer``."""
-    combine = combine or reducer(call.dtype, call.op or "sum")
+    ranks bitwise identical. ``out`` may be ``own``; ``combine``: the call's ``reducer`` (or
+    ``_host_combine``), made once per call or plan."""
     into = own
     for other in peers:
         combine(into, other, out=out)
