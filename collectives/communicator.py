@@ -836,6 +836,7 @@ class Communicator:
         first_line = str(failure).splitlines()[0] if str(failure) else type(failure).__name__
         self._broken = f"{type(failure).__name__}: {first_line}"
         self.backend.abandon()
+        hierarchy.abandon(self.backend)  # hier/ho_ring's node and rail groups
         note_broken()
         if hasattr(failure, "add_note"):
             if peer_exited():

@@ -66,6 +66,11 @@ def test_hierarchical_timeouts_name_world_ranks():
     assert "world rank 3" in out, out
 
 
+def test_hierarchical_node_partner_stops_when_a_rank_gives_up():
+    out = run(4, ["hier_gave_up"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    assert out.count("gave up") >= 1, out
+
+
 @pytest.mark.parametrize("algo", ["ring", "auto", "native"])
 def test_killed_peer_survivors_raise_and_exit_non_zero(algo, tmp_path):
     code, out = run_ranks_status(SCRIPT, 3, args=["killed", algo], timeout=90,

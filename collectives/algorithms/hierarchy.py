@@ -99,14 +99,23 @@ def plan_for(b: Backend, ctx: OpContext, topology: Any, switch_aware: bool,
     return cache[key]
 
 
+def abandon(b: Backend) -> None:
+    """After a failure on ``b``: abandon the sub-backends of its cached plans too (their arenas
+    tell the node's peers at once that this rank gave up, as ``b``'s own does)."""
+    for plan in b.__dict__.get("_topocoll_plans", {}).values():
+        for sub in plan.backends():
+            abandon(sub)
+            sub.abandon()
+
+
 def release(b: Backend, broken: bool) -> None:
     """Free the sub-backends of the plans cached on ``b`` (when its communicator closes); after a
     failure (``broken``) they are abandoned first, so nothing waits for a missing peer."""
+    if broken:
+        abandon(b)
     for plan in b.__dict__.pop("_topocoll_plans", {}).values():
         for sub in plan.backends():
-            release(sub, broken)
-            if broken:
-                sub.abandon()
+            release(sub, False)
             sub.close()
 
 

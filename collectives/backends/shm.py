@@ -186,11 +186,12 @@ class SharedArena:
                 raise
             quitter = None if arrived() else self.abandoned_by()
             if quitter is not None:
+                waiting_for = missing()  # before abandon() lowers this rank's own flag
                 self.abandon()
                 raise CollectiveTimeoutError(
                     f"{ctx.name} timed out on {self.peer_name(quitter)}, which gave up on the "
                     f"call (its own wait timed out or the call failed there), while waiting for "
-                    f"{missing()}")
+                    f"{waiting_for}")
         if not ORDERED_STORES:
             self._win.Sync()  # peers' data loads after their flags
 

@@ -231,6 +231,31 @@ def hier_names_world_ranks():
     WORLD.Barrier()  # the absent rank is done too: nobody leaves (os._exit) while it still runs
 
 
+def hier_gave_up():
+    """A hierarchical all_reduce that rank 0 gives up on (timeout 1 s) while the last rank, on
+    the other node, comes 2.5 s late: rank 0's node partner, which meets it again in the node's
+    shared memory after the rails, must raise at once naming it, not wait out its own timeout
+    (8 s); everyone raises, nobody completes the call."""
+    c = collectives.init(timeout=30, check=False)
+    late = c.size - 1
+    x = np.ones(1 << 16, np.float32)
+    c.all_reduce(x, algo="hier")  # builds hier's sub-groups, everyone present
+    WORLD.Barrier()
+    if c.rank == late:
+        time.sleep(2.5)
+    t0 = time.monotonic()
+    err = expect_raises(CollectiveTimeoutError,
+                        lambda: c.all_reduce(x, algo="hier", timeout=1.0 if c.rank == 0 else 8.0),
+                        "all_reduce")
+    took = time.monotonic() - t0
+    print(f"rank {c.rank}: after {took:.1f} s: {str(err).splitlines()[0]}")
+    partner = c.topology.ranks_in_node(c.topology.node_of(0))[1]
+    if c.rank == partner:
+        assert "gave up" in str(err) and "waiting for rank 0 at" in str(err) and took < 4, \
+            (took, str(err))
+    WORLD.Barrier()
+
+
 def killed_peer(algo):
     """Under ``mpiexec -disable-auto-cleanup``: the last rank dies while the others wait for it
     in a collective; they raise CollectiveTimeoutError naming the operation within timeout +
@@ -297,7 +322,7 @@ SCENARIOS = {
     "late": late_peer_writes_no_freed_memory, "queued": queued_calls_fail_at_once,
     "stopped": stopped_peer, "nan": nan_max_min_same_everywhere,
     "split": split_rejects_on_every_rank, "threads": two_threads, "minor": minor,
-    "hier": hier_names_world_ranks, "killed": killed_peer, "mpi_error": mpi_error,
+    "hier": hier_names_world_ranks, "hier_gave_up": hier_gave_up, "killed": killed_peer, "mpi_error": mpi_error,
     "exit_status": exit_status,
 }
 
