@@ -74,6 +74,44 @@ def test_the_compiled_plan_refuses_buffers_too_small_and_unknown_reductions():
     assert one.complete(0) == 0  # a flag below the run's epoch: not arrived
 
 
+def test_the_compiled_reduction_loop_matches_numpy_bit_for_bit():
+    """``reduce_into`` (the slot steps' and single-copy reads' reduction): every type and op it
+    has a loop for, 1-8 inputs (one pass per three), sizes across its 4096-element blocks, in
+    place too, against numpy's ufuncs applied in the same order; what it has no loop for or
+    can't fit is refused."""
+    if not compiled.available():
+        pytest.skip("the compiled run is not built here (no C compiler at install)")
+    import numpy as np
+
+    reduce_into = compiled._REDUCE_INTO
+    ufuncs = [np.add, np.multiply, np.minimum, np.maximum]
+    rng = np.random.default_rng(7)
+    for type_char in "bBhHiIlLqQfd":
+        for op, ufunc in enumerate(ufuncs):
+            if not compiled.reduces(type_char, op):
+                continue
+            for k in range(1, 9):
+                for n in (0, 1, 4095, 4097, 9000):
+                    ins = [(rng.standard_normal(n) * 50).astype(type_char) for _ in range(k)]
+                    want = ins[0].copy()
+                    for x in ins[1:]:
+                        ufunc(want, x, out=want)
+                    out = np.empty(n, type_char)
+                    reduce_into(out, tuple(ins), type_char, op)
+                    assert out.tobytes() == want.tobytes(), (type_char, op, k, n)
+                    reduce_into(ins[0], tuple(ins), type_char, op)  # out is the first input
+                    assert ins[0].tobytes() == want.tobytes(), (type_char, op, k, n, "in place")
+    out = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="no compiled reduction"):
+        reduce_into(out, (out, out), "f", 2)  # float min: numpy's rules
+    with pytest.raises(ValueError, match="input 1 has 12 bytes where 16 are needed"):
+        reduce_into(out, (out, np.zeros(3, np.float32)), "f", 0)
+    with pytest.raises(ValueError, match="1 to 256 inputs"):
+        reduce_into(out, (), "f", 0)
+    with pytest.raises(ValueError, match="contiguous"):
+        reduce_into(np.zeros(8, np.float32)[::2], (out, out), "f", 0)
+
+
 def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():
     if not compiled.available():
         pytest.skip("the compiled run is not built here (no C compiler at install)")

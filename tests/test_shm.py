@@ -20,6 +20,14 @@ def test_every_shm_collective_matches_numpy(n):
     assert out.count("DONE") == n
 
 
+def test_numpy_reductions_pass_the_same_checks():
+    """Without the compiled loop (``TOPOCOLL_SHM_COMPILED=0``) every region is reduced by numpy's
+    ufuncs, one per peer: the fallback where no C compiler was found at install."""
+    out = run_ranks("shm_correctness.py", 3, timeout=150,
+                    env={**SMALL_SLOT, "TOPOCOLL_SHM_COMPILED": "0"})
+    assert out.count("DONE") == 3
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_default_slot_large_arrays_and_auto(n):
     out = run_ranks("shm_correctness.py", n, args=["big"], timeout=120)

@@ -2,7 +2,9 @@
  * the peers' flags, compare signatures, copy out or reduce. The same protocol, memory layout and
  * rank-order arithmetic as shm.prepare's Python run (which stays as the fallback and is what
  * this module is tested against); compiled because the Python run alone costs more than MPI's
- * whole call at 8 bytes. Memory order: release store of the flag after the data, acquire loads
+ * whole call at 8 bytes. Its reduction loop (reduce_buffers) also serves the larger calls'
+ * chunks from Python (reduce_into): one pass per three inputs where numpy makes one per input.
+ * Memory order: release store of the flag after the data, acquire loads
  * of the peers' flags before reading theirs (a fence where the CPU needs one, none on x86).
  *
  * Built when a C compiler is present (optional extension); without it the Python run is used.
@@ -89,20 +91,52 @@ itemsize(char type)
     return 0;
 }
 
+/* out = in[0] (op) in[1] (op) ... (op) in[k-1], element by element in that order (k >= 2),
+ * whatever the blocking: every rank that reduces a region gets numpy's pairwise-in-order result
+ * bit for bit. In blocks that stay in L1, up to four inputs per pass over a block, so a region
+ * is stored once per three inputs rather than once per input. out may be in[0]. */
+enum { BLOCK = 4096 };
+
+#define PASS(T, EXPR, base, m)                                                 \
+    switch (m) {                                                               \
+    case 3: {                                                                  \
+        const T *u = (const T *)in[q], *v = (const T *)in[q + 1], *w = (const T *)in[q + 2]; \
+        for (Py_ssize_t i = s; i < e; i++) {                                   \
+            T x = base[i], y = u[i]; x = (EXPR); y = v[i]; x = (EXPR); y = w[i]; o[i] = (EXPR); \
+        }                                                                      \
+        break;                                                                 \
+    }                                                                          \
+    case 2: {                                                                  \
+        const T *u = (const T *)in[q], *v = (const T *)in[q + 1];              \
+        for (Py_ssize_t i = s; i < e; i++) {                                   \
+            T x = base[i], y = u[i]; x = (EXPR); y = v[i]; o[i] = (EXPR);      \
+        }                                                                      \
+        break;                                                                 \
+    }                                                                          \
+    default: {                                                                 \
+        const T *u = (const T *)in[q];                                         \
+        for (Py_ssize_t i = s; i < e; i++) { T x = base[i], y = u[i]; o[i] = (EXPR); } \
+    }                                                                          \
+    }
+
 #define REDUCE_LOOP(T, EXPR)                                                   \
     do {                                                                       \
-        T *o = (T *)p->out;                                                    \
-        const T *a = (const T *)in[0], *b = (const T *)in[1];                  \
-        for (Py_ssize_t i = 0; i < n; i++) { T x = a[i], y = b[i]; o[i] = (EXPR); } \
-        for (int q = 2; q < p->ranks; q++) {                                   \
-            const T *c = (const T *)in[q];                                     \
-            for (Py_ssize_t i = 0; i < n; i++) { T x = o[i], y = c[i]; o[i] = (EXPR); } \
+        T *o = (T *)out;                                                       \
+        const T *first = (const T *)in[0];                                     \
+        for (Py_ssize_t s = 0; s < n; s += BLOCK) {                            \
+            Py_ssize_t e = n - s < BLOCK ? n : s + BLOCK;                      \
+            int q = 1, m = k - 1 < 3 ? k - 1 : 3;                              \
+            PASS(T, EXPR, first, m);                                           \
+            for (q += m; q < k; q += m) {                                      \
+                m = k - q < 3 ? k - q : 3;                                     \
+                PASS(T, EXPR, o, m);                                           \
+            }                                                                  \
         }                                                                      \
     } while (0)
 
 /* Integers wrap as numpy's do: signed sums and products go through the unsigned type. */
 #define INT_OPS(S, U)                                                          \
-    switch (p->op) {                                                           \
+    switch (op) {                                                              \
     case OP_SUM: REDUCE_LOOP(S, (S)((U)x + (U)y)); break;                      \
     case OP_PROD: REDUCE_LOOP(S, (S)((U)x * (U)y)); break;                     \
     case OP_MIN: REDUCE_LOOP(S, x < y ? x : y); break;                         \
@@ -111,21 +145,28 @@ itemsize(char type)
 
 /* Floats: sum and product only (numpy's min/max NaN and signed-zero rules stay with numpy). */
 #define FLOAT_OPS(T)                                                           \
-    switch (p->op) {                                                           \
+    switch (op) {                                                              \
     case OP_SUM: REDUCE_LOOP(T, x + y); break;                                 \
     default: REDUCE_LOOP(T, x * y);                                            \
     }
 
-static void
-reduce(Plan *p, int half)
+/* Whether there is a loop for numpy type `type` and `op` (compiled.reduces says the same). */
+static int
+has_loop(char type, int op)
 {
-    const char **in = p->inputs[half];
-    Py_ssize_t n = p->count;
-    if (p->ranks == 1) {
-        memmove(p->out, in[0], n * itemsize(p->dtype));
+    if (op < OP_SUM || op > OP_MAX || itemsize(type) == 0)
+        return 0;
+    return (type != 'f' && type != 'd') || op == OP_SUM || op == OP_PROD;
+}
+
+static void
+reduce_buffers(char *out, const char **in, int k, Py_ssize_t n, char type, int op)
+{
+    if (k == 1) {
+        memmove(out, in[0], n * itemsize(type));
         return;
     }
-    switch (p->dtype) {
+    switch (type) {
     case 'b': INT_OPS(int8_t, uint8_t); break;
     case 'B': INT_OPS(uint8_t, uint8_t); break;
     case 'h': INT_OPS(int16_t, uint16_t); break;
@@ -137,6 +178,12 @@ reduce(Plan *p, int half)
     case 'f': FLOAT_OPS(float); break;
     case 'd': FLOAT_OPS(double); break;
     }
+}
+
+static void
+reduce(Plan *p, int half)
+{
+    reduce_buffers(p->out, p->inputs[half], p->ranks, p->count, p->dtype, p->op);
 }
 
 static int
@@ -452,8 +499,7 @@ plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig,
         if (!PyArg_ParseTuple(reduction, "siOOn", &type, &p->op, &out, &ins, &p->count))
             return -1;
         Py_ssize_t need = p->count * itemsize(type[0]);
-        if (!itemsize(type[0]) || p->op < OP_SUM || p->op > OP_MAX || p->count < 0 ||
-                ((type[0] == 'f' || type[0] == 'd') && p->op > OP_PROD)) {
+        if (!has_loop(type[0], p->op) || p->count < 0) {
             PyErr_Format(PyExc_ValueError, "no compiled reduction for type '%s', op %d", type,
                          p->op);
             return -1;
@@ -516,6 +562,66 @@ static PyMethodDef plan_methods[] = {
     {NULL},
 };
 
+/* reduce_into(out, ins, type, op): out = ins[0] (op) ins[1] ... in rank order (reduce_buffers),
+ * without the GIL; every input at least as long as out. */
+static PyObject *
+reduce_into(PyObject *module, PyObject *args)
+{
+    PyObject *out_obj, *ins;
+    const char *type;
+    int op;
+    if (!PyArg_ParseTuple(args, "OO!si", &out_obj, &PyTuple_Type, &ins, &type, &op))
+        return NULL;
+    Py_ssize_t k = PyTuple_GET_SIZE(ins), size = itemsize(type[0]);
+    if (!has_loop(type[0], op) || type[1] != '\0') {
+        PyErr_Format(PyExc_ValueError, "no compiled reduction for type '%s', op %d", type, op);
+        return NULL;
+    }
+    if (k < 1 || k > 256) {
+        PyErr_Format(PyExc_ValueError, "reduce_into takes 1 to 256 inputs, not %zd", k);
+        return NULL;
+    }
+    Py_buffer views[257];
+    const char *bufs[256];
+    Py_ssize_t held = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(out_obj, &views[0], PyBUF_WRITABLE) < 0)
+        return NULL;
+    held = 1;
+    Py_ssize_t n = views[0].len / size;
+    if (views[0].len % size) {
+        PyErr_Format(PyExc_ValueError, "an output of %zd bytes is no whole number of '%s' items",
+                     views[0].len, type);
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < k; q++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(ins, q), &views[held], PyBUF_SIMPLE) < 0)
+            goto done;
+        held++;
+        if (views[held - 1].len < views[0].len) {
+            PyErr_Format(PyExc_ValueError, "input %zd has %zd bytes where %zd are needed", q,
+                         views[held - 1].len, views[0].len);
+            goto done;
+        }
+        bufs[q] = (const char *)views[held - 1].buf;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    reduce_buffers((char *)views[0].buf, bufs, (int)k, n, type[0], op);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    while (held > 0)
+        PyBuffer_Release(&views[--held]);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"reduce_into", reduce_into, METH_VARARGS,
+     "reduce_into(out, ins, type, op): out = ins[0] (op) ins[1] (op) ... element by element in "
+     "that order, numpy type char `type`, op 0 sum, 1 prod, 2 min, 3 max (floats: sum, prod)."},
+    {NULL},
+};
+
 static PyTypeObject PlanType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "topocoll.collectives.algorithms._shmrun.Plan",
@@ -531,7 +637,8 @@ static PyTypeObject PlanType = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_shmrun",
-    "The prepared shared-memory run of small collectives, compiled (see shm.prepare).", -1,
+    "The prepared shared-memory run of small collectives, compiled (see shm.prepare), and its "
+    "reduction loop for the slot steps and single-copy reads (reduce_into).", -1, module_methods,
 };
 
 PyMODINIT_FUNC

@@ -1,6 +1,7 @@
 """The compiled piece of the shared-memory path (``_shmrun``, built from ``_shmrun.c`` when the
-install finds a C compiler), or None: the pure-Python run then does the same work, a few
-microseconds slower per small call. ``TOPOCOLL_SHM_COMPILED=0`` turns the compiled piece off."""
+install finds a C compiler: the prepared run of small calls and the reduction loop), or None:
+the pure-Python run and numpy's ufuncs then do the same work, a few microseconds slower per
+small call. ``TOPOCOLL_SHM_COMPILED=0`` turns the compiled piece off."""
 from __future__ import annotations
 
 import os
@@ -19,6 +20,14 @@ def plan_type() -> Any:
     return _PLAN
 
 
+def reduce_into() -> Any:
+    """``_shmrun.reduce_into(out, ins, type_char, op)`` (``out = ins[0] (op) ins[1] ...`` in that
+    order, one pass per three inputs) if the extension is built and not turned off, else None."""
+    if os.environ.get(ENV_COMPILED, "1") == "0":
+        return None
+    return _REDUCE_INTO
+
+
 def available() -> bool:
     """Whether the extension was built (whatever the environment says)."""
     return _PLAN is not None
@@ -33,10 +42,12 @@ def reduces(type_char: str, op: int) -> bool:
 
 def _load() -> Any:
     try:
-        from ._shmrun import Plan  # type: ignore[import-not-found]
+        from . import _shmrun  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return Plan
+    return _shmrun
 
 
-_PLAN = _load()
+_MODULE = _load()
+_PLAN = getattr(_MODULE, "Plan", None)
+_REDUCE_INTO = getattr(_MODULE, "reduce_into", None)

@@ -214,11 +214,11 @@ def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
     w = _region_width(arena, call, b.size)
     if w < 1:
         return None
-    combine = _host_combine(call)
+    reduction = _Reduction(call)
     dtype = call.send.dtype
     steps = _steps(bounds, w)
     by_first_half = [[_ReduceStep(call, mode, b.rank, arena.slots((h + k) % 2, dtype),
-                                  bounds, _pieces(bounds, k, w), w, combine)
+                                  bounds, _pieces(bounds, k, w), w, reduction)
                       for k in range(steps)] for h in (0, 1)]
     first = _FirstBarrier(arena, call, gated)
 
@@ -354,9 +354,7 @@ class AfterBarrier:
         self.copies, self.out, self.ins = copies, out, ins
         self.op = (call.op or "sum") if call is not None else "sum"
         self.dtype: Any = call.dtype if call is not None else None
-        self._combine: Any = None
-        if out is not None and call is not None:
-            self._combine = _host_combine(call)
+        self._reduction = _Reduction(call) if out is not None and call is not None else None
 
     def run(self, half: int) -> None:
         """The copies and the reduction of ``half``, in Python."""
@@ -366,20 +364,9 @@ class AfterBarrier:
 
     def reduce(self, half: int) -> None:
         """The reduction alone (what the compiled run leaves to Python: see ``_compiled_plan``)."""
-        if self.out is not None and self._combine is not None:
-            _combine_in_rank_order(self._combine, self.ins[half], self.out, self.op, self.dtype)
-
-
-def _combine_in_rank_order(combine: Any, slots: list[np.ndarray], out: np.ndarray,
-                           op: str | None, dtype: Any) -> None:
-    """``out = slots[0] (op) slots[1] (op) ...`` over every rank's slot in rank order (then the
-    mean, for 'avg'): the one order, so every rank's result is bitwise alike. Reads no ``out``
-    before writing it, so ``out`` may be the caller's input; at least two slots."""
-    combine(slots[0], slots[1], out=out)
-    for q in range(2, len(slots)):
-        combine(out, slots[q], out=out)
-    if op == "avg":
-        finish_avg(dtype, out, len(slots))
+        if self.out is not None and self._reduction is not None:
+            ins = self.ins[half]  # every rank's slot, so out (the caller's input) is read first
+            self._reduction(ins[0], ins[1:], self.out)
 
 
 def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
@@ -568,8 +555,7 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
         lo, hi, out = 0, n, call.send
     else:
         return                                          # reduce: only the root sums
-    _combine_in_rank_order(reducer(call.dtype, call.op or "sum"), [s[lo:hi] for s in slots],
-                           out, call.op, call.dtype)
+    _Reduction(call)(slots[0][lo:hi], [s[lo:hi] for s in slots[1:]], out)
 
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> Callable[[], None]:
@@ -646,7 +632,7 @@ def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -
         result = call.recv
     else:
         result = src[lo:hi]
-    combine = _host_combine(call)
+    reduction = _Reduction(call)
     step = max(1, CHUNK_BYTES // unit)
     peers = [q for q in range(p) if q != r]
     scratch = arena.scratch(len(peers) * min(step, hi - lo) * unit).view(src.dtype)
@@ -655,7 +641,7 @@ def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -
         parts = [scratch[i * n:(i + 1) * n] for i in range(len(peers))]
         for q, part in zip(peers, parts):
             memory.read(q, offers[q][0] + a * unit, part)
-        _reduce_region(call, mine[a:a + n], parts, result[a - lo:a - lo + n], combine)
+        reduction(mine[a:a + n], parts, result[a - lo:a - lo + n])
     if call.kind == "all_reduce":
         arena.sync(ctx)                     # every rank's region is reduced
         for q in peers:
@@ -913,11 +899,11 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> Callab
             to = [bufs[call.root][a:e]] if spare is not None else []
         chunks.append((ins[r][a:e], [ins[q][a:e] for q in range(p) if q != r], acc, to))
 
-    combine = _host_combine(call)
+    reduction = _Reduction(call)
 
     def run() -> None:
         for own, others, acc, to in chunks:
-            _reduce_region(call, own, others, acc, combine)
+            reduction(own, others, acc)
             for dst in to:
                 dst[:] = acc
         arena.sync(ctx)
@@ -933,10 +919,10 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
     if w < 1:
         raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
                          f"too small for {b.size} ranks; raise TOPOCOLL_SHM_SLOT")
-    combine = reducer(call.dtype, call.op or "sum")
+    reduction = _Reduction(call)
     for k in range(_steps(bounds, w)):
         step = _ReduceStep(call, mode, b.rank, _slots(arena, call.send.dtype), bounds,
-                           _pieces(bounds, k, w), w, combine)
+                           _pieces(bounds, k, w), w, reduction)
         step.copy_in()
         gate.sync()
         step.finish(gate.sync)
@@ -949,13 +935,13 @@ class _ReduceStep:
     5. copy out (``finish``; the module docstring). ``_reduce`` makes one per step; a prepared
     run keeps them."""
 
-    __slots__ = ("ins", "chunks", "outs", "second_sync", "call", "combine")
+    __slots__ = ("ins", "chunks", "outs", "second_sync", "reduction")
 
     def __init__(self, call: Call, mode: str, r: int, slots: list[np.ndarray], bounds,
-                 pieces: list[tuple[int, int]], w: int, combine: Any) -> None:
+                 pieces: list[tuple[int, int]], w: int, reduction: "_Reduction") -> None:
         src, mine = call.send, call.input         # mine: my input (out of place: not src)
         in_buffer = mode == "all_reduce"          # the result of my region lands in src
-        self.call, self.combine = call, combine
+        self.reduction = reduction
         self.ins = [(slots[r][q * w:q * w + hi - lo], mine[lo:hi])  # mine too, for reduce
                     for q, (lo, hi) in enumerate(pieces)
                     if hi > lo and (q != r or mode == "reduce")]
@@ -989,7 +975,7 @@ class _ReduceStep:
         """After the step's first barrier: reduce my region (publishing it), then, unless
         nobody reads it, ``sync`` and copy every rank's result out."""
         for first, peers, acc, publish in self.chunks:
-            _reduce_region(self.call, first, peers, acc, self.combine)
+            self.reduction(first, peers, acc)
             if publish is not None:
                 publish[:] = acc
         if self.second_sync:
@@ -1018,25 +1004,40 @@ _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scat
            "broadcast": native.broadcast, "all_to_all": native.all_to_all, "rotate": rotate_p2p}
 
 
-def _reduce_region(call: Call, own: np.ndarray, peers: list[np.ndarray],
-                   out: np.ndarray, combine: Any) -> None:
+class _Reduction:
     """``out = own (op) peers[0] (op) peers[1] ...`` (then the mean, for 'avg'): this rank's data
     first, then its peers' in rank order, the one order every region is reduced in, which keeps
-    ranks bitwise identical. ``out`` may be ``own``; ``combine``: the call's ``reducer`` (or
-    ``_host_combine``), made once per call or plan."""
-    into = own
-    for other in peers:
-        combine(into, other, out=out)
-        into = out
-    if call.op == "avg":
-        finish_avg(call.dtype, out, len(peers) + 1)
+    ranks bitwise identical; ``out`` may be ``own``. Made once per call or plan: the compiled
+    loop (``compiled.reduce_into``: one pass per three inputs, where numpy makes one per input)
+    where it has one for the dtype and op, else numpy's ufunc per peer, or ``reducer``'s
+    function (bfloat16, GPU storage)."""
 
+    __slots__ = ("_fused", "_type", "_code", "_combine", "_avg", "_dtype")
 
-def _host_combine(call: Call) -> Any:
-    """The call's combine for numpy arrays: numpy's own ufunc where ``reducer`` would call it
-    (one Python call less per chunk), else ``reducer``'s function."""
-    op = call.op or "sum"
-    return host_ufunc(call.dtype, op) or reducer(call.dtype, op)
+    def __init__(self, call: Call) -> None:
+        from . import compiled
+
+        op = call.op or "sum"
+        self._avg, self._dtype = op == "avg", call.dtype
+        host = isinstance(call.send, np.ndarray)
+        ufunc = host_ufunc(call.dtype, op) if host else None
+        self._combine: Any = ufunc or reducer(call.dtype, op)
+        self._type = call.send.dtype.char if host else ""
+        self._code = _COMPILED_OPS.get("sum" if self._avg else op, -1)
+        fused = compiled.reduce_into()
+        self._fused = fused if ufunc is not None and compiled.reduces(self._type, self._code) \
+            else None
+
+    def __call__(self, own: Any, peers: list[Any], out: Any) -> None:
+        if self._fused is not None and peers:
+            self._fused(out, (own, *peers), self._type, self._code)
+        else:
+            into = own
+            for other in peers:
+                self._combine(into, other, out=out)
+                into = out
+        if self._avg:
+            finish_avg(self._dtype, out, len(peers) + 1)
 
 
 def _arena(b: Backend) -> SharedArena:
