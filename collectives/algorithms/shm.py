@@ -30,7 +30,7 @@ from ..backends.shm import ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
 from ..dtypes import finish_avg, host_ufunc, reducer
-from . import native
+from . import compiled, native
 from .rotate import rotate as rotate_p2p
 
 REGISTERED_FROM = 128 << 10
@@ -414,8 +414,6 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
     isn't built or is turned off (``TOPOCOLL_SHM_COMPILED=0``). A reduction it has no loop for
     (float min/max, float16, complex, avg's division) it leaves to ``after.reduce``. ``gate``:
     this rank's and every rank's registration words, where the call passes the gate."""
-    from . import compiled
-
     plan_type = compiled.plan_type()
     if plan_type is None:
         return None
@@ -1015,8 +1013,6 @@ class _Reduction:
     __slots__ = ("_fused", "_type", "_code", "_combine", "_avg", "_dtype")
 
     def __init__(self, call: Call) -> None:
-        from . import compiled
-
         op = call.op or "sum"
         self._avg, self._dtype = op == "avg", call.dtype
         host = isinstance(call.send, np.ndarray)
