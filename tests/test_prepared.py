@@ -106,10 +106,68 @@ def test_the_compiled_reduction_loop_matches_numpy_bit_for_bit():
         reduce_into(out, (out, out), "f", 2)  # float min: numpy's rules
     with pytest.raises(ValueError, match="input 1 has 12 bytes where 16 are needed"):
         reduce_into(out, (out, np.zeros(3, np.float32)), "f", 0)
-    with pytest.raises(ValueError, match="1 to 256 inputs"):
+    with pytest.raises(ValueError, match="at least one input"):
         reduce_into(out, (), "f", 0)
     with pytest.raises(ValueError, match="contiguous"):
         reduce_into(np.zeros(8, np.float32)[::2], (out, out), "f", 0)
+
+
+def test_the_compiled_reduction_loop_edges():
+    """Products wrap as numpy's (16-bit ones too, computed unsigned), any number of inputs (a
+    node of 300 ranks), and exactly the types and ops ``compiled.reduces`` names have a loop."""
+    if not compiled.available():
+        pytest.skip("the compiled run is not built here (no C compiler at install)")
+    import numpy as np
+
+    reduce_into = compiled._REDUCE_INTO
+    for type_char in "hHbBiIlLqQ":
+        info = np.iinfo(type_char)
+        ins = [np.array([info.max, info.min, info.max - 1, -1 if info.min else 3], type_char)] * 3
+        want = ins[0] * ins[1] * ins[2]  # numpy wraps
+        out = np.empty(4, type_char)
+        reduce_into(out, tuple(ins), type_char, 1)
+        assert out.tobytes() == want.tobytes(), (type_char, out, want)
+    many = [np.full(5, q, np.int64) for q in range(300)]
+    out = np.empty(5, np.int64)
+    reduce_into(out, tuple(many), "q", 0)
+    assert (out == sum(range(300))).all()
+    for type_char in "bBhHiIlLqQefdgFD?":
+        for op in range(5):
+            x = np.zeros(2, type_char)
+            try:
+                reduce_into(x, (x, x), type_char, op)
+                has = True
+            except ValueError:
+                has = False
+            assert has == compiled.reduces(type_char, op), (type_char, op)
+    assert not compiled.reduces("", 0) and not compiled.reduces("ff", 0)
+
+
+def test_shm_reductions_take_the_compiled_loop_exactly_where_it_has_one(monkeypatch):
+    """float32/float64 sum, prod, avg and every integer op: the loop; float min/max (numpy's NaN
+    rules), float16 and bfloat16 (whose uint16 storage must never be summed as integers):
+    numpy or torch; with TOPOCOLL_SHM_COMPILED=0: never."""
+    import types
+
+    import numpy as np
+
+    from topocoll.collectives.algorithms import shm
+    from topocoll.collectives.dtypes import BFLOAT16, dtype_of_numpy
+
+    def fused(dtype, op, storage):
+        call = types.SimpleNamespace(dtype=dtype, op=op, send=np.zeros(4, storage))
+        return shm._Reduction(call).fused is not None
+
+    f32, i16 = dtype_of_numpy(np.dtype(np.float32)), dtype_of_numpy(np.dtype(np.int16))
+    if not compiled.available():
+        pytest.skip("the compiled run is not built here (no C compiler at install)")
+    assert fused(f32, "sum", np.float32) and fused(f32, "avg", np.float32)
+    assert fused(i16, "max", np.int16) and fused(i16, "prod", np.int16)
+    assert not fused(f32, "max", np.float32) and not fused(f32, "min", np.float32)
+    assert not fused(dtype_of_numpy(np.dtype(np.float16)), "sum", np.float16)
+    assert not fused(BFLOAT16, "sum", np.uint16)
+    monkeypatch.setenv(compiled.ENV_COMPILED, "0")
+    assert not fused(f32, "sum", np.float32)
 
 
 def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():

@@ -86,7 +86,8 @@ itemsize(char type)
     case 'b': case 'B': return 1;
     case 'h': case 'H': return 2;
     case 'i': case 'I': case 'f': return 4;
-    case 'l': case 'L': case 'q': case 'Q': case 'd': return 8;
+    case 'l': case 'L': return sizeof(long);
+    case 'q': case 'Q': case 'd': return 8;
     }
     return 0;
 }
@@ -134,11 +135,12 @@ enum { BLOCK = 4096 };
         }                                                                      \
     } while (0)
 
-/* Integers wrap as numpy's do: signed sums and products go through the unsigned type. */
+/* Integers wrap as numpy's do: signed sums and products go through the unsigned type (products
+ * from 1u, so types narrower than int are not promoted to a signed int that could overflow). */
 #define INT_OPS(S, U)                                                          \
     switch (op) {                                                              \
     case OP_SUM: REDUCE_LOOP(S, (S)((U)x + (U)y)); break;                      \
-    case OP_PROD: REDUCE_LOOP(S, (S)((U)x * (U)y)); break;                     \
+    case OP_PROD: REDUCE_LOOP(S, (S)(U)(1u * (U)x * (U)y)); break;                     \
     case OP_MIN: REDUCE_LOOP(S, x < y ? x : y); break;                         \
     default: REDUCE_LOOP(S, x > y ? x : y);                                    \
     }
@@ -173,8 +175,14 @@ reduce_buffers(char *out, const char **in, int k, Py_ssize_t n, char type, int o
     case 'H': INT_OPS(uint16_t, uint16_t); break;
     case 'i': INT_OPS(int32_t, uint32_t); break;
     case 'I': INT_OPS(uint32_t, uint32_t); break;
-    case 'l': case 'q': INT_OPS(int64_t, uint64_t); break;
-    case 'L': case 'Q': INT_OPS(uint64_t, uint64_t); break;
+    case 'q': INT_OPS(int64_t, uint64_t); break;
+    case 'Q': INT_OPS(uint64_t, uint64_t); break;
+    case 'l':
+        if (sizeof(long) == 8) INT_OPS(int64_t, uint64_t) else INT_OPS(int32_t, uint32_t)
+        break;
+    case 'L':
+        if (sizeof(long) == 8) INT_OPS(uint64_t, uint64_t) else INT_OPS(uint32_t, uint32_t)
+        break;
     case 'f': FLOAT_OPS(float); break;
     case 'd': FLOAT_OPS(double); break;
     }
@@ -563,7 +571,8 @@ static PyMethodDef plan_methods[] = {
 };
 
 /* reduce_into(out, ins, type, op): out = ins[0] (op) ins[1] ... in rank order (reduce_buffers),
- * without the GIL; every input at least as long as out. */
+ * without the GIL; every input at least as long as out. out may be ins[0] itself, but must not
+ * overlap any input otherwise (numpy would copy; the collectives never pass such buffers). */
 static PyObject *
 reduce_into(PyObject *module, PyObject *args)
 {
@@ -577,16 +586,20 @@ reduce_into(PyObject *module, PyObject *args)
         PyErr_Format(PyExc_ValueError, "no compiled reduction for type '%s', op %d", type, op);
         return NULL;
     }
-    if (k < 1 || k > 256) {
-        PyErr_Format(PyExc_ValueError, "reduce_into takes 1 to 256 inputs, not %zd", k);
+    if (k < 1 || k > INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "reduce_into takes at least one input, not %zd", k);
         return NULL;
     }
-    Py_buffer views[257];
-    const char *bufs[256];
+    Py_buffer *views = PyMem_Calloc(k + 1, sizeof(Py_buffer));
+    const char **bufs = PyMem_Calloc(k, sizeof(char *));
     Py_ssize_t held = 0;
     PyObject *result = NULL;
+    if (views == NULL || bufs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     if (PyObject_GetBuffer(out_obj, &views[0], PyBUF_WRITABLE) < 0)
-        return NULL;
+        goto done;
     held = 1;
     Py_ssize_t n = views[0].len / size;
     if (views[0].len % size) {
@@ -612,6 +625,8 @@ reduce_into(PyObject *module, PyObject *args)
 done:
     while (held > 0)
         PyBuffer_Release(&views[--held]);
+    PyMem_Free(views);
+    PyMem_Free(bufs);
     return result;
 }
 

@@ -37,6 +37,8 @@ def reduces(type_char: str, op: int) -> bool:
     """Whether the compiled run has a loop for numpy type ``type_char`` and op code ``op``
     (0 sum, 1 prod, 2 min, 3 max): integers all four, float32/float64 sum and prod (numpy's
     NaN and signed-zero rules for min/max stay with numpy)."""
+    if len(type_char) != 1:
+        return False
     return (type_char in _INT_TYPES and 0 <= op <= 3) or (type_char in _FLOAT_TYPES and op in (0, 1))
 
 

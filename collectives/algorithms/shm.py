@@ -214,7 +214,7 @@ def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
     w = _region_width(arena, call, b.size)
     if w < 1:
         return None
-    reduction = _Reduction(call)
+    reduction = _Reduction.of(call)
     dtype = call.send.dtype
     steps = _steps(bounds, w)
     by_first_half = [[_ReduceStep(call, mode, b.rank, arena.slots((h + k) % 2, dtype),
@@ -352,9 +352,7 @@ class AfterBarrier:
                  out: np.ndarray | None = None, ins: tuple[list[np.ndarray], ...] = ([], []),
                  call: Call | None = None) -> None:
         self.copies, self.out, self.ins = copies, out, ins
-        self.op = (call.op or "sum") if call is not None else "sum"
-        self.dtype: Any = call.dtype if call is not None else None
-        self._reduction = _Reduction(call) if out is not None and call is not None else None
+        self._reduction = _Reduction.of(call) if out is not None and call is not None else None
 
     def run(self, half: int) -> None:
         """The copies and the reduction of ``half``, in Python."""
@@ -362,10 +360,15 @@ class AfterBarrier:
             dst[:] = src
         self.reduce(half)
 
+    def compiled_loop(self) -> tuple[str, int] | None:
+        """(type char, op code) for the compiled run's own reduction, or None (nothing to
+        reduce, or no loop for it: then ``reduce`` does it after the compiled barrier)."""
+        return self._reduction.whole_loop() if self._reduction is not None else None
+
     def reduce(self, half: int) -> None:
         """The reduction alone (what the compiled run leaves to Python: see ``_compiled_plan``)."""
         if self.out is not None and self._reduction is not None:
-            ins = self.ins[half]  # every rank's slot, so out (the caller's input) is read first
+            ins = self.ins[half]  # every rank's slot in rank order (out is none of them)
             self._reduction(ins[0], ins[1:], self.out)
 
 
@@ -419,11 +422,9 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
         return None
     reduction: Any = None  # None: nothing to reduce; "numpy": left to after.reduce
     out = after.out
-    if out is not None and after.op in _COMPILED_OPS and after.dtype is not None and \
-            host_ufunc(after.dtype, after.op) is not None and \
-            compiled.reduces(out.dtype.char, _COMPILED_OPS[after.op]):
-        reduction = (out.dtype.char, _COMPILED_OPS[after.op], out,
-                     tuple(list(ins) for ins in after.ins), out.size)
+    loop = after.compiled_loop()
+    if out is not None and loop is not None:
+        reduction = (*loop, out, tuple(list(ins) for ins in after.ins), out.size)
     elif out is not None:
         reduction = "numpy"  # complete() returns 2: finish calls after.reduce
     return plan_type(arena.flag_words(), arena.rank, arena.counters, sig, tuple(mine_words),
@@ -553,7 +554,7 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
         lo, hi, out = 0, n, call.send
     else:
         return                                          # reduce: only the root sums
-    _Reduction(call)(slots[0][lo:hi], [s[lo:hi] for s in slots[1:]], out)
+    _Reduction.of(call)(slots[0][lo:hi], [s[lo:hi] for s in slots[1:]], out)
 
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> Callable[[], None]:
@@ -630,7 +631,7 @@ def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -
         result = call.recv
     else:
         result = src[lo:hi]
-    reduction = _Reduction(call)
+    reduction = _Reduction.of(call)
     step = max(1, CHUNK_BYTES // unit)
     peers = [q for q in range(p) if q != r]
     scratch = arena.scratch(len(peers) * min(step, hi - lo) * unit).view(src.dtype)
@@ -897,7 +898,7 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> Callab
             to = [bufs[call.root][a:e]] if spare is not None else []
         chunks.append((ins[r][a:e], [ins[q][a:e] for q in range(p) if q != r], acc, to))
 
-    reduction = _Reduction(call)
+    reduction = _Reduction.of(call)
 
     def run() -> None:
         for own, others, acc, to in chunks:
@@ -917,7 +918,7 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
     if w < 1:
         raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
                          f"too small for {b.size} ranks; raise TOPOCOLL_SHM_SLOT")
-    reduction = _Reduction(call)
+    reduction = _Reduction.of(call)
     for k in range(_steps(bounds, w)):
         step = _ReduceStep(call, mode, b.rank, _slots(arena, call.send.dtype), bounds,
                            _pieces(bounds, k, w), w, reduction)
@@ -1003,14 +1004,15 @@ _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scat
 
 
 class _Reduction:
-    """``out = own (op) peers[0] (op) peers[1] ...`` (then the mean, for 'avg'): this rank's data
-    first, then its peers' in rank order, the one order every region is reduced in, which keeps
-    ranks bitwise identical; ``out`` may be ``own``. Made once per call or plan: the compiled
-    loop (``compiled.reduce_into``: one pass per three inputs, where numpy makes one per input)
-    where it has one for the dtype and op, else numpy's ufunc per peer, or ``reducer``'s
-    function (bfloat16, GPU storage)."""
+    """``out = first (op) others[0] (op) others[1] ...`` (then the mean, for 'avg'), in that order:
+    the one order every region is reduced in (a rank's own data, then its peers' in rank order;
+    or every rank's slot in rank order), which keeps ranks bitwise identical; ``out`` may be
+    ``first``. The compiled loop (``compiled.reduce_into``: one pass per three inputs, where
+    numpy makes one per input) where it has one for the dtype and op, else numpy's ufunc per
+    input, or ``reducer``'s function (bfloat16, GPU storage). ``of`` keeps one per kind of
+    call, so whether the loop is on (``TOPOCOLL_SHM_COMPILED``) is read once per kind."""
 
-    __slots__ = ("_fused", "_type", "_code", "_combine", "_avg", "_dtype")
+    __slots__ = ("fused", "_type", "_code", "_combine", "_avg", "_dtype")
 
     def __init__(self, call: Call) -> None:
         op = call.op or "sum"
@@ -1020,20 +1022,42 @@ class _Reduction:
         self._combine: Any = ufunc or reducer(call.dtype, op)
         self._type = call.send.dtype.char if host else ""
         self._code = _COMPILED_OPS.get("sum" if self._avg else op, -1)
-        fused = compiled.reduce_into()
-        self._fused = fused if ufunc is not None and compiled.reduces(self._type, self._code) \
+        loop = compiled.reduce_into()
+        self.fused = loop if ufunc is not None and compiled.reduces(self._type, self._code) \
             else None
 
-    def __call__(self, own: Any, peers: list[Any], out: Any) -> None:
-        if self._fused is not None and peers:
-            self._fused(out, (own, *peers), self._type, self._code)
+    def whole_loop(self) -> tuple[str, int] | None:
+        """(type char, op code) where the compiled loop does the whole reduction ('avg' also
+        divides, in Python), else None."""
+        return (self._type, self._code) if self.fused is not None and not self._avg else None
+
+    @classmethod
+    def of(cls, call: Call) -> "_Reduction":
+        """The reduction for ``call``'s dtype, op and storage (host or not), made once."""
+        key = (call.dtype, call.op, type(call.send), getattr(call.send, "dtype", None))
+        made = _REDUCTIONS.get(key)
+        if made is None:
+            made = _REDUCTIONS[key] = cls(call)
+        return made
+
+    def __call__(self, first: Any, others: list[Any], out: Any) -> None:
+        if not others:
+            if out is not first:
+                out[...] = first
+        elif self.fused is not None:
+            self.fused(out, (first, *others), self._type, self._code)
         else:
-            into = own
-            for other in peers:
+            into = first
+            for other in others:
                 self._combine(into, other, out=out)
                 into = out
         if self._avg:
-            finish_avg(self._dtype, out, len(peers) + 1)
+            finish_avg(self._dtype, out, len(others) + 1)
+
+
+_REDUCTIONS: dict[tuple[Any, ...], _Reduction] = {}
+"""``_Reduction.of``'s kept reductions, one per (dtype, op, storage type, storage dtype): a few
+dozen at most (the package's dtypes times its ops)."""
 
 
 def _arena(b: Backend) -> SharedArena:
