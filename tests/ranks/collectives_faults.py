@@ -235,11 +235,13 @@ def hier_gave_up():
     """A hierarchical all_reduce that rank 0 gives up on (timeout 1 s) while the last rank, on
     the other node, comes 2.5 s late: rank 0's node partner, which meets it again in the node's
     shared memory after the rails, must raise at once naming it, not wait out its own timeout
-    (8 s); everyone raises, nobody completes the call."""
+    (8 s); everyone raises, nobody completes the call. A communicator the user split off
+    before is not the failed one's: it still works."""
     c = collectives.init(timeout=30, check=False)
     late = c.size - 1
     x = np.ones(1 << 16, np.float32)
     c.all_reduce(x, algo="hier")  # builds hier's sub-groups, everyone present
+    pair = c.split(c.rank % 2)
     WORLD.Barrier()
     if c.rank == late:
         time.sleep(2.5)
@@ -253,6 +255,9 @@ def hier_gave_up():
     if c.rank == partner:
         assert "gave up" in str(err) and "waiting for rank 0 at" in str(err) and took < 4, \
             (took, str(err))
+    total = pair.all_reduce(np.ones(4, np.float32), algo="shm")
+    assert (total == pair.size).all(), total
+    pair.close()
     WORLD.Barrier()
 
 
