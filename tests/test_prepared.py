@@ -151,12 +151,12 @@ def test_shm_reductions_take_the_compiled_loop_exactly_where_it_has_one(monkeypa
 
     import numpy as np
 
-    from topocoll.collectives.algorithms import shm
+    from topocoll.collectives.algorithms.reduction import Reduction
     from topocoll.collectives.dtypes import BFLOAT16, dtype_of_numpy
 
     def fused(dtype, op, storage):
         call = types.SimpleNamespace(dtype=dtype, op=op, send=np.zeros(4, storage))
-        return shm._Reduction(call).fused is not None
+        return Reduction(call).fused is not None
 
     f32, i16 = dtype_of_numpy(np.dtype(np.float32)), dtype_of_numpy(np.dtype(np.int16))
     if not compiled.available():

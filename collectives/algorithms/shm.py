@@ -29,8 +29,8 @@ from ..backends.base import Backend
 from ..backends.shm import ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
-from ..dtypes import finish_avg, host_ufunc, reducer
 from . import compiled, native
+from .reduction import Reduction
 from .rotate import rotate as rotate_p2p
 
 REGISTERED_FROM = 128 << 10
@@ -214,7 +214,7 @@ def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
     w = _region_width(arena, call, b.size)
     if w < 1:
         return None
-    reduction = _Reduction.of(call)
+    reduction = Reduction.of(call)
     dtype = call.send.dtype
     steps = _steps(bounds, w)
     by_first_half = [[_ReduceStep(call, mode, b.rank, arena.slots((h + k) % 2, dtype),
@@ -352,7 +352,7 @@ class AfterBarrier:
                  out: np.ndarray | None = None, ins: tuple[list[np.ndarray], ...] = ([], []),
                  call: Call | None = None) -> None:
         self.copies, self.out, self.ins = copies, out, ins
-        self._reduction = _Reduction.of(call) if out is not None and call is not None else None
+        self._reduction = Reduction.of(call) if out is not None and call is not None else None
 
     def run(self, half: int) -> None:
         """The copies and the reduction of ``half``, in Python."""
@@ -400,9 +400,6 @@ def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
 
 _PREPARED = ("all_reduce", "reduce_scatter", "reduce", "all_gather", "broadcast", "rotate")
 """The collectives ``prepare`` makes a run for."""
-
-_COMPILED_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
-"""Op codes of the compiled run's reduction (``_shmrun.c``); floats take sum and prod only."""
 
 COMPILED_SPINS = 256
 """Polls (each yielding the core) the compiled run makes before handing a wait to Python's
@@ -554,7 +551,7 @@ def _one_shot(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
         lo, hi, out = 0, n, call.send
     else:
         return                                          # reduce: only the root sums
-    _Reduction.of(call)(slots[0][lo:hi], [s[lo:hi] for s in slots[1:]], out)
+    Reduction.of(call)(slots[0][lo:hi], [s[lo:hi] for s in slots[1:]], out)
 
 
 def _peers_all_gather(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> Callable[[], None]:
@@ -631,7 +628,7 @@ def _single_copy_reduce(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -
         result = call.recv
     else:
         result = src[lo:hi]
-    reduction = _Reduction.of(call)
+    reduction = Reduction.of(call)
     step = max(1, CHUNK_BYTES // unit)
     peers = [q for q in range(p) if q != r]
     scratch = arena.scratch(len(peers) * min(step, hi - lo) * unit).view(src.dtype)
@@ -898,7 +895,7 @@ def _reduce_peers(b: Backend, ctx: OpContext, call: Call, gate: _Gate) -> Callab
             to = [bufs[call.root][a:e]] if spare is not None else []
         chunks.append((ins[r][a:e], [ins[q][a:e] for q in range(p) if q != r], acc, to))
 
-    reduction = _Reduction.of(call)
+    reduction = Reduction.of(call)
 
     def run() -> None:
         for own, others, acc, to in chunks:
@@ -918,7 +915,7 @@ def _reduce(b: Backend, ctx: OpContext, call: Call, mode: str, bounds, gate: _Ga
     if w < 1:
         raise ValueError(f"{ctx.name}: the shared-memory slot ({arena.slot_bytes} bytes) is "
                          f"too small for {b.size} ranks; raise TOPOCOLL_SHM_SLOT")
-    reduction = _Reduction.of(call)
+    reduction = Reduction.of(call)
     for k in range(_steps(bounds, w)):
         step = _ReduceStep(call, mode, b.rank, _slots(arena, call.send.dtype), bounds,
                            _pieces(bounds, k, w), w, reduction)
@@ -937,7 +934,7 @@ class _ReduceStep:
     __slots__ = ("ins", "chunks", "outs", "second_sync", "reduction")
 
     def __init__(self, call: Call, mode: str, r: int, slots: list[np.ndarray], bounds,
-                 pieces: list[tuple[int, int]], w: int, reduction: "_Reduction") -> None:
+                 pieces: list[tuple[int, int]], w: int, reduction: "Reduction") -> None:
         src, mine = call.send, call.input         # mine: my input (out of place: not src)
         in_buffer = mode == "all_reduce"          # the result of my region lands in src
         self.reduction = reduction
@@ -1001,63 +998,6 @@ gate's words, then run (a prepared run keeps it while the words stay the same)."
 _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scatter,
            "reduce": native.reduce, "all_gather": native.all_gather,
            "broadcast": native.broadcast, "all_to_all": native.all_to_all, "rotate": rotate_p2p}
-
-
-class _Reduction:
-    """``out = first (op) others[0] (op) others[1] ...`` (then the mean, for 'avg'), in that order:
-    the one order every region is reduced in (a rank's own data, then its peers' in rank order;
-    or every rank's slot in rank order), which keeps ranks bitwise identical; ``out`` may be
-    ``first``. The compiled loop (``compiled.reduce_into``: one pass per three inputs, where
-    numpy makes one per input) where it has one for the dtype and op, else numpy's ufunc per
-    input, or ``reducer``'s function (bfloat16, GPU storage). ``of`` keeps one per kind of
-    call, so whether the loop is on (``TOPOCOLL_SHM_COMPILED``) is read once per kind."""
-
-    __slots__ = ("fused", "_type", "_code", "_combine", "_avg", "_dtype")
-
-    def __init__(self, call: Call) -> None:
-        op = call.op or "sum"
-        self._avg, self._dtype = op == "avg", call.dtype
-        host = isinstance(call.send, np.ndarray)
-        ufunc = host_ufunc(call.dtype, op) if host else None
-        self._combine: Any = ufunc or reducer(call.dtype, op)
-        self._type = call.send.dtype.char if host else ""
-        self._code = _COMPILED_OPS.get("sum" if self._avg else op, -1)
-        loop = compiled.reduce_into()
-        self.fused = loop if ufunc is not None and compiled.reduces(self._type, self._code) \
-            else None
-
-    def whole_loop(self) -> tuple[str, int] | None:
-        """(type char, op code) where the compiled loop does the whole reduction ('avg' also
-        divides, in Python), else None."""
-        return (self._type, self._code) if self.fused is not None and not self._avg else None
-
-    @classmethod
-    def of(cls, call: Call) -> "_Reduction":
-        """The reduction for ``call``'s dtype, op and storage (host or not), made once."""
-        key = (call.dtype, call.op, type(call.send), getattr(call.send, "dtype", None))
-        made = _REDUCTIONS.get(key)
-        if made is None:
-            made = _REDUCTIONS[key] = cls(call)
-        return made
-
-    def __call__(self, first: Any, others: list[Any], out: Any) -> None:
-        if not others:
-            if out is not first:
-                out[...] = first
-        elif self.fused is not None:
-            self.fused(out, (first, *others), self._type, self._code)
-        else:
-            into = first
-            for other in others:
-                self._combine(into, other, out=out)
-                into = out
-        if self._avg:
-            finish_avg(self._dtype, out, len(others) + 1)
-
-
-_REDUCTIONS: dict[tuple[Any, ...], _Reduction] = {}
-"""``_Reduction.of``'s kept reductions, one per (dtype, op, storage type, storage dtype): a few
-dozen at most (the package's dtypes times its ops)."""
 
 
 def _arena(b: Backend) -> SharedArena:
