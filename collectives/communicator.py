@@ -682,6 +682,12 @@ class Communicator:
         algorithm's prepared run is started here and completed at once only if every peer is
         in already (one poll, no wait); else its handle, or the next operation, completes it."""
         run = entry.lean
+        if self._executor._pending and threading.get_ident() == self._owner:
+            # Calls are queued (a repeat fell back to the queue because its predecessor's peers
+            # were late): yield the core a few times so the progress thread can drain them and
+            # this call start inline again. Without it every later call queued too, the issuing
+            # loop starving the progress thread (docs/bench.md, "Measured here").
+            spin(self._executor.idle, 0.0)
         if run is None or (async_op and not run.starts_inline) or self._broken is not None or \
                 self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \

@@ -148,6 +148,10 @@ class Executor:
                 self._release()
         return self.submit(name, fn).wait()
 
+    def idle(self) -> bool:
+        """Whether nothing is queued or running on the progress thread (a read, no lock)."""
+        return not self._pending
+
     def on_worker(self) -> bool:
         """Whether the caller is the progress thread (a handle's done-callback runs there)."""
         return threading.current_thread() is self._thread
