@@ -677,8 +677,9 @@ class Communicator:
         time. Inline where it may: the calling thread owns the communicator, nothing is queued,
         broken or closed, and calls aren't traced; a started one completes here if its peers
         arrive within a short spin (async calls issued back to back, as a benchmark or a
-        bucketed reduction does, then stay inline instead of queueing). Else through
-        ``_submit`` like any call, but without preparing it again. Async and inline, the
+        bucketed reduction does, then stay inline instead of queueing; where calls are queued,
+        it first yields the core a few times for them to drain). Else through ``_submit`` like
+        any call, but without preparing it again. Async and inline, the
         algorithm's prepared run is started here and completed at once only if every peer is
         in already (one poll, no wait); else its handle, or the next operation, completes it."""
         run = entry.lean
