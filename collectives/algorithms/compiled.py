@@ -15,17 +15,13 @@ _INT_TYPES = "bBhHiIlLqQ"
 
 def plan_type() -> Any:
     """``_shmrun.Plan`` if the extension is built and not turned off, else None."""
-    if os.environ.get(ENV_COMPILED, "1") == "0":
-        return None
-    return _PLAN
+    return None if _turned_off() else _PLAN
 
 
 def reduce_into() -> Any:
     """``_shmrun.reduce_into(out, ins, type_char, op)`` (``out = ins[0] (op) ins[1] ...`` in that
     order, one pass per three inputs) if the extension is built and not turned off, else None."""
-    if os.environ.get(ENV_COMPILED, "1") == "0":
-        return None
-    return _REDUCE_INTO
+    return None if _turned_off() else _REDUCE_INTO
 
 
 def available() -> bool:
@@ -40,6 +36,11 @@ def reduces(type_char: str, op: int) -> bool:
     if len(type_char) != 1:
         return False
     return (type_char in _INT_TYPES and 0 <= op <= 3) or (type_char in _FLOAT_TYPES and op in (0, 1))
+
+
+def _turned_off() -> bool:
+    """Whether ``TOPOCOLL_SHM_COMPILED=0`` turns the compiled pieces off."""
+    return os.environ.get(ENV_COMPILED, "1") == "0"
 
 
 def _load() -> Any:

@@ -333,8 +333,8 @@ SCENARIOS = {
     "late": late_peer_writes_no_freed_memory, "queued": queued_calls_fail_at_once,
     "stopped": stopped_peer, "nan": nan_max_min_same_everywhere,
     "split": split_rejects_on_every_rank, "threads": two_threads, "minor": minor,
-    "hier": hier_names_world_ranks, "hier_gave_up": hier_gave_up, "killed": killed_peer, "mpi_error": mpi_error,
-    "exit_status": exit_status,
+    "hier": hier_names_world_ranks, "hier_gave_up": hier_gave_up, "killed": killed_peer,
+    "mpi_error": mpi_error, "exit_status": exit_status,
 }
 
 
