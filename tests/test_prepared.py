@@ -114,7 +114,8 @@ def test_the_compiled_reduction_loop_matches_numpy_bit_for_bit():
 
 def test_the_compiled_reduction_loop_edges():
     """Products wrap as numpy's (16-bit ones too, computed unsigned), any number of inputs (a
-    node of 300 ranks), and exactly the types and ops ``compiled.reduces`` names have a loop."""
+    node of 300 ranks), and exactly integers (every op) and float32/float64 sum and prod have a loop,
+    as ``compiled.reduces`` says."""
     if not compiled.available():
         pytest.skip("the compiled run is not built here (no C compiler at install)")
     import numpy as np
@@ -132,14 +133,17 @@ def test_the_compiled_reduction_loop_edges():
     reduce_into(out, tuple(many), "q", 0)
     assert (out == sum(range(300))).all()
     for type_char in "bBhHiIlLqQefdgFD?":
-        for op in range(5):
+        for op in range(-1, 5):
+            expected = (type_char in "bBhHiIlLqQ" and 0 <= op <= 3) or \
+                (type_char in "fd" and op in (0, 1))
+            assert compiled.reduces(type_char, op) == expected, (type_char, op)
             x = np.zeros(2, type_char)
             try:
                 reduce_into(x, (x, x), type_char, op)
                 has = True
             except ValueError:
                 has = False
-            assert has == compiled.reduces(type_char, op), (type_char, op)
+            assert has == expected, (type_char, op)
     assert not compiled.reduces("", 0) and not compiled.reduces("ff", 0)
 
 

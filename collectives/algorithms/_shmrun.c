@@ -630,7 +630,22 @@ done:
     return result;
 }
 
+/* has_loop(type, op): whether reduce_into and a Plan's reduction have a loop for numpy type char
+ * `type` and op code `op` (compiled.reduces asks here, so the answer is written once). */
+static PyObject *
+py_has_loop(PyObject *module, PyObject *args)
+{
+    const char *type;
+    int op;
+    if (!PyArg_ParseTuple(args, "si", &type, &op))
+        return NULL;
+    return PyBool_FromLong(type[0] != '\0' && type[1] == '\0' && has_loop(type[0], op));
+}
+
 static PyMethodDef module_methods[] = {
+    {"has_loop", py_has_loop, METH_VARARGS,
+     "has_loop(type, op): whether the compiled reduction has a loop for numpy type char `type` "
+     "and op code `op`: integers 0 sum, 1 prod, 2 min, 3 max; float32/float64 sum and prod."},
     {"reduce_into", reduce_into, METH_VARARGS,
      "reduce_into(out, ins, type, op): out = ins[0] (op) ins[1] (op) ... element by element in "
      "that order, numpy type char `type`, op 0 sum, 1 prod, 2 min, 3 max (floats: sum, prod)."},

@@ -9,9 +9,6 @@ from typing import Any
 
 ENV_COMPILED = "TOPOCOLL_SHM_COMPILED"
 
-_FLOAT_TYPES = "fd"
-_INT_TYPES = "bBhHiIlLqQ"
-
 
 def plan_type() -> Any:
     """``_shmrun.Plan`` if the extension is built and not turned off, else None."""
@@ -32,10 +29,9 @@ def available() -> bool:
 def reduces(type_char: str, op: int) -> bool:
     """Whether the compiled run has a loop for numpy type ``type_char`` and op code ``op``
     (0 sum, 1 prod, 2 min, 3 max): integers all four, float32/float64 sum and prod (numpy's
-    NaN and signed-zero rules for min/max stay with numpy)."""
-    if len(type_char) != 1:
-        return False
-    return (type_char in _INT_TYPES and 0 <= op <= 3) or (type_char in _FLOAT_TYPES and op in (0, 1))
+    NaN and signed-zero rules for min/max stay with numpy). The extension answers (its
+    ``has_loop``); without it, none has."""
+    return _HAS_LOOP is not None and _HAS_LOOP(type_char, op)
 
 
 def _turned_off() -> bool:
@@ -54,3 +50,4 @@ def _load() -> Any:
 _MODULE = _load()
 _PLAN = getattr(_MODULE, "Plan", None)
 _REDUCE_INTO = getattr(_MODULE, "reduce_into", None)
+_HAS_LOOP = getattr(_MODULE, "has_loop", None)
