@@ -152,13 +152,14 @@ enum { BLOCK = 4096 };
     default: REDUCE_LOOP(T, x * y);                                            \
     }
 
-/* Whether there is a loop for numpy type `type` and `op` (compiled.reduces says the same). */
+/* Whether there is a loop for numpy type char `type` (a one-character string) and `op`; Python
+ * asks the same through has_loop (compiled.reduces). */
 static int
-has_loop(char type, int op)
+has_loop(const char *type, int op)
 {
-    if (op < OP_SUM || op > OP_MAX || itemsize(type) == 0)
+    if (type[0] == '\0' || type[1] != '\0' || op < OP_SUM || op > OP_MAX || itemsize(type[0]) == 0)
         return 0;
-    return (type != 'f' && type != 'd') || op == OP_SUM || op == OP_PROD;
+    return (type[0] != 'f' && type[0] != 'd') || op == OP_SUM || op == OP_PROD;
 }
 
 static void
@@ -507,7 +508,7 @@ plan_fill(Plan *p, PyObject *flags, int rank, PyObject *counters, PyObject *sig,
         if (!PyArg_ParseTuple(reduction, "siOOn", &type, &p->op, &out, &ins, &p->count))
             return -1;
         Py_ssize_t need = p->count * itemsize(type[0]);
-        if (!has_loop(type[0], p->op) || p->count < 0) {
+        if (!has_loop(type, p->op) || p->count < 0) {
             PyErr_Format(PyExc_ValueError, "no compiled reduction for type '%s', op %d", type,
                          p->op);
             return -1;
@@ -582,7 +583,7 @@ reduce_into(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO!si", &out_obj, &PyTuple_Type, &ins, &type, &op))
         return NULL;
     Py_ssize_t k = PyTuple_GET_SIZE(ins), size = itemsize(type[0]);
-    if (!has_loop(type[0], op) || type[1] != '\0') {
+    if (!has_loop(type, op)) {
         PyErr_Format(PyExc_ValueError, "no compiled reduction for type '%s', op %d", type, op);
         return NULL;
     }
@@ -639,7 +640,7 @@ py_has_loop(PyObject *module, PyObject *args)
     int op;
     if (!PyArg_ParseTuple(args, "si", &type, &op))
         return NULL;
-    return PyBool_FromLong(type[0] != '\0' && type[1] == '\0' && has_loop(type[0], op));
+    return PyBool_FromLong(has_loop(type, op));
 }
 
 static PyMethodDef module_methods[] = {
