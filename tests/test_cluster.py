@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from mpi_harness import LAUNCHER_ENV, RANKS_DIR, ROOT, TESTS_DIR, YIELD_ENV, _launch
+from mpi_harness import (LAUNCHER_ENV, RANKS_DIR, ROOT, STACKS_ENV, TESTS_DIR, YIELD_ENV, _dump_stacks,
+                         _launch)
 from topocoll import cluster
 from topocoll.cluster import layout as cl_layout
 from topocoll.cluster import net as cl_net
@@ -305,13 +306,15 @@ def test_faults_on_real_hosts(fault, netmod, algo, make_cluster, tmp_path):
     rank it waited for within T + 5 s, and those names lead across the fault; later calls fail at
     once; the job exits non-zero; down leaves nothing behind (the fixture checks)."""
     c = make_cluster("--hosts", "2", "--ranks-per-host", "2", "--host-rate", "400mbit")
-    out = tmp_path / "out"
+    out, stacks = tmp_path / "out", tmp_path / "stacks"
     out.mkdir()
+    stacks.mkdir()
     on_host = {0: [0, 1], 1: [2, 3]}
     proc = subprocess.Popen(_cli_argv(
         "run", "--state-dir", str(c.state.path), "--netmod", netmod, "--disable-auto-cleanup",
         "--", sys.executable, "-u", str(RANKS_DIR / SCRIPT), "loop", algo, str(out), str(T)),
-        env=_env(CHUNKED if algo == "ho_ring" else None), stdout=subprocess.PIPE,
+        env=_env({**(CHUNKED if algo == "ho_ring" else {}), STACKS_ENV: str(stacks)}),
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
         start_new_session=True, cwd=ROOT)
     try:
@@ -325,8 +328,11 @@ def test_faults_on_real_hosts(fault, netmod, algo, make_cluster, tmp_path):
             for r in on_host[1]:
                 os.kill(int((out / f"running-{r}").read_text()), signal.SIGKILL)
             survivors = on_host[0]
-        _wait_for(lambda: all((out / f"error-{r}").exists() for r in survivors), T + 5 + 20,
-                  f"reports of ranks {survivors}", None)
+        try:
+            _wait_for(lambda: all((out / f"error-{r}").exists() for r in survivors), T + 5 + 20,
+                      f"reports of ranks {survivors}", None)
+        except AssertionError as late:  # show where the silent survivors are
+            raise AssertionError(f"{late}\n{_dump_stacks(str(stacks))}") from None
         shm_files = _ls_shm(c, 0)
         if fault == "link":
             _cli("link", "--state-dir", str(c.state.path), "h1", "up")
