@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -332,7 +333,10 @@ def test_faults_on_real_hosts(fault, netmod, algo, make_cluster, tmp_path):
             _wait_for(lambda: all((out / f"error-{r}").exists() for r in survivors), T + 5 + 20,
                       f"reports of ranks {survivors}", None)
         except AssertionError as late:  # show where the silent survivors are
-            raise AssertionError(f"{late}\n{_dump_stacks(str(stacks))}") from None
+            silent = [int((out / f"running-{r}").read_text()) for r in survivors
+                      if not (out / f"error-{r}").exists()]
+            raise AssertionError(f"{late}\n{_dump_stacks(str(stacks))}\n"
+                                 f"{_native_stacks(silent)}") from None
         shm_files = _ls_shm(c, 0)
         if fault == "link":
             _cli("link", "--state-dir", str(c.state.path), "h1", "up")
@@ -489,6 +493,26 @@ def cluster_run(c: cluster.Cluster, script: str, args: list[str] | tuple[str, ..
     argv = _cli_argv("run", "--state-dir", str(c.state.path), "--netmod", netmod, "--",
                      *(command or [sys.executable, "-u", str(path), *args]))
     return str(_launch(argv, path, c.world_size, timeout, env))
+
+
+def _native_stacks(pids: list[int]) -> str:
+    """Each thread's C stack in the processes ``pids`` (gdb, where installed): a rank blocked
+    inside an MPI call shows only that call in its Python stack."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "(no gdb here for the C stacks)"
+    parts = []
+    for pid in pids:
+        try:
+            run = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 timeout=60)
+            text = "\n".join(line for line in run.stdout.splitlines()
+                             if line.startswith(("Thread ", "#")))
+        except subprocess.TimeoutExpired:
+            text = "gdb timed out"
+        parts.append(f"--- C stacks of pid {pid} ---\n{text}")
+    return "\n".join(parts)
 
 
 def _cli_argv(*args: str) -> list[str]:
