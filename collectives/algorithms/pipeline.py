@@ -102,7 +102,7 @@ class _Schedule:
                 elif not moved:
                     nxt = self.sync[pos] if pos < len(self.sync) else None
                     self.ctx.poll(lambda: self.advance() or (nxt is not None and self._ready(*nxt)),
-                                  self._waiting_for)
+                                  self._waiting_for, moves=True)  # advance() tests the lanes
         except BaseException:
             self._abandon()
             raise
@@ -177,9 +177,10 @@ class _Driving(OpContext):
         super().__init__(ctx.name, ctx.timeout, ctx.deadline)
         self._advance = advance
 
-    def poll(self, done: Callable[[], bool], waiting_for: Callable[[], str]) -> None:
-        """``OpContext.poll``, advancing the lanes between tries."""
+    def poll(self, done: Callable[[], bool], waiting_for: Callable[[], str],
+             moves: bool = False) -> None:
+        """``OpContext.poll``, advancing the lanes between tries (which moves their data)."""
         def check() -> bool:
             self._advance()
             return done()
-        super().poll(check, waiting_for)
+        super().poll(check, waiting_for, moves=True)

@@ -73,7 +73,7 @@ class MPIBackend(Backend):
             return ", ".join(names) or "the other ranks"
 
         try:
-            ctx.poll(lambda: test(reqs), pending)
+            ctx.poll(lambda: test(reqs), pending, moves=True)
         except self._MPI.Exception as err:
             _keep(reqs)
             raise self._transport_error(err, ctx, pending()) from err
@@ -98,7 +98,8 @@ class MPIBackend(Backend):
     def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
         """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
         status = self._MPI.Status()
-        ctx.poll(lambda: self.p2p.Iprobe(src, tag, status), lambda: f"a message from rank {src}")
+        ctx.poll(lambda: self.p2p.Iprobe(src, tag, status), lambda: f"a message from rank {src}",
+                 moves=True)
         return status.Get_count(self._MPI.BYTE)
 
     # -- native collectives --
