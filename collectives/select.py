@@ -73,14 +73,15 @@ PREPARED_IN_PLACE = frozenset({"shm"})
 """Algorithms whose prepared rotate publishes the whole input before its barrier and copies
 out after it, so an in-place rotate (``out`` is ``x``) needs no staging buffer there."""
 
-SHM_OR_NATIVE_FROM: dict[str, int] = {"all_gather": 8 << 20}
+SHM_OR_NATIVE_FROM: dict[str, dict[int, int]] = {"all_gather": {0: 8 << 20, 2: 2 << 20}}
 """Bytes of ``x`` from which ``auto`` takes ``shm_or_native`` instead of ``shm`` where shared
-memory exists; below it (and for collectives not listed, at every size) ``shm``. Measured
-(docs/shm.md): shm beats native at every size, small ones included (one barrier against MPI's
-messages), except all-gather through the slots from 8 MiB per rank, where MPICH's single-copy
-transfer does fewer copies than the slots' copy in + copy out; there ``shm_or_native`` goes
-zero-copy when every rank's buffers are registered (decided at run time, alike on every rank),
-else native."""
+memory exists, by collective and number of ranks (0: any other number); below it (and for
+collectives not listed, at every size) ``shm``. Measured (docs/shm.md): shm beats native at
+every size, small ones included (one barrier against MPI's messages), except all-gather through
+the slots from 8 MiB per rank (2 MiB on two ranks, where each rank's copy out is half the data),
+where MPICH's single-copy transfer does fewer copies than the slots' copy in + copy out; there
+``shm_or_native`` goes zero-copy when every rank's buffers are registered (decided at run time,
+alike on every rank), else native."""
 
 
 def algorithms_for(kind: str) -> tuple[str, ...]:
@@ -117,7 +118,8 @@ def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
         if kind == "rotate" and nbytes >= SHM_ROTATE_BELOW:
             return "p2p", (f"one node, {nbytes} B >= {SHM_ROTATE_BELOW} B: MPI's single message "
                            f"beats two copies through the slots")
-        limit = SHM_OR_NATIVE_FROM.get(kind)
+        limits = SHM_OR_NATIVE_FROM.get(kind)
+        limit = None if limits is None else limits.get(size, limits[0])
         if limit is not None and nbytes >= limit:
             return "shm_or_native", (f"one node, {nbytes} B >= {limit} B: zero-copy where every "
                                      f"rank's buffers are registered, else native")

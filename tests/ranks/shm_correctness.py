@@ -132,7 +132,8 @@ def check_torch(c):
 
 
 def check_auto_and_arena(c):
-    """auto picks shm at every size on one node; the arena's file is unlinked while in use."""
+    """auto picks shm at every size on one node (all_gather: up to its SHM_OR_NATIVE_FROM for
+    this many ranks, then shm_or_native); the arena's file is unlinked while in use."""
     big = 4 << 20
     reason = c.backend.arena_unavailable()
     if c.size == 1:
@@ -144,11 +145,14 @@ def check_auto_and_arena(c):
                  "all_to_all"):
         for nbytes in (0, 8, 64 << 10, big):
             got = select.resolve(kind, "auto", nbytes, c.size, has_shm=True)
-            assert got == "shm", (kind, nbytes, got)
+            native_from = 2 << 20 if c.size == 2 else 8 << 20   # select.SHM_OR_NATIVE_FROM
+            want = "shm_or_native" if kind == "all_gather" and nbytes >= native_from else "shm"
+            assert got == want, (kind, nbytes, got)
         assert select.resolve(kind, "auto", big, c.size, has_shm=False) != "shm", kind
         assert select.resolve(kind, "ring" if kind == "all_reduce" else "native", big, c.size,
                               has_shm=True) != "shm", kind
     assert select.resolve("all_gather", "auto", 64 << 20, c.size, has_shm=True) == "shm_or_native"
+    assert select.resolve("all_gather", "auto", (2 << 20) - 1, c.size, has_shm=True) == "shm"
     for nbytes in (0, 8, 64 << 10, select.SHM_ROTATE_BELOW - 1):
         assert select.resolve("rotate", "auto", nbytes, c.size, has_shm=True) == "shm", nbytes
     assert select.resolve("rotate", "auto", select.SHM_ROTATE_BELOW, c.size,
