@@ -32,7 +32,7 @@ def naps(monkeypatch):
 
 
 def test_a_moving_wait_spins_through_where_a_peer_wait_sleeps(naps):
-    wait = SPIN_SECONDS / 2                  # longer than a peer wait's spin after long waits
+    wait = SPIN_SECONDS / 4                  # longer than a peer wait's spin after long waits
     OpContext("all_gather", 10.0).poll(_true_after(wait), lambda: "rank 1", moves=True)
     assert naps == []
     OpContext("all_gather", 10.0).poll(_true_after(wait), lambda: "rank 1")
