@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import sys
 import time
@@ -19,9 +20,15 @@ MAX_NAP_SECONDS = 2e-4
 """Longest sleep between polls once spinning is over."""
 MOVING_NAP_SECONDS = 50e-6
 """Longest sleep between polls of a wait whose polls move its data (MPI requests: MPICH copies,
-sends and answers a peer's handshake only inside a test), once its spin is over. Longer sleeps
-stall the transfer itself: a 16 MiB native all-gather on 4 ranks ran 40-70% slower than
-mpi4py's own call with ``MAX_NAP_SECONDS``."""
+sends and answers a peer's handshake only inside a test), once its spin is over and for
+``MOVING_FOR_SECONDS``. Longer sleeps stall the transfer itself: a 16 MiB native all-gather on
+4 ranks took 1.35-2.3x mpi4py's own call with ``MAX_NAP_SECONDS``."""
+MOVING_FOR_SECONDS = 10 * SPIN_SECONDS
+"""How long a moving wait keeps its short sleeps; past it the wait is mostly for a late peer
+(a barrier, a receive), and its sleeps grow to ``MAX_NAP_SECONDS`` like any other."""
+FINE_SLACK_NS = 1000
+"""The timer slack ``fine_sleeps`` sets, in nanoseconds."""
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
 
 
 class _RecentWaits:
@@ -71,32 +78,37 @@ class OpContext:
         when the core is free), then sleeps with a capped backoff so a long wait leaves the core
         to the peers. ``time.sleep(0)`` is no substitute: with the kernel's timer slack it sleeps
         ~50-90 us. ``moves``: each poll moves the data (MPI requests), so the wait is the
-        transfer as much as the peers: it spins ``SPIN_SECONDS`` whatever recent waits took (and
-        isn't counted among them), then sleeps at most ``MOVING_NAP_SECONDS`` at a time, to the
-        microsecond (``fine_sleeps``).
+        transfer as much as the peers: it spins ``SPIN_SECONDS`` whatever recent waits took
+        (never past the deadline) and isn't counted among them, then sleeps at most
+        ``MOVING_NAP_SECONDS`` at a time for ``MOVING_FOR_SECONDS``, to the microsecond
+        (``fine_sleeps``).
         """
         if done():
             return
         start = time.monotonic()
         if self.deadline is None and self.timeout is not None:
             self.deadline = start + self.timeout  # a prepared call's context, armed lazily
-        if spin(done, SPIN_SECONDS if moves else RECENT_WAITS.budget()):
-            if not moves:
-                RECENT_WAITS.record(time.monotonic() - start)
-            return
         if moves:
+            left = SPIN_SECONDS if self.deadline is None else self.deadline - start
+            if spin(done, min(SPIN_SECONDS, max(left, 0.0))):
+                return
             with fine_sleeps():
-                return self._nap_until(done, waiting_for, start, MOVING_NAP_SECONDS, False)
-        self._nap_until(done, waiting_for, start, MAX_NAP_SECONDS, True)
+                self._nap_until(done, waiting_for, start, record=False)
+            return
+        if spin(done, RECENT_WAITS.budget()):
+            RECENT_WAITS.record(time.monotonic() - start)
+            return
+        self._nap_until(done, waiting_for, start, record=True)
 
     def _nap_until(self, done: Callable[[], bool], waiting_for: Callable[[], str], start: float,
-                   longest: float, recorded: bool) -> None:
-        """``poll``'s sleeping half: poll, sleep (doubling up to ``longest``), until done or
-        the deadline."""
+                   record: bool) -> None:
+        """``poll``'s sleeping half: poll, sleep (doubling up to ``MAX_NAP_SECONDS``; a moving
+        wait, not ``record``ed, up to ``MOVING_NAP_SECONDS`` for its first
+        ``MOVING_FOR_SECONDS``), until done or the deadline."""
         nap = 0.0
         while True:
             if done():
-                if recorded:
+                if record:
                     RECENT_WAITS.record(time.monotonic() - start)
                 return
             now = time.monotonic()
@@ -107,6 +119,8 @@ class OpContext:
                     f"{self.name} timed out after {self.timeout:g} s waiting for "
                     f"{waiting_for()}; the peer is dead, stuck or called a different "
                     f"operation (set timeout= or TOPOCOLL_TIMEOUT to change the limit)")
+            longest = MOVING_NAP_SECONDS if not record and now - start < MOVING_FOR_SECONDS \
+                else MAX_NAP_SECONDS
             nap = min(max(nap * 2, 20e-6), longest)
             time.sleep(nap)
 
@@ -115,39 +129,31 @@ class OpContext:
 def fine_sleeps() -> Iterator[None]:
     """While inside, this thread's sleeps end to the microsecond (Linux's per-thread timer
     slack, ``PR_SET_TIMERSLACK``, is 50 us by default: a 20 us nap would take ~70); the
-    thread's own slack comes back on exit. Elsewhere, or where prctl fails, nothing changes."""
+    thread's own slack comes back on exit. A thread started inside inherits the fine slack.
+    Elsewhere, or where prctl fails, nothing changes."""
     prctl = _prctl()
     old = -1 if prctl is None else prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
-    if prctl is None or old <= FINE_SLACK_NS or \
-            prctl(_PR_SET_TIMERSLACK, FINE_SLACK_NS, 0, 0, 0) != 0:
-        yield
-        return
+    changed = prctl is not None and old > FINE_SLACK_NS and \
+        prctl(_PR_SET_TIMERSLACK, FINE_SLACK_NS, 0, 0, 0) == 0
     try:
         yield
     finally:
-        prctl(_PR_SET_TIMERSLACK, old, 0, 0, 0)
+        if changed and prctl is not None:
+            prctl(_PR_SET_TIMERSLACK, old, 0, 0, 0)
 
 
-FINE_SLACK_NS = 1000
-"""The timer slack ``fine_sleeps`` sets, in nanoseconds."""
-_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
-_PRCTL: list = []
-
-
+@functools.cache
 def _prctl() -> Callable[..., int] | None:
     """libc's prctl (Linux), looked up once; None elsewhere."""
-    if not _PRCTL:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).prctl
-                fn.restype = ctypes.c_int
-                fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                               ctypes.c_ulong]
-            except (OSError, AttributeError):
-                fn = None
-        _PRCTL.append(fn)
-    return _PRCTL[0]
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None).prctl
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    return fn
 
 
 def spin(done: Callable[[], bool], seconds: float) -> bool:

@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from mpi_harness import (LAUNCHER_ENV, RANKS_DIR, ROOT, STACKS_ENV, TESTS_DIR, YIELD_ENV, _dump_stacks,
-                         _launch)
+from mpi_harness import (LAUNCHER_ENV, RANKS_DIR, ROOT, STACKS_ENV, TESTS_DIR, YIELD_ENV,
+                         _dump_stacks, _launch)
 from topocoll import cluster
 from topocoll.cluster import layout as cl_layout
 from topocoll.cluster import net as cl_net
@@ -506,7 +506,7 @@ def _native_stacks(pids: list[int]) -> str:
         try:
             run = subprocess.run([gdb, "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 timeout=60)
+                                 timeout=15)  # within the test's own bound
             text = "\n".join(line for line in run.stdout.splitlines()
                              if line.startswith(("Thread ", "#")))
         except subprocess.TimeoutExpired:

@@ -84,7 +84,7 @@ class _Schedule:
         self.lanes = [_Lane(s) for s, (lane, _) in enumerate(self.stages) if lane != SYNC]
         self.sync = [(k, s) for s, (lane, _) in enumerate(self.stages) if lane == SYNC
                      for k in range(self.chunks)]  # stage by stage, chunk by chunk
-        self.driving = _Driving(self.ctx, self.advance)
+        self.driving = _Driving(self.ctx, self.advance, self.in_flight)
 
     def run(self) -> None:
         """Until every chunk passed every stage: advance the lanes, run the next sync stage when
@@ -107,9 +107,14 @@ class _Schedule:
             self._abandon()
             raise
         finally:
-            # _Driving holds self.advance: without this the schedule, its stages and their
-            # staging buffers (a full message each) would live until the next GC pass.
-            self.driving._advance = _nothing_moved
+            # _Driving holds self.advance and self.in_flight: without this the schedule, its
+            # stages and their staging buffers (a full message each) would live until the next
+            # GC pass.
+            self.driving._advance = self.driving._in_flight = _nothing_moved
+
+    def in_flight(self) -> bool:
+        """Whether a lane has an exchange under way (its data moves only when tested)."""
+        return any(lane.exchange is not None for lane in self.lanes)
 
     def advance(self) -> bool:
         """Test every lane's exchange; resume finished ones (their next exchange is posted) and
@@ -171,16 +176,20 @@ def _nothing_moved() -> bool:
 
 class _Driving(OpContext):
     """``ctx`` whose waits also advance the lanes: a sync stage waiting at a barrier for a
-    local peer keeps this rank's exchanges moving, which that peer's progress may depend on."""
+    local peer keeps this rank's exchanges moving, which that peer's progress may depend on.
+    ``in_flight``: whether a lane has an exchange under way (then its polls move data)."""
 
-    def __init__(self, ctx: OpContext, advance: Callable[[], bool]) -> None:
+    def __init__(self, ctx: OpContext, advance: Callable[[], bool],
+                 in_flight: Callable[[], bool]) -> None:
         super().__init__(ctx.name, ctx.timeout, ctx.deadline)
         self._advance = advance
+        self._in_flight = in_flight
 
     def poll(self, done: Callable[[], bool], waiting_for: Callable[[], str],
              moves: bool = False) -> None:
-        """``OpContext.poll``, advancing the lanes between tries (which moves their data)."""
+        """``OpContext.poll``, advancing the lanes between tries: a moving wait while any
+        lane's exchange is under way (its data moves only when tested)."""
         def check() -> bool:
             self._advance()
             return done()
-        super().poll(check, waiting_for, moves=True)
+        super().poll(check, waiting_for, moves=moves or self._in_flight())
