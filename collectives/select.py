@@ -78,8 +78,8 @@ SHM_OR_NATIVE_FROM: dict[str, dict[int, int]] = {"all_gather": {0: 8 << 20, 2: 2
 memory exists, by collective and number of ranks (0: any other number); below it (and for
 collectives not listed, at every size) ``shm``. Measured (docs/shm.md): shm beats native at
 every size, small ones included (one barrier against MPI's messages), except all-gather through
-the slots from 8 MiB per rank (2 MiB on two ranks, where each rank's copy out is half the data),
-where MPICH's single-copy transfer does fewer copies than the slots' copy in + copy out; there
+the slots from 8 MiB per rank (from 2 MiB on two ranks), where MPICH's single-copy transfer
+does fewer copies than the slots' copy in + copy out; there
 ``shm_or_native`` goes zero-copy when every rank's buffers are registered (decided at run time,
 alike on every rank), else native."""
 
