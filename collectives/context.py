@@ -93,22 +93,22 @@ class OpContext:
             if spin(done, min(SPIN_SECONDS, max(left, 0.0))):
                 return
             with fine_sleeps():
-                self._nap_until(done, waiting_for, start, record=False)
+                self._nap_until(done, waiting_for, start, moves=True)
             return
         if spin(done, RECENT_WAITS.budget()):
             RECENT_WAITS.record(time.monotonic() - start)
             return
-        self._nap_until(done, waiting_for, start, record=True)
+        self._nap_until(done, waiting_for, start, moves=False)
 
     def _nap_until(self, done: Callable[[], bool], waiting_for: Callable[[], str], start: float,
-                   record: bool) -> None:
+                   moves: bool) -> None:
         """``poll``'s sleeping half: poll, sleep (doubling up to ``MAX_NAP_SECONDS``; a moving
-        wait, not ``record``ed, up to ``MOVING_NAP_SECONDS`` for its first
-        ``MOVING_FOR_SECONDS``), until done or the deadline."""
+        wait up to ``MOVING_NAP_SECONDS`` for its first ``MOVING_FOR_SECONDS``, and not
+        recorded), until done or the deadline."""
         nap = 0.0
         while True:
             if done():
-                if record:
+                if not moves:
                     RECENT_WAITS.record(time.monotonic() - start)
                 return
             now = time.monotonic()
@@ -119,7 +119,7 @@ class OpContext:
                     f"{self.name} timed out after {self.timeout:g} s waiting for "
                     f"{waiting_for()}; the peer is dead, stuck or called a different "
                     f"operation (set timeout= or TOPOCOLL_TIMEOUT to change the limit)")
-            longest = MOVING_NAP_SECONDS if not record and now - start < MOVING_FOR_SECONDS \
+            longest = MOVING_NAP_SECONDS if moves and now - start < MOVING_FOR_SECONDS \
                 else MAX_NAP_SECONDS
             nap = min(max(nap * 2, 20e-6), longest)
             time.sleep(nap)

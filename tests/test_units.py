@@ -72,6 +72,14 @@ def test_resolve_rejects_unknown_and_picks_ring_for_large():
         resolve("broadcast", "ring", 8, 2)
 
 
+def test_auto_all_gather_takes_native_from_two_mib_per_rank_on_two_ranks():
+    for size, line in ((2, 2 << 20), (3, 8 << 20), (4, 8 << 20)):
+        assert resolve("all_gather", "auto", line, size, has_shm=True) == "shm_or_native"
+        assert resolve("all_gather", "auto", line - 1, size, has_shm=True) == "shm"
+    assert all(resolve(k, "auto", 64 << 20, 2, has_shm=True) == "shm"
+               for k in ("all_reduce", "reduce_scatter", "broadcast"))
+
+
 def test_executor_runs_in_issue_order():
     ex = Executor("t")
     seen = []

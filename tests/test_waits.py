@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 import types
 
-import numpy as np
 import pytest
 
 from topocoll.collectives import context
@@ -170,12 +169,3 @@ def test_pipeline_waits_move_only_while_an_exchange_is_under_way(monkeypatch):
     driving.poll(lambda: True, lambda: "rank 1")
     assert seen == [False, True]
 
-
-def test_auto_all_gather_takes_native_from_two_mib_per_rank_on_two_ranks():
-    from topocoll.collectives import select
-
-    for size, line in ((2, 2 << 20), (3, 8 << 20), (4, 8 << 20)):
-        assert select.resolve("all_gather", "auto", line, size, has_shm=True) == "shm_or_native"
-        assert select.resolve("all_gather", "auto", line - 1, size, has_shm=True) == "shm"
-    assert np.all([select.resolve(k, "auto", 64 << 20, 2, has_shm=True) == "shm"
-                   for k in ("all_reduce", "reduce_scatter", "broadcast")])

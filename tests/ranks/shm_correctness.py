@@ -141,11 +141,11 @@ def check_auto_and_arena(c):
         assert select.resolve("all_reduce", "auto", big, 1, has_shm=reason is None) != "shm"
         return
     assert reason is None, reason
+    native_from = 2 << 20 if c.size == 2 else 8 << 20   # all_gather's select.SHM_OR_NATIVE_FROM
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                  "all_to_all"):
         for nbytes in (0, 8, 64 << 10, big):
             got = select.resolve(kind, "auto", nbytes, c.size, has_shm=True)
-            native_from = 2 << 20 if c.size == 2 else 8 << 20   # select.SHM_OR_NATIVE_FROM
             want = "shm_or_native" if kind == "all_gather" and nbytes >= native_from else "shm"
             assert got == want, (kind, nbytes, got)
         assert select.resolve(kind, "auto", big, c.size, has_shm=False) != "shm", kind
