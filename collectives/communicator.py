@@ -15,7 +15,7 @@ import os
 import threading
 import zlib
 from dataclasses import replace
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import numpy as np
 
@@ -701,8 +701,14 @@ class Communicator:
             run.start()  # publishes and enters the barrier; never waits
             handle = StartedHandle(entry.kind, self._completion)
             started = (handle, entry, record)
-            if self._settle(started, False) is False:  # else its peers were in: done already,
-                self._started = started                # before any other thread can see it
+            try:
+                if not run.complete(False):  # one poll; else its peers were in: done already,
+                    self._started = started  # before any other thread can see it
+                    return handle
+                error = None
+            except BaseException as err:  # noqa: BLE001 - to the handle, classified by _settle
+                error = err
+            self._settle(started, error)  # no callbacks yet: nobody has seen the handle
             return handle
         try:
             run.go()
@@ -726,10 +732,14 @@ class Communicator:
         try:
             if self._started is not started:
                 return True  # another thread completed it meanwhile
-            callbacks = self._settle(started, block)
-            if callbacks is False:
-                return False
+            try:
+                if not started[1].lean.complete(block):  # type: ignore[union-attr]  # started
+                    return False
+                error = None
+            except BaseException as err:  # noqa: BLE001 - to the handle, classified by _settle
+                error = err
             self._started = None
+            callbacks = self._settle(started, error)
         finally:
             lock.release()
         if callbacks:
@@ -737,19 +747,14 @@ class Communicator:
         return True
 
     def _settle(self, started: tuple[StartedHandle, Prepared | Rebound, Repeats],
-                block: bool) -> "list[Any] | None | Literal[False]":
-        """Complete a started repeat (handle, entry, flight record) if its peers are in
-        (waiting for them if ``block``) and settle its handle, its error included: False if not
-        done, else the done-callbacks to run (None: none). Under the completion lock, or before
-        the handle is returned."""
+                error: BaseException | None) -> list[Any] | None:
+        """Settle a started repeat (handle, entry, flight record) whose run completed, or raised
+        ``error`` (classified here, as the general path does, and kept for the handle): the
+        done-callbacks to run (None: none). Under the completion lock, or before the handle is
+        returned."""
         handle, entry, record = started
-        assert entry.lean is not None  # only prepared runs are started
-        error: BaseException | None = None
-        try:
-            if not entry.lean.complete(block):
-                return False
-        except BaseException as err:  # noqa: BLE001 - classified by _failure, to the handle
-            error = self._failure(entry.kind, err, self._flight.take(record.last))
+        if error is not None:
+            error = self._failure(entry.kind, error, self._flight.take(record.last))
         record.running = 0  # done (or taken out of the record, failed)
         return handle.settle(None if error else entry.result, error)
 
