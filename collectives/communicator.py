@@ -671,6 +671,13 @@ class Communicator:
     def _complete_now(self) -> bool:
         return self._complete(False)
 
+    def _complete_soon(self) -> bool:
+        """Complete the started repeat if its peers arrive within a short spin (the run's own,
+        in C where compiled, then polls up to ``HANDOFF_SPIN_SECONDS``); whether none is left.
+        An async call issued while the one before it is still out (a bucketed reduction, the
+        bench's ``-z 0``) waits this long for it, then queues rather than block on a late peer."""
+        return self._complete(False, soon=True) or spin(self._complete_now, HANDOFF_SPIN_SECONDS)
+
     def _repeat(self, entry: Prepared | Rebound, async_op: bool = False) -> Any:
         """Run a prepared call (``PreparedCalls.find`` found it; every front method looks
         first), with the general path's flight record and failure handling in a fraction of its
@@ -692,8 +699,7 @@ class Communicator:
         if run is None or (async_op and not run.starts_inline) or self._broken is not None or \
                 self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \
-                (self._started is not None and
-                 not spin(self._complete_now, HANDOFF_SPIN_SECONDS)):
+                (self._started is not None and not self._complete_soon()):
             return self._submit(entry.kind, entry, async_op, entry.what)
         flight = self._flight
         record = flight.issue_running(entry.kind, entry.what)
@@ -721,9 +727,10 @@ class Communicator:
             record.running = 0  # done (or taken out of the record, failed)
         return entry.result
 
-    def _complete(self, block: bool) -> bool:
+    def _complete(self, block: bool, soon: bool = False) -> bool:
         """Complete the prepared call started with ``async_op=True``, if one is (waiting for the
-        peers if ``block``); whether none is left. Its error goes to its handle."""
+        peers if ``block``; ``soon``: within the run's own short spin, where it has one);
+        whether none is left. Its error goes to its handle."""
         started = self._started
         if started is None:
             return True
@@ -732,8 +739,9 @@ class Communicator:
         try:
             if self._started is not started:
                 return True  # another thread completed it meanwhile
+            run = started[1].lean  # only prepared runs are started: never None
             try:
-                if not started[1].lean.complete(block):  # type: ignore[union-attr]  # started
+                if not (run.soon() if soon and run.soon is not None else run.complete(block)):
                     return False
                 error = None
             except BaseException as err:  # noqa: BLE001 - to the handle, classified by _settle

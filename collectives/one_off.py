@@ -14,7 +14,7 @@ The cross-rank agreement runs in the template's barrier as in any prepared run.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 
@@ -76,6 +76,17 @@ class Rebound:
     def complete(self, block: bool) -> bool:
         """Complete the started run (False: peers not all in, unless ``block``); copy out."""
         if not self._run.complete(block):
+            return False
+        self._copy_out()
+        return True
+
+    @property
+    def soon(self) -> Callable[[], bool] | None:
+        """``complete(False)`` after the template run's own short spin, where it has one."""
+        return self._soon if self._run.soon is not None else None
+
+    def _soon(self) -> bool:
+        if not self._run.soon():
             return False
         self._copy_out()
         return True

@@ -174,24 +174,34 @@ def test_shm_reductions_take_the_compiled_loop_exactly_where_it_has_one(monkeypa
     assert not fused(f32, "sum", np.float32)
 
 
-def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():
-    if not compiled.available():
-        pytest.skip("the compiled run is not built here (no C compiler at install)")
+def _bare_plans():
+    """Compiled plans for rank 0 of 1 or 2 ranks over plain arrays: ``plan(ranks, reduction)``,
+    the flags (rank 0's, the peer's: raise ``flags[1][0]`` to ``counters[2]`` to arrive), the
+    counters, and a summing plan's output (ones + twos)."""
     import numpy as np
 
-    flags = [np.zeros(1, np.int64), np.zeros(1, np.int64)]  # rank 0's, and a peer's
+    flags = [np.zeros(1, np.int64), np.zeros(1, np.int64)]
     counters, src = np.zeros(3, np.int64), np.zeros(8, np.uint8)
     out, ins = np.zeros(2, np.float32), [np.ones(2, np.float32), np.full(2, 2, np.float32)]
 
     def plan(ranks, reduction):
+        if reduction == "sum":
+            reduction = ("f", 0, memoryview(out), tuple([memoryview(a) for a in ins]
+                                                        for _ in (0, 1)), 2)
         return compiled._PLAN([memoryview(f) for f in flags[:ranks]], 0, memoryview(counters),
                               b"", (memoryview(b""), memoryview(b"")),
                               tuple([memoryview(b"")] * ranks for _ in (0, 1)), None,
                               memoryview(src), ([], []), reduction)
 
+    return plan, flags, counters, out
+
+
+def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():
+    if not compiled.available():
+        pytest.skip("the compiled run is not built here (no C compiler at install)")
+    plan, flags, counters, out = _bare_plans()
     calls = []
-    reducing = plan(2, ("f", 0, memoryview(out), tuple([memoryview(a) for a in ins]
-                                                        for _ in (0, 1)), 2))
+    reducing = plan(2, "sum")
     with pytest.raises(RuntimeError, match="on_wait"):
         reducing.go()  # nothing bound to finish a wait with
     reducing.on_wait(lambda p, code: calls.append((p, code)), 3)
@@ -213,6 +223,25 @@ def test_the_compiled_go_calls_its_python_finish_only_where_c_did_not_finish():
     assert calls == [(left, 2)]  # barrier passed, the reduction is numpy's
     with pytest.raises(ValueError, match="numpy"):
         plan(1, "python")
+
+
+def test_the_compiled_wait_of_a_count_polls_that_often_and_never_waits_in_python():
+    """``wait(n)`` for n >= 2 (``Run.soon``: an async call finishing the one before it) polls in
+    C and says False while a peer is out, without the Python finish that waits; 0 polls once;
+    True hands the missing peer to that finish."""
+    if not compiled.available():
+        pytest.skip("the compiled run is not built here (no C compiler at install)")
+    plan, flags, counters, out = _bare_plans()
+    calls = []
+    started = plan(2, "sum")
+    started.on_wait(lambda p, code: calls.append((p, code)), 3)
+    started.start()
+    assert started.wait(False) is False and started.wait(64) is False and calls == []
+    assert started.wait(True) is True and calls == [(started, 0)]  # finish waits (here: no-op)
+    calls.clear()
+    started.start()
+    flags[1][0] = counters[2]  # the peer arrives
+    assert started.wait(64) is True and calls == [] and list(out) == [3, 3]  # done in C
 
 
 def test_the_compiled_match_sees_every_change_the_python_test_sees():

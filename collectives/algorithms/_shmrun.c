@@ -335,19 +335,23 @@ plan_go(Plan *p, PyObject *unused)
 
 /* complete(block) for a started run, as its handle waits or tests: poll (the on_wait spins if
  * block, else once), then the Python finish where the run did not end in C. Whether it is
- * done: False only where block is false and a peer has not arrived. */
+ * done: False only where block is false and a peer has not arrived. how >= 2 polls up to that
+ * many times, yielding between, and never waits longer: an async call issued while the one
+ * before it is still out finishes that one this way, in C, before its own Python time-bound
+ * spin (a started call must not block its successor's issue on a late peer). */
 static PyObject *
 plan_wait(Plan *p, PyObject *arg)
 {
-    int block = PyObject_IsTrue(arg);
-    if (block < 0)
+    long how = PyLong_AsLong(arg);  /* False 0, True 1 */
+    if (how == -1 && PyErr_Occurred())
         return NULL;
     if (!p->finish) {
         PyErr_SetString(PyExc_RuntimeError, "wait() before on_wait()");
         return NULL;
     }
-    int code = complete(p, block ? p->spins : 0);
-    if (code == NOT_YET && !block)
+    int spins = how == 1 ? p->spins : how > 1 ? (how > 1 << 20 ? 1 << 20 : (int)how) : 0;
+    int code = complete(p, spins);
+    if (code == NOT_YET && how != 1)
         Py_RETURN_FALSE;
     if (code != DONE) {
         PyObject *r = call_finish(p, code);
@@ -558,8 +562,9 @@ static PyMethodDef plan_methods[] = {
      "go(): start, complete, then finish(plan, code) unless done (spins and finish bound by "
      "on_wait)."},
     {"wait", (PyCFunction)plan_wait, METH_O,
-     "wait(block) -> bool: complete a started run (the on_wait spins if block, else one poll), "
-     "finish(plan, code) unless done in C; False only if not block and peers are missing."},
+     "wait(how) -> bool: complete a started run (how 1 or True: the on_wait spins, then "
+     "finish(plan, code) waits; 0 or False: one poll; n >= 2: up to n polls, no longer wait); "
+     "False only where it did not wait and peers are missing."},
     {"on_wait", (PyCFunction)plan_on_wait, METH_VARARGS,
      "on_wait(finish, spins): what go() polls, and calls where the run is not done in C "
      "(finish must not hold the plan: it is passed in)."},

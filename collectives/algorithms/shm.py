@@ -19,6 +19,7 @@ ranks share a node (the world, or a node sub-communicator of a hierarchical algo
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -324,12 +325,16 @@ class Run:
     (A run that meets a registered peer at ``_copied_in`` waits there for the late ranks' copy
     alone, as the general gate does.)"""
 
-    __slots__ = ("start", "complete", "go", "starts_inline", "_both")
+    __slots__ = ("start", "complete", "go", "soon", "starts_inline", "_both")
 
     def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool],
-                 both: Callable[[], None] | None = None, starts_inline: bool = True) -> None:
+                 both: Callable[[], None] | None = None, starts_inline: bool = True,
+                 soon: Callable[[], bool] | None = None) -> None:
         self.start = start
         self.complete = complete
+        self.soon = soon
+        """``complete(False)`` after a short spin of its own (the compiled run's, in C), or None:
+        the caller polls ``complete(False)`` itself."""
         self.starts_inline = starts_inline
         self._both = both
         self.go: Callable[[], None] = both if both is not None else self._start_complete
@@ -406,6 +411,13 @@ COMPILED_SPINS = 256
 ``OpContext.poll``, which sleeps and enforces the deadline."""
 
 
+SOON_SPINS = 32
+"""Polls (each yielding the core) the compiled run makes in ``Run.soon``: an async call issued
+while the one before it is still out waits this long in C for that one's peers, then polls from
+Python up to ``handle.HANDOFF_SPIN_SECONDS`` before it queues. Each poll lets a rank that shares
+the core run, whose own Python turn can be some microseconds: a bounded count, not a time."""
+
+
 def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
                    mine_words: list[memoryview], every_words: list[list[memoryview]],
                    publish: list[memoryview] | None, source: memoryview,
@@ -454,7 +466,7 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
             after.reduce(plan.state()[1])
 
     plan.on_wait(finish, COMPILED_SPINS)
-    return Run(plan.start, plan.wait, plan.go)
+    return Run(plan.start, plan.wait, plan.go, soon=functools.partial(plan.wait, SOON_SPINS))
 
 
 def _mv(a: np.ndarray) -> memoryview:

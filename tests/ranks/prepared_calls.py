@@ -306,6 +306,26 @@ def async_repeats(c):
         assert isinstance(h.exception(), MismatchError)
         x[...] = 1
         assert np.all(c.all_reduce(x, async_op=True).wait() == p)
+    if p > 1:  # back to back, unwaited: each call first finishes the one before it (Run.soon,
+        # or the queue where a peer is late), a mismatch included, on every rank
+        xs = [np.zeros(4, np.float64) for _ in range(3)]
+        w = np.zeros(6, np.float64)
+        for a in xs + [w]:
+            for _ in range(2):
+                c.all_reduce(a, async_op=True).wait()  # the array's second call prepares it
+        for _ in range(3):
+            for a in xs + [w]:
+                a[...] = c.rank + 1
+            handles = [c.all_reduce(a, async_op=True) for a in xs]
+            for a, h in zip(xs, handles):
+                assert h.wait() is a and np.all(a == p * (p + 1) // 2)
+        for a in xs:
+            a[...] = 1
+        middle = w if c.rank == p - 1 else xs[1]
+        handles = [c.all_reduce(a, async_op=True) for a in (xs[0], middle, xs[2])]
+        assert np.all(handles[0].wait() == p)
+        expect_raises(MismatchError, handles[1].wait, "element count")
+        assert np.all(handles[2].wait() == p)
 
 
 def queued_repeats_are_not_prepared_again(c):
