@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from . import watchdog
 from .errors import CollectiveTimeoutError
 
 SPIN_SECONDS = float(os.environ.get("TOPOCOLL_SPIN_US", "2000")) * 1e-6
@@ -81,8 +82,24 @@ class OpContext:
         transfer as much as the peers: it spins ``SPIN_SECONDS`` whatever recent waits took
         (never past the deadline) and isn't counted among them, then sleeps at most
         ``MOVING_NAP_SECONDS`` at a time for ``MOVING_FOR_SECONDS``, to the microsecond
-        (``fine_sleeps``).
+        (``fine_sleeps``). The wait is under the watchdog's watch meanwhile (``watchdog``: a
+        poll stuck inside the transport long past the deadline ends the process).
         """
+        watched = watchdog.watch(self.name, self.timeout, self._left(), waiting_for)
+        try:
+            self._poll(done, waiting_for, moves)
+        finally:
+            watchdog.unwatch(watched)
+
+    def _left(self) -> float | None:
+        """Seconds to the deadline (the whole timeout where the first poll arms it); None
+        without a timeout."""
+        if self.timeout is None:
+            return None
+        return self.timeout if self.deadline is None else self.deadline - time.monotonic()
+
+    def _poll(self, done: Callable[[], bool], waiting_for: Callable[[], str],
+              moves: bool) -> None:
         if done():
             return
         start = time.monotonic()

@@ -42,7 +42,7 @@ def note_broken() -> None:
     _state["broken"] = 1
     if not _state["exit_hook"] and os.environ.get("TOPOCOLL_FINALIZE_AFTER_FAULT", "0") != "1":
         _state["exit_hook"] = 1
-        atexit.register(_exit_without_finalize)
+        atexit.register(exit_after_fault)
 
 
 def exit_status(code: int) -> None:
@@ -72,8 +72,10 @@ def exit_without_finalize(status: int) -> None:
     os._exit(int(status))
 
 
-def _exit_without_finalize() -> None:
-    """Registered with atexit, so it runs before mpi4py's MPI_Finalize."""
+def exit_after_fault() -> None:
+    """End the process now as after a fault: with ``exit_status``'s status (default 1),
+    without MPI_Finalize. Registered with atexit once a communicator broke (so it runs before
+    mpi4py's MPI_Finalize); the watchdog calls it for a thread stuck inside MPI."""
     exit_without_finalize(_state["status"])
 
 
