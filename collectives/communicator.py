@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import select
+from . import select, watchdog
 from .algorithms import hierarchy
 from .arrays import Buffer, as_buffer, check_memory, check_writable
 from .backends.base import Backend
@@ -98,6 +98,7 @@ class Communicator:
         self._completing = threading.Lock()  # held while the started repeat completes
         self._completion = Completion(self._complete, self._complete_later, self._completing)
         self._local = threading.local()  # .submitted: this thread's call reached _submit
+        watchdog.start()  # a wait stuck inside MPI ends the process (docs: Faults)
 
     # -- identity --
     @property

@@ -82,24 +82,10 @@ class OpContext:
         transfer as much as the peers: it spins ``SPIN_SECONDS`` whatever recent waits took
         (never past the deadline) and isn't counted among them, then sleeps at most
         ``MOVING_NAP_SECONDS`` at a time for ``MOVING_FOR_SECONDS``, to the microsecond
-        (``fine_sleeps``). The wait is under the watchdog's watch meanwhile (``watchdog``: a
-        poll stuck inside the transport long past the deadline ends the process).
+        (``fine_sleeps``). The watchdog watches its frames (``watchdog``: a poll that never
+        comes back, stuck inside MPI long past the deadline, ends the process; it reads ``self``
+        and ``waiting_for`` there).
         """
-        watched = watchdog.watch(self.name, self.timeout, self._left(), waiting_for)
-        try:
-            self._poll(done, waiting_for, moves)
-        finally:
-            watchdog.unwatch(watched)
-
-    def _left(self) -> float | None:
-        """Seconds to the deadline (the whole timeout where the first poll arms it); None
-        without a timeout."""
-        if self.timeout is None:
-            return None
-        return self.timeout if self.deadline is None else self.deadline - time.monotonic()
-
-    def _poll(self, done: Callable[[], bool], waiting_for: Callable[[], str],
-              moves: bool) -> None:
         if done():
             return
         start = time.monotonic()
@@ -116,6 +102,13 @@ class OpContext:
             RECENT_WAITS.record(time.monotonic() - start)
             return
         self._nap_until(done, waiting_for, start, moves=False)
+
+    def left(self) -> float | None:
+        """Seconds to the deadline (the whole timeout where the first poll arms it); None
+        without a timeout."""
+        if self.timeout is None:
+            return None
+        return self.timeout if self.deadline is None else self.deadline - time.monotonic()
 
     def _nap_until(self, done: Callable[[], bool], waiting_for: Callable[[], str], start: float,
                    moves: bool) -> None:
@@ -184,3 +177,6 @@ def spin(done: Callable[[], bool], seconds: float) -> bool:
             os.sched_yield()
         if time.perf_counter() > end:
             return False
+
+
+watchdog.watch_code(OpContext.poll.__code__)

@@ -7,9 +7,13 @@ return is blocked inside MPI, where nothing can get the thread back (MPICH's TCP
 seen blocked in ``connect()`` to a host whose ranks had died, inside ``MPI_Testall``).
 ``TOPOCOLL_WATCHDOG=0`` turns it off (the thread then waits as long as MPI does).
 
-The watcher is one daemon thread per process, started by the first wait that reaches
-``OpContext.poll``'s deadline-checked part; a process stopped or starved (the watcher itself
-wakes late) gives its waits the grace period again before anything is ended.
+Watched are the waits of ``OpContext.poll`` (a poll of MPI requests is what can fail to come
+back; a shared-memory wait's reads memory). The watcher is one daemon thread per process,
+started with the first communicator and stopped at exit. It costs the waiting threads nothing:
+twice a second it looks at every thread's Python stack (``sys._current_frames``, as profilers
+do) for a frame of the functions registered with ``watch_code``, and reads that wait's context
+there (``self``, ``waiting_for``) the first time it sees it. A process stopped or starved (the
+watcher itself wakes late) gives its waits the grace period again before anything is ended.
 """
 from __future__ import annotations
 
@@ -18,13 +22,14 @@ import os
 import sys
 import threading
 import time
+from types import CodeType, FrameType
 from typing import Callable, Iterable
 
 from .faults import exit_after_fault
 
 ENV_WATCHDOG = "TOPOCOLL_WATCHDOG"
 CHECK_SECONDS = 0.5
-"""How often the watcher looks at the registered waits."""
+"""How often the watcher looks at the threads' stacks."""
 LATE_WAKE_SECONDS = 0.5
 """A watcher that wakes this much later than it meant to was stopped or starved: every wait
 then gets its grace period anew (its thread may not have run either)."""
@@ -48,22 +53,30 @@ class Watched:
         self.waiting_for = waiting_for
 
 
-def watch(name: str, timeout: float | None, left: float | None,
-          waiting_for: Callable[[], str]) -> Watched | None:
-    """Put a wait of operation ``name`` with ``left`` seconds to its deadline under watch until
-    ``unwatch``; None where it has no timeout or the watchdog is off. (Seconds left, not the
-    deadline itself: the caller's clock may be another, a test's fake one.)"""
-    if timeout is None or left is None or not _started():
-        return None
-    watched = Watched(name, timeout, time.monotonic() + left, waiting_for)
-    _WAITS[id(watched)] = watched  # one dict store: atomic under the GIL, no lock
-    return watched
+def start() -> None:
+    """Start the watcher, once per process (every communicator asks); not where
+    ``TOPOCOLL_WATCHDOG=0``."""
+    if not _STATE["started"] and not _STATE["off"]:
+        _start_watcher()
 
 
-def unwatch(watched: Watched | None) -> None:
-    """The wait ended (done, raised, or left the poll)."""
-    if watched is not None:
-        _WAITS.pop(id(watched), None)
+def watch_code(code: CodeType) -> None:
+    """Watch the waits of a function: one whose frame has ``self`` (an ``OpContext``: ``name``,
+    ``timeout``, ``left()``) and ``waiting_for`` among its locals."""
+    _CODES.add(code)
+
+
+def waits_in(frames: dict[int, FrameType]) -> dict[tuple[int, int], FrameType]:
+    """The watched waits under way in ``frames`` (``sys._current_frames()``), by thread and
+    frame: the innermost frame of a watched function on each thread's stack."""
+    found = {}
+    for thread, frame in frames.items():
+        f: FrameType | None = frame
+        while f is not None and f.f_code not in _CODES:
+            f = f.f_back
+        if f is not None:
+            found[(thread, id(f))] = f
+    return found
 
 
 def overdue(waits: Iterable[Watched], now: float, awake_since: float) -> Watched | None:
@@ -91,18 +104,13 @@ def report(watched: Watched, now: float) -> str:
             f"({ENV_WATCHDOG}=0 leaves it waiting)")
 
 
-_WAITS: dict[int, Watched] = {}
+_CODES: set[CodeType] = set()
 _STATE = {"started": False, "off": os.environ.get(ENV_WATCHDOG, "1") == "0"}
 _LOCK = threading.Lock()
 _STOP = threading.Event()
 
 
-def _started() -> bool:
-    """Whether the watcher runs (started now if not yet); False where it is turned off."""
-    if _STATE["started"]:
-        return True
-    if _STATE["off"]:
-        return False
+def _start_watcher() -> None:
     with _LOCK:
         if not _STATE["started"]:
             _STOP.clear()
@@ -110,7 +118,6 @@ def _started() -> bool:
             watcher.start()
             atexit.register(_stop, watcher)  # after mpi4py's: runs before its MPI_Finalize
             _STATE["started"] = True
-    return True
 
 
 def _stop(watcher: threading.Thread) -> None:
@@ -122,21 +129,36 @@ def _stop(watcher: threading.Thread) -> None:
 
 def _watch() -> None:
     last = awake_since = time.monotonic()
+    seen: dict[tuple[int, int], tuple[FrameType, Watched | None]] = {}
     while not _STOP.wait(CHECK_SECONDS):
         now = time.monotonic()
         if now - last > CHECK_SECONDS + LATE_WAKE_SECONDS:
             awake_since = now  # stopped or starved: the waiting threads may not have run either
         last = now
-        watched = overdue(list(_WAITS.values()), now, awake_since)
+        frames = waits_in(sys._current_frames())
+        seen = {key: seen[key] if key in seen and seen[key][0] is frame else
+                (frame, _watched(frame, now)) for key, frame in frames.items()}
+        del frames
+        watched = overdue([w for _, w in seen.values() if w is not None], now, awake_since)
         if watched is not None:
             print(report(watched, now), file=sys.stderr, flush=True)
             exit_after_fault()
 
 
+def _watched(frame: FrameType, now: float) -> Watched | None:
+    """A wait first seen ``now`` in ``frame``: its deadline on this clock, from the seconds its
+    context has left (None: no timeout, or not the locals a watched function has)."""
+    local = frame.f_locals
+    ctx, waiting_for = local.get("self"), local.get("waiting_for")
+    if ctx is None or waiting_for is None or not hasattr(ctx, "left"):
+        return None
+    left = ctx.left()
+    return None if left is None else Watched(ctx.name, ctx.timeout, now + left, waiting_for)
+
+
 def _forked() -> None:
     """A forked child has no watcher thread (only the forking thread survives a fork)."""
     _STATE["started"] = False
-    _WAITS.clear()
 
 
 os.register_at_fork(after_in_child=_forked)

@@ -5,10 +5,12 @@ import sys
 import threading
 import time
 
+from topocoll.collectives import watchdog
 from topocoll.collectives.context import OpContext
 from topocoll.collectives.errors import CollectiveTimeoutError
 
 mode, after = sys.argv[1], float(sys.argv[2])
+watchdog.start()  # as every communicator does
 ctx = OpContext("all_reduce", 0.5)
 print("waiting", flush=True)
 try:
