@@ -11,9 +11,11 @@ Watched are the waits of ``OpContext.poll`` (a poll of MPI requests is what can 
 back; a shared-memory wait's reads memory). The watcher is one daemon thread per process,
 started with the first communicator and stopped at exit. It costs the waiting threads nothing:
 twice a second it looks at every thread's Python stack (``sys._current_frames``, as profilers
-do) for a frame of the functions registered with ``watch_code``, and reads that wait's context
-there (``self``, ``waiting_for``) the first time it sees it. A process stopped or starved (the
-watcher itself wakes late) gives its waits the grace period again before anything is ended.
+do) for a frame of the functions registered with ``watch_code``, asks that wait's context
+(``self``) how far its deadline is, and keeps nothing between looks (a frame held would keep the
+wait's arrays alive). A context that arms its deadline only once its first poll returns (a
+prepared call's) is not judged until it has one. A process stopped or starved (the watcher
+itself wakes late) gives its waits the grace period again before anything is ended.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import sys
 import threading
 import time
 from types import CodeType, FrameType
-from typing import Callable, Iterable
+from typing import Callable
 
 from .faults import exit_after_fault
 
@@ -41,18 +43,6 @@ def grace_seconds(timeout: float) -> float:
     return min(30.0, max(2.0, 0.5 * timeout))
 
 
-class Watched:
-    """One wait under watch: its operation, timeout, deadline (on this module's clock) and whom
-    it waits for."""
-
-    __slots__ = ("name", "timeout", "deadline", "waiting_for")
-
-    def __init__(self, name: str, timeout: float, deadline: float,
-                 waiting_for: Callable[[], str]) -> None:
-        self.name, self.timeout, self.deadline = name, timeout, deadline
-        self.waiting_for = waiting_for
-
-
 def start() -> None:
     """Start the watcher, once per process (every communicator asks); not where
     ``TOPOCOLL_WATCHDOG=0``."""
@@ -66,42 +56,42 @@ def watch_code(code: CodeType) -> None:
     _CODES.add(code)
 
 
-def waits_in(frames: dict[int, FrameType]) -> dict[tuple[int, int], FrameType]:
-    """The watched waits under way in ``frames`` (``sys._current_frames()``), by thread and
-    frame: the innermost frame of a watched function on each thread's stack."""
-    found = {}
-    for thread, frame in frames.items():
+def overdue(frames: dict[int, FrameType], awake: float) -> str | None:
+    """The report on the first wait in ``frames`` (``sys._current_frames()``) past its deadline
+    by its grace period, if the watcher has been awake on time that long (``awake`` seconds);
+    else None."""
+    for frame in frames.values():
         f: FrameType | None = frame
         while f is not None and f.f_code not in _CODES:
             f = f.f_back
-        if f is not None:
-            found[(thread, id(f))] = f
-    return found
-
-
-def overdue(waits: Iterable[Watched], now: float, awake_since: float) -> Watched | None:
-    """The first of ``waits`` past its deadline by its grace period while the watcher has been
-    awake on time that long (since ``awake_since``), if any."""
-    for watched in waits:
-        grace = grace_seconds(watched.timeout)
-        if now > watched.deadline + grace and now - awake_since >= grace:
-            return watched
+        if f is None:
+            continue
+        local = f.f_locals
+        ctx, waiting_for = local.get("self"), local.get("waiting_for")
+        if ctx is None or waiting_for is None or not hasattr(ctx, "left"):
+            continue
+        left = ctx.left()
+        if left is None:
+            continue
+        grace = grace_seconds(ctx.timeout)
+        if -left > grace and awake >= grace:
+            return report(ctx.name, ctx.timeout, -left, waiting_for)
     return None
 
 
-def report(watched: Watched, now: float) -> str:
-    """What the watchdog says before it ends the process."""
+def report(name: str, timeout: float, late: float, waiting_for: Callable[[], str]) -> str:
+    """What the watchdog says before it ends the process: ``name`` timed out after ``timeout``
+    s, its thread still inside its poll ``late`` s past the deadline."""
     try:
-        whom = watched.waiting_for()
+        whom = waiting_for()
     except Exception:  # noqa: BLE001 - the stuck thread's state may be half-made
         whom = "its peers"
     rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
     where = f"rank {rank}" if rank is not None else f"pid {os.getpid()}"
-    return (f"topocoll watchdog ({where}): {watched.name} timed out after {watched.timeout:g} s "
-            f"waiting for {whom}, and this rank's thread is still inside the transport "
-            f"{now - watched.deadline:.1f} s past that deadline (blocked in an MPI call that "
-            f"does not return); ending the process with status 1, as after any fault "
-            f"({ENV_WATCHDOG}=0 leaves it waiting)")
+    return (f"topocoll watchdog ({where}): {name} timed out after {timeout:g} s waiting for "
+            f"{whom}, and this rank's thread is still inside the transport {late:.1f} s past "
+            f"that deadline (blocked in an MPI call that does not return); ending the process "
+            f"with status 1, as after any fault ({ENV_WATCHDOG}=0 leaves it waiting)")
 
 
 _CODES: set[CodeType] = set()
@@ -129,31 +119,20 @@ def _stop(watcher: threading.Thread) -> None:
 
 def _watch() -> None:
     last = awake_since = time.monotonic()
-    seen: dict[tuple[int, int], tuple[FrameType, Watched | None]] = {}
     while not _STOP.wait(CHECK_SECONDS):
         now = time.monotonic()
         if now - last > CHECK_SECONDS + LATE_WAKE_SECONDS:
             awake_since = now  # stopped or starved: the waiting threads may not have run either
         last = now
-        frames = waits_in(sys._current_frames())
-        seen = {key: seen[key] if key in seen and seen[key][0] is frame else
-                (frame, _watched(frame, now)) for key, frame in frames.items()}
-        del frames
-        watched = overdue([w for _, w in seen.values() if w is not None], now, awake_since)
-        if watched is not None:
-            print(report(watched, now), file=sys.stderr, flush=True)
+        said = _look(now - awake_since)
+        if said is not None:
+            print(said, file=sys.stderr, flush=True)
             exit_after_fault()
 
 
-def _watched(frame: FrameType, now: float) -> Watched | None:
-    """A wait first seen ``now`` in ``frame``: its deadline on this clock, from the seconds its
-    context has left (None: no timeout, or not the locals a watched function has)."""
-    local = frame.f_locals
-    ctx, waiting_for = local.get("self"), local.get("waiting_for")
-    if ctx is None or waiting_for is None or not hasattr(ctx, "left"):
-        return None
-    left = ctx.left()
-    return None if left is None else Watched(ctx.name, ctx.timeout, now + left, waiting_for)
+def _look(awake: float) -> str | None:
+    """One look at the threads' stacks (a function, so no frame outlives it)."""
+    return overdue(sys._current_frames(), awake)
 
 
 def _forked() -> None:

@@ -69,14 +69,29 @@ def test_a_stopped_process_gets_its_grace_again_before_anything_is_ended():
 
 
 def test_overdue_means_past_deadline_and_grace_with_the_watcher_awake_that_long():
-    def wait(deadline: float, timeout: float = 0.5) -> watchdog.Watched:
-        return watchdog.Watched("all_reduce", timeout, deadline, lambda: "rank 1")
+    """A thread inside a watched poll, past its deadline by more than the grace, with the
+    watcher awake that long: reported; within the grace, or the watcher just awake: not."""
+    import threading
 
-    g = watchdog.grace_seconds(0.5)
-    assert g == 2.0 and watchdog.grace_seconds(300.0) == 30.0 and watchdog.grace_seconds(10) == 5
-    w = wait(100.0)
-    assert watchdog.overdue([w], 100.0 + g + 0.1, 0.0) is w
-    assert watchdog.overdue([w], 100.0 + g - 0.1, 0.0) is None   # within its grace
-    assert watchdog.overdue([w], 100.0 + g + 0.1, 100.0 + g) is None  # the watcher just woke late
-    assert watchdog.overdue([wait(200.0), w], 100.0 + g + 0.1, 0.0) is w
-    assert "all_reduce timed out after 0.5 s waiting for rank 1" in watchdog.report(w, 103.0)
+    from topocoll.collectives.context import OpContext
+
+    assert watchdog.grace_seconds(0.5) == 2.0 and watchdog.grace_seconds(300.0) == 30.0
+    assert watchdog.grace_seconds(10) == 5
+    inside, leave = threading.Event(), threading.Event()
+    ctx = OpContext("all_reduce", 0.5)
+    thread = threading.Thread(target=ctx.poll, args=(
+        lambda: inside.set() or leave.wait() or True, lambda: "rank 1"))
+    thread.start()
+    try:
+        assert inside.wait(10)
+        frames = sys._current_frames()
+        ctx.deadline = time.monotonic() - GRACE - 0.1  # as if stuck that long past it
+        said = watchdog.overdue(frames, GRACE)
+        assert said is not None and "all_reduce timed out after 0.5 s waiting for rank 1" in said
+        assert watchdog.overdue(frames, GRACE - 0.1) is None  # the watcher just woke late
+        ctx.deadline = time.monotonic() - GRACE + 0.5
+        assert watchdog.overdue(frames, GRACE) is None  # within its grace
+        del frames
+    finally:
+        leave.set()
+        thread.join(10)
