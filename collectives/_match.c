@@ -7,10 +7,14 @@
  * Arrays are read through the head of numpy's PyArrayObject_fields, the layout numpy's own C
  * API macros read and so keeps frozen; prepared.py checks it against numpy's answers (layout())
  * before it uses this module.
+ *
+ * The Lane below takes a repeated blocking call from the front method to its prepared run with
+ * no Python in between (Communicator._lane).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#include <structmember.h>
 
 typedef struct {                /* numpy's PyArrayObject_fields, as far as it is read here */
     PyObject_HEAD
@@ -174,6 +178,410 @@ static PyTypeObject MatchType = {
     .tp_methods = match_methods,
 };
 
+/* ---- The lane: a repeated blocking call from the front method straight to its run ----
+ *
+ * Communicator's front methods (all_reduce, ...) call lane(kind, x, out, args, check, async_op).
+ * For a blocking repeat on numpy arrays this does what prepared.PreparedCalls.find and
+ * Communicator._repeat do, guard for guard: find the entry (the Match test above); where the
+ * call may run inline (nothing queued, the owning thread, not broken, not closed, not traced, no
+ * async repeat out, the flight record extends), number it in the flight record, run the prepared
+ * run's go() and return the entry's result. Everything else is Python's: an async call or a
+ * failed guard goes to comm._repeat(entry, async_op); no entry, or one only Python can test (a
+ * torch tensor's), to comm._lane_slow(kind, x, out, args, check, async_op), the pure-Python lane;
+ * a run that raises to comm._repeat_failed(entry, record, err), which classifies it and raises.
+ *
+ * What it reads, it reads the way Python's attribute lookup would find it, only directly: the
+ * communicator's, executor's and flight recorder's attributes in their __dict__ (none of these
+ * names is a property or slot of their classes), and the slots of Prepared, Repeats and Run
+ * (classes with __slots__, checked by exact type) at their member descriptors' offsets. An
+ * attribute lookup costs a type lookup and a descriptor call; a lane call reads twenty. */
+
+typedef struct {                /* offsets of the __slots__ read and written here */
+    Py_ssize_t matches, lean, result, kind, what;   /* Prepared's */
+    Py_ssize_t r_what, r_name, r_last, r_running;   /* Repeats' */
+    Py_ssize_t go;                                  /* Run's */
+} Offsets;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *comm;             /* the communicator (its Python methods) */
+    PyObject *guards;           /* its __dict__: _owner, _broken, _closed, _started */
+    PyObject *by_kind;          /* its PreparedCalls' entries: {kind: {id(x): [Prepared]}} */
+    PyObject *executor;         /* its Executor's __dict__ (_pending) */
+    PyObject *flight;           /* its FlightRecorder's __dict__ (_seq, _repeats) */
+    PyObject *state;            /* log's flags (trace) */
+    PyTypeObject *prepared, *repeats, *run;   /* the classes whose slots are read */
+    Offsets at;
+} Lane;
+
+static PyObject *s_pending, *s_owner, *s_broken, *s_closed, *s_started, *s_seq, *s_repeats,
+    *s_trace, *s_lane_slow, *s_repeat, *s_repeat_failed, *s_zero;
+
+#define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))  /* borrowed; NULL: unset */
+
+/* Replace a slot's value, as setting the attribute does. */
+static void
+set_slot(PyObject *obj, Py_ssize_t offset, PyObject *value)
+{
+    PyObject *old = SLOT(obj, offset);
+    SLOT(obj, offset) = Py_NewRef(value);
+    Py_XDECREF(old);
+}
+
+/* The offset of slot `name` of class `type` (an object slot's member descriptor), or -1. */
+static Py_ssize_t
+slot_offset(PyTypeObject *type, const char *name)
+{
+    PyObject *d = PyObject_GetAttrString((PyObject *)type, name);
+    if (!d)
+        return -1;
+    Py_ssize_t offset = -1;
+    if (Py_TYPE(d) == &PyMemberDescr_Type && ((PyMemberDescrObject *)d)->d_member->type ==
+            T_OBJECT_EX)
+        offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    else
+        PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", type->tp_name, name);
+    Py_DECREF(d);
+    return offset;
+}
+
+/* Match.matches' test without the call: 1 repeats, 0 not, -1 error. */
+static int
+match_test(Match *m, PyObject *x, PyObject *out, PyObject *args, PyObject *check)
+{
+    if (check != m->check || !unchanged(&m->x, m->ndarray, x))
+        return 0;
+    if (m->out.ref ? (out == Py_None || !unchanged(&m->out, m->ndarray, out)) : out != Py_None)
+        return 0;
+    return PyObject_RichCompareBool(args, m->args, Py_EQ);
+}
+
+/* The kept entry of `kind` the call repeats (a new reference); NULL without an error where C
+ * can't tell of one: none kept, none matching, or one that only Python tests. */
+static PyObject *
+lane_find(Lane *l, PyObject *kind, PyObject *x, PyObject *out, PyObject *args, PyObject *check)
+{
+    PyObject *entries = PyDict_GetItemWithError(l->by_kind, kind);  /* borrowed */
+    if (!entries || !PyDict_Check(entries))
+        return NULL;
+    PyObject *key = PyLong_FromVoidPtr(x);
+    if (!key)
+        return NULL;
+    PyObject *list = PyDict_GetItemWithError(entries, key);  /* borrowed */
+    Py_DECREF(key);
+    if (!list || !PyList_Check(list))
+        return NULL;
+    Py_INCREF(list);            /* a comparison below may run Python that replaces it */
+    PyObject *found = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(list); i++) {
+        PyObject *entry = PyList_GET_ITEM(list, i);
+        /* matches: a Match's bound method, or None where Python tests (a tensor's entry) */
+        PyObject *m = Py_TYPE(entry) == l->prepared ? SLOT(entry, l->at.matches) : NULL;
+        PyObject *match = m && PyCFunction_Check(m) ? PyCFunction_GET_SELF(m) : NULL;
+        if (!match || Py_TYPE(match) != &MatchType)
+            break;              /* Python's find decides */
+        Py_INCREF(entry);
+        Py_INCREF(match);
+        int same = match_test((Match *)match, x, out, args, check);
+        Py_DECREF(match);
+        if (same > 0) {
+            found = entry;
+            break;
+        }
+        Py_DECREF(entry);
+        if (same < 0)
+            break;
+    }
+    Py_DECREF(list);
+    return found;
+}
+
+/* Whether `dict[name]` is true (1), false or missing (0), or -1 on error. */
+static int
+item_true(PyObject *dict, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(dict, name);  /* borrowed */
+    return v ? PyObject_IsTrue(v) : PyErr_Occurred() ? -1 : 0;
+}
+
+/* Whether `dict[name]` is None (1), something else or missing (0), or -1 on error. */
+static int
+item_none(PyObject *dict, PyObject *name)
+{
+    PyObject *v = PyDict_GetItemWithError(dict, name);  /* borrowed */
+    return v ? v == Py_None : PyErr_Occurred() ? -1 : 0;
+}
+
+/* Whether the calling thread owns the communicator (its _owner is threading.get_ident()). */
+static int
+owned_here(PyObject *guards)
+{
+    PyObject *owner = PyDict_GetItemWithError(guards, s_owner);  /* borrowed */
+    if (!owner || !PyLong_Check(owner))
+        return PyErr_Occurred() ? -1 : 0;
+    unsigned long id = PyLong_AsUnsignedLong(owner);
+    if (id == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();          /* not a thread's ident: not this thread */
+        return 0;
+    }
+    return id == PyThread_get_thread_ident();
+}
+
+/* Communicator._repeat's guards: whether a blocking repeat may run inline now (1), must go
+ * through _repeat (0), or -1 on error. */
+static int
+inline_now(Lane *l)
+{
+    int t;
+    if ((t = item_true(l->executor, s_pending)) != 0)
+        return t < 0 ? -1 : 0;
+    if ((t = owned_here(l->guards)) != 1)
+        return t;
+    if ((t = item_none(l->guards, s_broken)) != 1 || (t = item_true(l->guards, s_closed)) != 0 ||
+            (t = item_none(l->guards, s_started)) != 1 || (t = item_true(l->state, s_trace)) != 0)
+        return t < 0 ? -1 : 0;
+    return 1;
+}
+
+/* The flight record this run extends (borrowed): FlightRecorder's newest, where it is this
+ * entry's (issue_running's test); NULL without an error where a new record is needed, which
+ * Python makes. */
+static PyObject *
+extended_record(Lane *l, PyObject *entry)
+{
+    PyObject *record = PyDict_GetItemWithError(l->flight, s_repeats);  /* borrowed */
+    if (!record || Py_TYPE(record) != l->repeats)
+        return NULL;
+    PyObject *what = SLOT(record, l->at.r_what), *name = SLOT(record, l->at.r_name);
+    return what && name && what == SLOT(entry, l->at.what) && name == SLOT(entry, l->at.kind) ?
+        record : NULL;
+}
+
+/* The recorder's next sequence number, now its last (a new reference), or NULL. */
+static PyObject *
+next_seq(Lane *l)
+{
+    PyObject *seq = PyDict_GetItemWithError(l->flight, s_seq);  /* borrowed */
+    if (!seq) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a FlightRecorder without _seq");
+        return NULL;
+    }
+    long n = PyLong_AsLong(seq);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *next = PyLong_FromLong(n + 1);
+    if (next && PyDict_SetItem(l->flight, s_seq, next) < 0)
+        Py_CLEAR(next);
+    return next;
+}
+
+/* Hand the exception that the run raised to comm._repeat_failed, which raises it classified. */
+static void
+repeat_failed(Lane *l, PyObject *entry, PyObject *record)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    if (!value)
+        value = Py_NewRef(Py_None);
+    PyObject *raised = PyObject_CallMethodObjArgs(l->comm, s_repeat_failed, entry, record,
+                                                  value, NULL);
+    Py_DECREF(value);
+    if (raised) {               /* it always raises */
+        Py_DECREF(raised);
+        PyErr_SetString(PyExc_SystemError, "_repeat_failed returned");
+    }
+}
+
+/* A blocking repeat of `entry` run inline, as _repeat runs one: its result, or NULL with the
+ * (classified) error; *ran 0 where it may not run inline (nothing done; NULL, maybe an error). */
+static PyObject *
+run_inline(Lane *l, PyObject *entry, int *ran)
+{
+    *ran = 0;
+    PyObject *run = SLOT(entry, l->at.lean);
+    PyObject *go = run && Py_TYPE(run) == l->run ? SLOT(run, l->at.go) : NULL;
+    if (!go)
+        return NULL;            /* no prepared run: _repeat submits the general one */
+    int ok = inline_now(l);
+    PyObject *record = ok == 1 ? extended_record(l, entry) : NULL;
+    if (!record)
+        return NULL;
+    PyObject *seq = next_seq(l);
+    if (!seq)
+        return NULL;
+    Py_INCREF(record);
+    Py_INCREF(go);
+    set_slot(record, l->at.r_last, seq);
+    set_slot(record, l->at.r_running, seq);
+    Py_DECREF(seq);
+    *ran = 1;
+    PyObject *done = PyObject_CallNoArgs(go);
+    Py_DECREF(go);
+    if (!done) {
+        repeat_failed(l, entry, record);
+        Py_DECREF(record);
+        return NULL;
+    }
+    Py_DECREF(done);
+    set_slot(record, l->at.r_running, s_zero);  /* done */
+    Py_DECREF(record);
+    PyObject *result = SLOT(entry, l->at.result);
+    if (!result)
+        PyErr_SetString(PyExc_AttributeError, "a prepared call without its result");
+    return Py_XNewRef(result);
+}
+
+/* lane(kind, x, out, args, check, async_op): the call's result (or Handle), or what
+ * _lane_slow returns where there is no entry (its sentinel for the general path). */
+static PyObject *
+lane_call(Lane *l, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc != 6) {
+        PyErr_SetString(PyExc_TypeError, "lane(kind, x, out, args, check, async_op)");
+        return NULL;
+    }
+    PyObject *kind = argv[0], *x = argv[1], *out = argv[2], *args = argv[3], *check = argv[4],
+        *async_op = argv[5];
+    PyObject *entry = lane_find(l, kind, x, out, args, check);
+    if (!entry) {
+        if (PyErr_Occurred())
+            return NULL;
+        PyObject *call[7] = {l->comm, kind, x, out, args, check, async_op};
+        return PyObject_VectorcallMethod(s_lane_slow, call, 7, NULL);
+    }
+    PyObject *result = NULL;
+    int ran = 0;
+    if (async_op == Py_False)
+        result = run_inline(l, entry, &ran);
+    if (!ran && !PyErr_Occurred())
+        result = PyObject_CallMethodObjArgs(l->comm, s_repeat, entry, async_op, NULL);
+    Py_DECREF(entry);
+    return result;
+}
+
+static int
+lane_traverse(Lane *l, visitproc visit, void *arg)
+{
+    Py_VISIT(l->comm);
+    Py_VISIT(l->guards);
+    Py_VISIT(l->by_kind);
+    Py_VISIT(l->executor);
+    Py_VISIT(l->flight);
+    Py_VISIT(l->state);
+    Py_VISIT(l->prepared);
+    Py_VISIT(l->repeats);
+    Py_VISIT(l->run);
+    return 0;
+}
+
+static int
+lane_clear(Lane *l)
+{
+    Py_CLEAR(l->comm);
+    Py_CLEAR(l->guards);
+    Py_CLEAR(l->by_kind);
+    Py_CLEAR(l->executor);
+    Py_CLEAR(l->flight);
+    Py_CLEAR(l->state);
+    Py_CLEAR(l->prepared);
+    Py_CLEAR(l->repeats);
+    Py_CLEAR(l->run);
+    return 0;
+}
+
+static void
+lane_dealloc(Lane *l)
+{
+    PyObject_GC_UnTrack(l);
+    lane_clear(l);
+    Py_TYPE(l)->tp_free((PyObject *)l);
+}
+
+static int
+lane_offsets(Lane *l)
+{
+    Offsets *at = &l->at;
+    return (at->matches = slot_offset(l->prepared, "matches")) < 0 ||
+        (at->lean = slot_offset(l->prepared, "lean")) < 0 ||
+        (at->result = slot_offset(l->prepared, "result")) < 0 ||
+        (at->kind = slot_offset(l->prepared, "kind")) < 0 ||
+        (at->what = slot_offset(l->prepared, "what")) < 0 ||
+        (at->r_what = slot_offset(l->repeats, "what")) < 0 ||
+        (at->r_name = slot_offset(l->repeats, "name")) < 0 ||
+        (at->r_last = slot_offset(l->repeats, "last")) < 0 ||
+        (at->r_running = slot_offset(l->repeats, "running")) < 0 ||
+        (at->go = slot_offset(l->run, "go")) < 0 ? -1 : 0;
+}
+
+static PyObject *
+lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *comm, *by_kind, *executor, *flight, *state, *prepared, *repeats, *run;
+    if (!PyArg_ParseTuple(args, "OO!OOO!O!O!O!", &comm, &PyDict_Type, &by_kind, &executor,
+                          &flight, &PyDict_Type, &state, &PyType_Type, &prepared, &PyType_Type,
+                          &repeats, &PyType_Type, &run))
+        return NULL;
+    Lane *l = (Lane *)type->tp_alloc(type, 0);
+    if (!l)
+        return NULL;
+    l->comm = Py_NewRef(comm);
+    l->by_kind = Py_NewRef(by_kind);
+    l->state = Py_NewRef(state);
+    l->prepared = (PyTypeObject *)Py_NewRef(prepared);
+    l->repeats = (PyTypeObject *)Py_NewRef(repeats);
+    l->run = (PyTypeObject *)Py_NewRef(run);
+    l->guards = PyObject_GenericGetDict(comm, NULL);
+    l->executor = l->guards ? PyObject_GenericGetDict(executor, NULL) : NULL;
+    l->flight = l->executor ? PyObject_GenericGetDict(flight, NULL) : NULL;
+    if (!l->flight || lane_offsets(l) < 0) {
+        Py_DECREF(l);
+        return NULL;
+    }
+    return (PyObject *)l;
+}
+
+static PyMethodDef lane_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))lane_call, METH_FASTCALL,
+     "run(kind, x, out, args, check, async_op) -> the call's result: a blocking repeat on numpy "
+     "arrays runs here; anything else goes to the communicator's Python."},
+    {NULL},
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "topocoll.collectives._match.Lane",
+    .tp_doc = "Lane(comm, by_kind, executor, flight, log_flags, Prepared, Repeats, Run): a "
+              "communicator's front methods' way to a repeated call (see _match.c)",
+    .tp_basicsize = sizeof(Lane),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = lane_new,
+    .tp_dealloc = (destructor)lane_dealloc,
+    .tp_traverse = (traverseproc)lane_traverse,
+    .tp_clear = (inquiry)lane_clear,
+    .tp_methods = lane_methods,
+};
+
+static int
+intern_names(void)
+{
+    struct { PyObject **s; const char *name; } names[] = {
+        {&s_pending, "_pending"}, {&s_owner, "_owner"}, {&s_broken, "_broken"},
+        {&s_closed, "_closed"}, {&s_started, "_started"}, {&s_seq, "_seq"},
+        {&s_repeats, "_repeats"}, {&s_trace, "trace"}, {&s_lane_slow, "_lane_slow"},
+        {&s_repeat, "_repeat"}, {&s_repeat_failed, "_repeat_failed"},
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))
+            return -1;
+    return (s_zero = PyLong_FromLong(0)) ? 0 : -1;
+}
+
 /* layout(ndarray, a) -> (data, nd, shape, strides, descr, writeable), read as matches() reads
  * them: prepared.py compares this with numpy's own answers before trusting the layout. */
 static PyObject *
@@ -213,17 +621,19 @@ static PyMethodDef module_methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_match",
-    "Whether a call repeats a prepared one, in C (see prepared.PreparedCalls.find).", -1,
+    "Whether a call repeats a prepared one, and the lane that runs it, in C (see "
+    "prepared.PreparedCalls.find and Communicator._lane).", -1,
     module_methods,
 };
 
 PyMODINIT_FUNC
 PyInit__match(void)
 {
-    if (PyType_Ready(&MatchType) < 0)
+    if (PyType_Ready(&MatchType) < 0 || PyType_Ready(&LaneType) < 0 || intern_names() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddObjectRef(m, "Match", (PyObject *)&MatchType) < 0) {
+    if (m && (PyModule_AddObjectRef(m, "Match", (PyObject *)&MatchType) < 0 ||
+              PyModule_AddObjectRef(m, "Lane", (PyObject *)&LaneType) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

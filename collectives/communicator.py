@@ -33,10 +33,14 @@ from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
 from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
-from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, keepable
+from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, compiled_lane, \
+    keepable
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
+
+GENERAL = object()
+"""``Communicator._lane``'s answer where the call repeats no prepared call: take the general way."""
 
 DEFAULT_TIMEOUT = 300.0
 """Seconds an operation may wait for a peer before raising (``TOPOCOLL_TIMEOUT`` overrides)."""
@@ -98,6 +102,9 @@ class Communicator:
         self._completing = threading.Lock()  # held while the started repeat completes
         self._completion = Completion(self._complete, self._complete_later, self._completing)
         self._local = threading.local()  # .submitted: this thread's call reached _submit
+        self._lane: Callable[..., Any] = \
+            compiled_lane(self, self._prepared, self._executor, self._flight) or self._lane_slow
+        """Every front method's first step: ``_lane_slow``'s answer, from C where compiled."""
         watchdog.start()  # a wait stuck inside MPI ends the process (docs: Faults)
 
     # -- identity --
@@ -162,10 +169,9 @@ class Communicator:
 
         Returns the result array, or a Handle whose ``wait()`` returns it if ``async_op``.
         """
-        prepared = self._prepared.find("all_reduce", x, out, (op, algo, async_op, timeout),
-                                       self.check)
-        if prepared is not None:
-            return self._repeat(prepared, async_op)
+        done = self._lane("all_reduce", x, out, (op, algo, async_op, timeout), self.check, async_op)
+        if done is not GENERAL:
+            return done
         return self._all_reduce(x, op, algo, async_op, out, timeout)
 
     @rejected_together
@@ -189,9 +195,9 @@ class Communicator:
     def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
                    timeout: float | None = None) -> Any:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
-        prepared = self._prepared.find("all_gather", x, out, (algo, async_op, timeout), self.check)
-        if prepared is not None:
-            return self._repeat(prepared, async_op)
+        done = self._lane("all_gather", x, out, (algo, async_op, timeout), self.check, async_op)
+        if done is not GENERAL:
+            return done
         return self._all_gather(x, out, algo, async_op, timeout)
 
     @rejected_together
@@ -211,10 +217,10 @@ class Communicator:
                        async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
         ``numpy.array_split`` (the first ``len(x) % size`` parts have one more row)."""
-        prepared = self._prepared.find("reduce_scatter", x, out, (op, algo, async_op, timeout),
-                                       self.check)
-        if prepared is not None:
-            return self._repeat(prepared, async_op)
+        done = self._lane("reduce_scatter", x, out, (op, algo, async_op, timeout), self.check,
+                          async_op)
+        if done is not GENERAL:
+            return done
         return self._reduce_scatter(x, out, op, algo, async_op, timeout)
 
     @rejected_together
@@ -233,10 +239,10 @@ class Communicator:
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
                   timeout: float | None = None) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
-        prepared = self._prepared.find("broadcast", x, None, (root, algo, async_op, timeout),
-                                       self.check)
-        if prepared is not None:
-            return self._repeat(prepared, async_op)
+        done = self._lane("broadcast", x, None, (root, algo, async_op, timeout), self.check,
+                          async_op)
+        if done is not GENERAL:
+            return done
         return self._broadcast(x, root, algo, async_op, timeout)
 
     @rejected_together
@@ -254,10 +260,10 @@ class Communicator:
     def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
-        prepared = self._prepared.find("reduce", x, None, (root, op, algo, async_op, timeout),
-                                       self.check)
-        if prepared is not None:
-            return self._repeat(prepared, async_op)
+        done = self._lane("reduce", x, None, (root, op, algo, async_op, timeout), self.check,
+                          async_op)
+        if done is not GENERAL:
+            return done
         return self._reduce(x, root, op, algo, async_op, timeout)
 
     @rejected_together
@@ -278,9 +284,9 @@ class Communicator:
                    timeout: float | None = None) -> Any:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
         ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
-        prepared = self._prepared.find("all_to_all", x, out, (algo, async_op, timeout), self.check)
-        if prepared is not None:
-            return self._repeat(prepared, async_op)
+        done = self._lane("all_to_all", x, out, (algo, async_op, timeout), self.check, async_op)
+        if done is not GENERAL:
+            return done
         return self._all_to_all(x, out, algo, async_op, timeout)
 
     @rejected_together
@@ -298,10 +304,9 @@ class Communicator:
                async_op: bool = False, timeout: float | None = None) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
         into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
-        prepared = self._prepared.find("rotate", x, out, (shift, algo, async_op, timeout),
-                                       self.check)
-        if prepared is not None:
-            return self._repeat(prepared, async_op)
+        done = self._lane("rotate", x, out, (shift, algo, async_op, timeout), self.check, async_op)
+        if done is not GENERAL:
+            return done
         return self._rotate(x, out, shift, algo, async_op, timeout)
 
     @rejected_together
@@ -679,6 +684,17 @@ class Communicator:
         bench's ``-z 0``) waits this long for it, then queues rather than block on a late peer."""
         return self._complete(False, soon=True) or spin(self._complete_now, HANDOFF_SPIN_SECONDS)
 
+    def _lane_slow(self, kind: str, x: Any, out: Any, args: tuple[Any, ...], check: bool,
+                   async_op: bool) -> Any:
+        """A front method's first step (``_lane``; this is its pure-Python form, and the compiled
+        one's way for what it leaves to Python): where ``kind(x, out=out, *args)`` repeats a
+        prepared call (``PreparedCalls.find``), run it and return its result (or Handle); else
+        ``GENERAL``."""
+        prepared = self._prepared.find(kind, x, out, args, check)
+        if prepared is None:
+            return GENERAL
+        return self._repeat(prepared, async_op)
+
     def _repeat(self, entry: Prepared | Rebound, async_op: bool = False) -> Any:
         """Run a prepared call (``PreparedCalls.find`` found it; every front method looks
         first), with the general path's flight record and failure handling in a fraction of its
@@ -720,13 +736,21 @@ class Communicator:
         try:
             run.go()
         except BaseException as err:  # noqa: BLE001 - classified by _failure
-            failure = self._failure(entry.kind, err, flight.take(record.last))
-            if failure is err:
-                raise
-            raise failure from err
-        finally:
-            record.running = 0  # done (or taken out of the record, failed)
+            self._repeat_failed(entry, record, err)
+        record.running = 0  # done
         return entry.result
+
+    def _repeat_failed(self, entry: Prepared | Rebound, record: Repeats,
+                       err: BaseException) -> None:
+        """Raise what a blocking repeat's run raised (``err``), classified by ``_failure`` as
+        the general path's errors are; its run is taken out of the flight ``record``."""
+        try:
+            failure = self._failure(entry.kind, err, self._flight.take(record.last))
+        finally:
+            record.running = 0  # taken out of the record
+        if failure is err:
+            raise err
+        raise failure from err
 
     def _complete(self, block: bool, soon: bool = False) -> bool:
         """Complete the prepared call started with ``async_op=True``, if one is (waiting for the

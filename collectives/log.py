@@ -56,6 +56,12 @@ def tracing() -> bool:
     return _state["trace"]
 
 
+def flags() -> dict[str, bool]:
+    """The flags ``tracing`` reads, as the dict itself (the compiled lane of repeated calls reads
+    its ``trace`` where ``tracing`` is called in Python)."""
+    return _state
+
+
 def environment() -> str:
     """The environment variables in effect that change topocoll, MPI or torch, as ``K=V`` words."""
     found = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(ENV_PREFIXES))

@@ -26,7 +26,10 @@ from typing import Any, Callable
 import numpy as np
 
 from .algorithms.compiled import ENV_COMPILED
+from .algorithms.shm import Run
 from .errors import CollectiveTimeoutError
+from .flight import Repeats
+from .log import flags
 from .one_off import Rebound, Templates
 
 PREPARED_MAX_BYTES = 4 << 20
@@ -154,6 +157,12 @@ class PreparedCalls:
                     self._kept -= sum(e.nbytes for e in kept.pop(key))
 
     @property
+    def by_kind(self) -> dict[str, dict[int, list[Prepared]]]:
+        """The kept entries, ``{kind: {id(x): [Prepared, ...]}}``: the dict itself, which the
+        compiled lane (``_match.Lane``) searches as ``find`` does."""
+        return self._by_kind
+
+    @property
     def kept_bytes(self) -> int:
         """Bytes of arrays the kept entries hold alive."""
         return self._kept
@@ -214,6 +223,15 @@ def _match_type() -> Any:
     return _MATCH[0]
 
 
+def compiled_lane(comm: Any, calls: PreparedCalls, executor: Any, flight: Any) -> Any:
+    """``comm``'s front methods' first step in C (``_match.Lane``, the same as its
+    ``_lane_slow`` but for a blocking repeat on numpy arrays, which it runs without Python),
+    or None where the compiled test is not in use (``_match_type``)."""
+    if _match_type() is None:
+        return None
+    return _LANE[0](comm, calls.by_kind, executor, flight, flags(), Prepared, Repeats, Run).run
+
+
 def _checked_match() -> Any:
     try:
         from . import _match  # type: ignore[attr-defined]
@@ -226,8 +244,12 @@ def _checked_match() -> Any:
         if read != (a.ctypes.data, a.ndim, a.shape, a.strides, a.dtype, a.flags.writeable) or \
                 read[4] is not a.dtype:
             return None
+    _LANE[0] = _match.Lane
     return _match.Match
 
+
+_LANE: list[Any] = [None]
+"""``_match.Lane``, once ``_checked_match`` found the extension sound."""
 
 _MATCH: list[Any] = [False]
 """``_checked_match``'s answer, once asked (False: not yet)."""

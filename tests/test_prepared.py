@@ -311,3 +311,155 @@ def test_a_new_array_where_a_prepared_one_was_is_not_a_repeat():
 def test_prepared_runs_have_room_for_many_ranks():
     out = run_ranks("prepared_many_ranks.py", 12, timeout=300)
     assert "prepared on many ranks: all checks passed" in out
+
+
+class _LaneComm:
+    """What the compiled lane reads of a communicator (its guards as instance attributes) and
+    the Python ways it hands calls to, recorded."""
+
+    def __init__(self):
+        import threading
+
+        self._owner = threading.get_ident()
+        self._broken = None
+        self._closed = False
+        self._started = None
+        self.calls = []
+
+    def _lane_slow(self, kind, x, out, args, check, async_op):
+        self.calls.append("slow")
+        return "general"
+
+    def _repeat(self, entry, async_op):
+        self.calls.append(("repeat", async_op))
+        return "repeated in Python"
+
+    def _repeat_failed(self, entry, record, err):
+        self.calls.append(("failed", record.running, type(err).__name__))
+        record.running = 0
+        raise RuntimeError("classified") from err
+
+
+def _lane_setup():
+    """A compiled lane over a fake communicator, with one kept blocking all_reduce of ``x``
+    (its run counts its calls): (lane, comm, executor, flight, entry, x, runs)."""
+    import types
+
+    import numpy as np
+
+    from topocoll.collectives import prepared
+    from topocoll.collectives.algorithms.shm import Run
+    from topocoll.collectives.flight import FlightRecorder
+
+    if prepared._match_type() is None:
+        pytest.skip("the compiled match is not built here (no C compiler at install)")
+    comm, executor, flight = _LaneComm(), types.SimpleNamespace(_pending=0), FlightRecorder()
+    calls = prepared.PreparedCalls()
+    x, runs = np.zeros(8, np.float32), []
+    what = (np.dtype(np.float32), 8, "shm")
+    entry = prepared.Prepared("all_reduce", ("sum", "auto", False, None), True, x, None, True,
+                              what, x, lambda: None,
+                              Run(lambda: None, lambda block: True, both=lambda: runs.append(1)))
+    calls.add(entry, x)
+    lane = prepared.compiled_lane(comm, calls, executor, flight)
+    return lane, comm, executor, flight, entry, x, runs
+
+
+def test_the_compiled_lane_runs_a_blocking_repeat_and_numbers_it_like_python():
+    lane, comm, executor, flight, entry, x, runs = _lane_setup()
+    args = ("sum", "auto", False, None)
+    assert lane("all_reduce", x, None, args, True, False) == "repeated in Python"
+    assert comm.calls == [("repeat", False)] and not runs  # no record of its own yet: Python's
+    record = flight.issue_running("all_reduce", entry.what)  # as _repeat makes it
+    record.running = 0
+    for n in range(1, 4):
+        assert lane("all_reduce", x, None, ("sum", "auto", False, None), True, False) is x
+        assert len(runs) == n and record.last == flight._seq == 1 + n and record.running == 0
+    assert comm.calls == [("repeat", False)]  # the three ran in C
+    flight.issue("barrier")  # another operation between: the next repeat starts a new record
+    assert lane("all_reduce", x, None, args, True, False) == "repeated in Python"
+
+
+def test_the_compiled_lane_leaves_to_python_every_call_python_must_see():
+    import numpy as np
+
+    from topocoll.collectives import log
+
+    lane, comm, executor, flight, entry, x, runs = _lane_setup()
+    args = ("sum", "auto", False, None)
+    flight.issue_running("all_reduce", entry.what).running = 0
+
+    def way(**kw):
+        comm.calls.clear()
+        result = lane("all_reduce", kw.get("x", x), kw.get("out"), kw.get("args", args),
+                      kw.get("check", True), kw.get("async_op", False))
+        return result, comm.calls[:]
+
+    assert way() == (x, [])
+    assert way(async_op=True) == ("repeated in Python", [("repeat", True)])
+    for name, value, clean in (("_broken", "RuntimeError: x", None), ("_closed", True, False),
+                               ("_started", (1, 2, 3), None), ("_owner", 1, comm._owner),
+                               ("_owner", None, comm._owner)):
+        setattr(comm, name, value)
+        assert way() == ("repeated in Python", [("repeat", False)]), name
+        setattr(comm, name, clean)
+    executor._pending = 1
+    assert way() == ("repeated in Python", [("repeat", False)])
+    executor._pending = 0
+    log.flags()["trace"] = True
+    try:
+        assert way() == ("repeated in Python", [("repeat", False)])
+    finally:
+        log.flags()["trace"] = False
+    for kw in ({"x": x.copy()}, {"args": ("max", "auto", False, None)}, {"check": False},
+               {"out": x}):
+        assert way(**kw) == ("general", ["slow"]), kw
+    assert lane("rotate", x, None, args, True, False) == "general"  # nothing kept of the kind
+    lean, entry.lean = entry.lean, None
+    assert way() == ("repeated in Python", [("repeat", False)])  # no prepared run
+    entry.lean = lean
+    entry.matches = None  # an entry only Python tests (a tensor's)
+    assert way() == ("general", ["slow"])
+    assert len(runs) == 1 and np.all(x == 0)  # only the first call ran in C
+
+
+def test_the_compiled_lane_hands_a_failed_run_to_python_to_classify():
+    lane, comm, executor, flight, entry, x, runs = _lane_setup()
+    record = flight.issue_running("all_reduce", entry.what)
+    record.running = 0
+
+    def fails():
+        raise ValueError("the run's own error")
+
+    entry.lean.go = fails
+    with pytest.raises(RuntimeError, match="classified") as info:
+        lane("all_reduce", x, None, ("sum", "auto", False, None), True, False)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert comm.calls == [("failed", record.last, "ValueError")]  # still running when handed
+    assert record.running == 0
+
+
+def test_the_compiled_lane_is_collected_with_its_communicator():
+    import gc
+    import weakref
+
+    lane, comm, *_ = _lane_setup()
+    comm.lane = lane  # as Communicator keeps it: a cycle
+    gone = weakref.ref(comm)
+    del lane, comm, _
+    gc.collect()
+    assert gone() is None
+
+
+def test_the_compiled_lane_refuses_classes_it_cannot_read():
+    from topocoll.collectives import prepared
+
+    if prepared._match_type() is None:
+        pytest.skip("the compiled match is not built here (no C compiler at install)")
+
+    class Loose:  # the names, but as class attributes, not slots
+        matches = lean = result = kind = what = name = last = running = go = None
+
+    lane_type = prepared._LANE[0]
+    with pytest.raises(TypeError, match="not a slot"):
+        lane_type(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, Loose, Loose, Loose)
