@@ -178,17 +178,20 @@ static PyTypeObject MatchType = {
     .tp_methods = match_methods,
 };
 
-/* ---- The lane: a repeated blocking call from the front method straight to its run ----
+/* ---- The lane: a repeated call from the front method straight to its run ----
  *
- * Communicator's front methods (all_reduce, ...) call lane(kind, x, out, args, check, async_op).
- * For a blocking repeat on numpy arrays this does what prepared.PreparedCalls.find and
+ * Communicator's front methods (all_reduce, ...) call lane.run(kind, x, out, args, check,
+ * async_op). For a repeat on numpy arrays this does what prepared.PreparedCalls.find and
  * Communicator._repeat do, guard for guard: find the entry (the Match test above); where the
  * call may run inline (nothing queued, the owning thread, not broken, not closed, not traced, no
- * async repeat out, the flight record extends), number it in the flight record, run the prepared
- * run's go() and return the entry's result. Everything else is Python's: an async call or a
- * failed guard goes to comm._repeat(entry, async_op); no entry, or one only Python can test (a
- * torch tensor's), to comm._lane_slow(kind, x, out, args, check, async_op), the pure-Python lane;
- * a run that raises to comm._repeat_failed(entry, record, err), which classifies it and raises.
+ * async repeat out, the flight record extends; async, a run that starts inline), number it in the
+ * flight record, then run the prepared run's go() and return the entry's result, or (async)
+ * start it, make its StartedHandle and poll once, as _repeat does. lane.complete(block, soon) is
+ * Communicator._complete, what a StartedHandle's wait and test and the next operation call.
+ * Everything else is Python's: a failed guard goes to comm._repeat(entry, async_op); no entry,
+ * or one only Python can test (a torch tensor's), to comm._lane_slow(kind, x, out, args, check,
+ * async_op), the pure-Python lane; a blocking run that raises to comm._repeat_failed(entry,
+ * record, err), an async one to comm._settle(started, err), which classify it.
  *
  * What it reads, it reads the way Python's attribute lookup would find it, only directly: the
  * communicator's, executor's and flight recorder's attributes in their __dict__ (none of these
@@ -199,7 +202,9 @@ static PyTypeObject MatchType = {
 typedef struct {                /* offsets of the __slots__ read and written here */
     Py_ssize_t matches, lean, result, kind, what;   /* Prepared's */
     Py_ssize_t r_what, r_name, r_last, r_running;   /* Repeats' */
-    Py_ssize_t go;                                  /* Run's */
+    Py_ssize_t go, start, complete, soon, starts_inline;   /* Run's */
+    Py_ssize_t h_name, h_completion, h_done, h_claimed, h_result, h_error, h_callbacks;
+                                                    /* StartedHandle's */
 } Offsets;
 
 typedef struct {
@@ -210,12 +215,13 @@ typedef struct {
     PyObject *executor;         /* its Executor's __dict__ (_pending) */
     PyObject *flight;           /* its FlightRecorder's __dict__ (_seq, _repeats) */
     PyObject *state;            /* log's flags (trace) */
-    PyTypeObject *prepared, *repeats, *run;   /* the classes whose slots are read */
+    PyTypeObject *prepared, *repeats, *run, *handle;   /* the classes whose slots are read */
     Offsets at;
 } Lane;
 
 static PyObject *s_pending, *s_owner, *s_broken, *s_closed, *s_started, *s_seq, *s_repeats,
-    *s_trace, *s_lane_slow, *s_repeat, *s_repeat_failed, *s_zero;
+    *s_trace, *s_lane_slow, *s_repeat, *s_repeat_failed, *s_completion, *s_completing,
+    *s_acquire, *s_release, *s_settle, *s_run_callbacks, *s_lean, *s_zero;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))  /* borrowed; NULL: unset */
 
@@ -398,16 +404,85 @@ repeat_failed(Lane *l, PyObject *entry, PyObject *record)
     }
 }
 
-/* A blocking repeat of `entry` run inline, as _repeat runs one: its result, or NULL with the
- * (classified) error; *ran 0 where it may not run inline (nothing done; NULL, maybe an error). */
+/* Start a repeat of `entry` with async_op=True inline, as _repeat does: publish (the run's
+ * start), make its StartedHandle, poll once; done already, the handle is settled; else it is the
+ * communicator's started call. The handle, or NULL with start's error. */
 static PyObject *
-run_inline(Lane *l, PyObject *entry, int *ran)
+start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record)
+{
+    PyObject *start = SLOT(run, l->at.start), *complete = SLOT(run, l->at.complete);
+    PyObject *completion = PyDict_GetItemWithError(l->guards, s_completion);  /* borrowed */
+    if (!start || !complete || !completion) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a prepared run without start or complete");
+        return NULL;
+    }
+    Py_INCREF(complete);
+    PyObject *r = PyObject_CallNoArgs(start);  /* publishes and enters the barrier */
+    PyObject *handle = r ? l->handle->tp_alloc(l->handle, 0) : NULL;  /* object.__new__ */
+    Py_XDECREF(r);
+    if (!handle) {
+        Py_DECREF(complete);
+        return NULL;
+    }
+    set_slot(handle, l->at.h_name, SLOT(entry, l->at.kind));
+    set_slot(handle, l->at.h_completion, completion);
+    set_slot(handle, l->at.h_done, Py_False);
+    set_slot(handle, l->at.h_claimed, Py_False);
+    set_slot(handle, l->at.h_callbacks, Py_None);
+    PyObject *started = PyTuple_Pack(3, handle, entry, record);
+    PyObject *done = started ? PyObject_CallOneArg(complete, Py_False) : NULL;  /* one poll */
+    Py_DECREF(complete);
+    int t = done ? PyObject_IsTrue(done) : -1;
+    Py_XDECREF(done);
+    if (t == 0 && PyDict_SetItem(l->guards, s_started, started) == 0) {
+        Py_DECREF(started);     /* its peers are not all in: completed by wait, test or the */
+        return handle;          /* next operation */
+    }
+    if (t > 0) {                /* every peer was in: done already */
+        set_slot(record, l->at.r_running, s_zero);
+        set_slot(handle, l->at.h_result, SLOT(entry, l->at.result));
+        set_slot(handle, l->at.h_error, Py_None);
+        set_slot(handle, l->at.h_done, Py_True);
+        Py_DECREF(started);
+        return handle;
+    }
+    if (!started) {
+        Py_DECREF(handle);
+        return NULL;
+    }
+    PyObject *type, *value, *tb;  /* the poll raised: _settle classifies it into the handle */
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb && value)
+        PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    PyObject *settled = PyObject_CallMethodObjArgs(l->comm, s_settle, started,
+                                                   value ? value : Py_None, NULL);
+    Py_XDECREF(value);
+    Py_DECREF(started);
+    if (!settled) {
+        Py_DECREF(handle);
+        return NULL;
+    }
+    Py_DECREF(settled);
+    return handle;
+}
+
+/* A repeat of `entry` run inline, as _repeat runs one: blocking, its result, or NULL with the
+ * (classified) error; async, its handle. *ran 0 where it may not run inline (nothing done;
+ * NULL, maybe an error). */
+static PyObject *
+run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
 {
     *ran = 0;
     PyObject *run = SLOT(entry, l->at.lean);
     PyObject *go = run && Py_TYPE(run) == l->run ? SLOT(run, l->at.go) : NULL;
     if (!go)
         return NULL;            /* no prepared run: _repeat submits the general one */
+    if (async_op && SLOT(run, l->at.starts_inline) != Py_True)
+        return NULL;            /* barriers follow the first: the progress thread's */
     int ok = inline_now(l);
     PyObject *record = ok == 1 ? extended_record(l, entry) : NULL;
     if (!record)
@@ -421,6 +496,14 @@ run_inline(Lane *l, PyObject *entry, int *ran)
     set_slot(record, l->at.r_running, seq);
     Py_DECREF(seq);
     *ran = 1;
+    if (async_op) {
+        Py_INCREF(run);
+        PyObject *handle = start_inline(l, entry, run, record);
+        Py_DECREF(run);
+        Py_DECREF(go);
+        Py_DECREF(record);
+        return handle;
+    }
     PyObject *done = PyObject_CallNoArgs(go);
     Py_DECREF(go);
     if (!done) {
@@ -457,11 +540,157 @@ lane_call(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     }
     PyObject *result = NULL;
     int ran = 0;
-    if (async_op == Py_False)
-        result = run_inline(l, entry, &ran);
+    if (async_op == Py_False || async_op == Py_True)
+        result = run_inline(l, entry, async_op == Py_True, &ran);
     if (!ran && !PyErr_Occurred())
         result = PyObject_CallMethodObjArgs(l->comm, s_repeat, entry, async_op, NULL);
     Py_DECREF(entry);
+    return result;
+}
+
+/* Settle a started repeat that completed (Communicator._settle without an error, and
+ * StartedHandle.settle): the done-callbacks to run (a new reference, None: none), or NULL. Where
+ * the three are not the kinds it knows (a one-off template's entry), Python's _settle. */
+static PyObject *
+settle_done(Lane *l, PyObject *started)
+{
+    PyObject *handle = PyTuple_GET_ITEM(started, 0), *entry = PyTuple_GET_ITEM(started, 1),
+        *record = PyTuple_GET_ITEM(started, 2);
+    if (Py_TYPE(handle) != l->handle || Py_TYPE(entry) != l->prepared ||
+            Py_TYPE(record) != l->repeats || !SLOT(entry, l->at.result))
+        return PyObject_CallMethodObjArgs(l->comm, s_settle, started, Py_None, NULL);
+    set_slot(record, l->at.r_running, s_zero);
+    set_slot(handle, l->at.h_result, SLOT(entry, l->at.result));
+    set_slot(handle, l->at.h_error, Py_None);
+    set_slot(handle, l->at.h_done, Py_True);
+    PyObject *callbacks = SLOT(handle, l->at.h_callbacks);
+    if (!callbacks || callbacks == Py_None)
+        Py_RETURN_NONE;
+    Py_INCREF(callbacks);
+    PyObject *none_yet = PyList_New(0);
+    if (!none_yet) {
+        Py_DECREF(callbacks);
+        return NULL;
+    }
+    set_slot(handle, l->at.h_callbacks, none_yet);
+    Py_DECREF(none_yet);
+    return callbacks;
+}
+
+/* One completion step of `run` (a started call's): soon() where asked and it has one, else
+ * complete(block). */
+static PyObject *
+poll_run(Lane *l, PyObject *run, int block, int soon)
+{
+    if (Py_TYPE(run) == l->run) {
+        PyObject *fast = SLOT(run, l->at.soon);
+        if (soon && fast && fast != Py_None)
+            return PyObject_CallNoArgs(fast);
+        PyObject *complete = SLOT(run, l->at.complete);
+        if (complete)
+            return PyObject_CallOneArg(complete, block ? Py_True : Py_False);
+    }
+    PyObject *fast = soon ? PyObject_GetAttrString(run, "soon") : Py_NewRef(Py_None);
+    if (!fast)
+        return NULL;
+    PyObject *r = fast != Py_None ? PyObject_CallNoArgs(fast) :
+        PyObject_CallMethod(run, "complete", "O", block ? Py_True : Py_False);
+    Py_DECREF(fast);
+    return r;
+}
+
+/* complete(block, soon=False): Communicator._complete in C. Complete the started repeat, if one
+ * is (waiting for its peers if block; soon: within the run's own short spin); whether none is
+ * left. Its error goes to its handle; its callbacks run here, outside the lock. */
+static PyObject *
+lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc < 1 || argc > 2) {
+        PyErr_SetString(PyExc_TypeError, "complete(block, soon=False)");
+        return NULL;
+    }
+    int block = PyObject_IsTrue(argv[0]), soon = argc > 1 ? PyObject_IsTrue(argv[1]) : 0;
+    if (block < 0 || soon < 0)
+        return NULL;
+    PyObject *started = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */
+    if (!started || started == Py_None) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_TRUE;
+    }
+    if (!PyTuple_Check(started) || PyTuple_GET_SIZE(started) != 3) {
+        PyErr_SetString(PyExc_SystemError, "a started call that is not (handle, entry, record)");
+        return NULL;
+    }
+    Py_INCREF(started);
+    PyObject *lock = PyDict_GetItemWithError(l->guards, s_completing);  /* borrowed */
+    PyObject *got = lock ? PyObject_CallMethodNoArgs(lock, s_acquire) : NULL;
+    if (!got) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a communicator without its completion lock");
+        Py_DECREF(started);
+        return NULL;
+    }
+    Py_DECREF(got);
+    Py_INCREF(lock);
+    PyObject *result = NULL, *callbacks = NULL;
+    PyObject *now = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */
+    if (now != started) {       /* another thread completed it meanwhile */
+        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_True);
+        goto unlock;
+    }
+    PyObject *entry = PyTuple_GET_ITEM(started, 1);
+    PyObject *run = Py_TYPE(entry) == l->prepared ? Py_XNewRef(SLOT(entry, l->at.lean)) :
+        PyObject_GetAttr(entry, s_lean);  /* a template's entry is its own run */
+    PyObject *r = run ? poll_run(l, run, block, soon) : NULL;
+    Py_XDECREF(run);
+    int done = r ? PyObject_IsTrue(r) : -1;
+    Py_XDECREF(r);
+    if (done == 0) {
+        result = Py_NewRef(Py_False);
+        goto unlock;
+    }
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (done < 0) {             /* the run raised: to the handle, classified by _settle */
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb && value)
+            PyException_SetTraceback(value, tb);
+        Py_XDECREF(type);
+        Py_XDECREF(tb);
+    }
+    if (PyDict_SetItem(l->guards, s_started, Py_None) < 0) {
+        Py_XDECREF(value);
+        goto unlock;
+    }
+    callbacks = done > 0 ? settle_done(l, started) :
+        PyObject_CallMethodObjArgs(l->comm, s_settle, started, value ? value : Py_None, NULL);
+    Py_XDECREF(value);
+    if (callbacks)
+        result = Py_NewRef(Py_True);
+unlock:;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);  /* release whatever happened */
+    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    Py_DECREF(lock);
+    if (!released) {
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(etb);
+        Py_CLEAR(result);
+    } else {
+        Py_DECREF(released);
+        PyErr_Restore(et, ev, etb);
+    }
+    if (result && callbacks && callbacks != Py_None && PyObject_IsTrue(callbacks) == 1) {
+        PyObject *ran = PyObject_CallMethodObjArgs(PyTuple_GET_ITEM(started, 0),
+                                                   s_run_callbacks, callbacks, NULL);
+        if (!ran)
+            Py_CLEAR(result);
+        Py_XDECREF(ran);
+    }
+    Py_XDECREF(callbacks);
+    Py_DECREF(started);
     return result;
 }
 
@@ -477,6 +706,7 @@ lane_traverse(Lane *l, visitproc visit, void *arg)
     Py_VISIT(l->prepared);
     Py_VISIT(l->repeats);
     Py_VISIT(l->run);
+    Py_VISIT(l->handle);
     return 0;
 }
 
@@ -492,6 +722,7 @@ lane_clear(Lane *l)
     Py_CLEAR(l->prepared);
     Py_CLEAR(l->repeats);
     Py_CLEAR(l->run);
+    Py_CLEAR(l->handle);
     return 0;
 }
 
@@ -516,16 +747,27 @@ lane_offsets(Lane *l)
         (at->r_name = slot_offset(l->repeats, "name")) < 0 ||
         (at->r_last = slot_offset(l->repeats, "last")) < 0 ||
         (at->r_running = slot_offset(l->repeats, "running")) < 0 ||
-        (at->go = slot_offset(l->run, "go")) < 0 ? -1 : 0;
+        (at->go = slot_offset(l->run, "go")) < 0 ||
+        (at->start = slot_offset(l->run, "start")) < 0 ||
+        (at->complete = slot_offset(l->run, "complete")) < 0 ||
+        (at->soon = slot_offset(l->run, "soon")) < 0 ||
+        (at->starts_inline = slot_offset(l->run, "starts_inline")) < 0 ||
+        (at->h_name = slot_offset(l->handle, "name")) < 0 ||
+        (at->h_completion = slot_offset(l->handle, "_completion")) < 0 ||
+        (at->h_done = slot_offset(l->handle, "_done")) < 0 ||
+        (at->h_claimed = slot_offset(l->handle, "_claimed")) < 0 ||
+        (at->h_result = slot_offset(l->handle, "_result")) < 0 ||
+        (at->h_error = slot_offset(l->handle, "_error")) < 0 ||
+        (at->h_callbacks = slot_offset(l->handle, "_callbacks")) < 0 ? -1 : 0;
 }
 
 static PyObject *
 lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    PyObject *comm, *by_kind, *executor, *flight, *state, *prepared, *repeats, *run;
-    if (!PyArg_ParseTuple(args, "OO!OOO!O!O!O!", &comm, &PyDict_Type, &by_kind, &executor,
+    PyObject *comm, *by_kind, *executor, *flight, *state, *prepared, *repeats, *run, *handle;
+    if (!PyArg_ParseTuple(args, "OO!OOO!O!O!O!O!", &comm, &PyDict_Type, &by_kind, &executor,
                           &flight, &PyDict_Type, &state, &PyType_Type, &prepared, &PyType_Type,
-                          &repeats, &PyType_Type, &run))
+                          &repeats, &PyType_Type, &run, &PyType_Type, &handle))
         return NULL;
     Lane *l = (Lane *)type->tp_alloc(type, 0);
     if (!l)
@@ -536,6 +778,7 @@ lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     l->prepared = (PyTypeObject *)Py_NewRef(prepared);
     l->repeats = (PyTypeObject *)Py_NewRef(repeats);
     l->run = (PyTypeObject *)Py_NewRef(run);
+    l->handle = (PyTypeObject *)Py_NewRef(handle);
     l->guards = PyObject_GenericGetDict(comm, NULL);
     l->executor = l->guards ? PyObject_GenericGetDict(executor, NULL) : NULL;
     l->flight = l->executor ? PyObject_GenericGetDict(flight, NULL) : NULL;
@@ -548,15 +791,19 @@ lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 
 static PyMethodDef lane_methods[] = {
     {"run", (PyCFunction)(void (*)(void))lane_call, METH_FASTCALL,
-     "run(kind, x, out, args, check, async_op) -> the call's result: a blocking repeat on numpy "
-     "arrays runs here; anything else goes to the communicator's Python."},
+     "run(kind, x, out, args, check, async_op) -> the call's result (or Handle): a repeat on "
+     "numpy arrays runs (or starts) here; anything else goes to the communicator's Python."},
+    {"complete", (PyCFunction)(void (*)(void))lane_complete, METH_FASTCALL,
+     "complete(block, soon=False) -> whether no started repeat is left: "
+     "Communicator._complete in C."},
     {NULL},
 };
 
 static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "topocoll.collectives._match.Lane",
-    .tp_doc = "Lane(comm, by_kind, executor, flight, log_flags, Prepared, Repeats, Run): a "
+    .tp_doc = "Lane(comm, by_kind, executor, flight, log_flags, Prepared, Repeats, Run, "
+              "StartedHandle): a "
               "communicator's front methods' way to a repeated call (see _match.c)",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -575,6 +822,9 @@ intern_names(void)
         {&s_closed, "_closed"}, {&s_started, "_started"}, {&s_seq, "_seq"},
         {&s_repeats, "_repeats"}, {&s_trace, "trace"}, {&s_lane_slow, "_lane_slow"},
         {&s_repeat, "_repeat"}, {&s_repeat_failed, "_repeat_failed"},
+        {&s_completion, "_completion"}, {&s_completing, "_completing"},
+        {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_settle, "_settle"},
+        {&s_run_callbacks, "run_callbacks"}, {&s_lean, "lean"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))

@@ -100,11 +100,14 @@ class Communicator:
         self._started: tuple[StartedHandle, Prepared | Rebound, Repeats] | None = None
         # the started async repeat, and its flight record (whose last run it is)
         self._completing = threading.Lock()  # held while the started repeat completes
+        lane = compiled_lane(self, self._prepared, self._executor, self._flight)
+        self._lane: Callable[..., Any] = self._lane_slow if lane is None else lane.run
+        """Every front method's first step: ``_lane_slow``'s answer, from C where compiled."""
+        self._complete: Callable[..., bool] = self._complete_py if lane is None else \
+            lane.complete
+        """``_complete_py(block, soon=False)``, from C where compiled."""
         self._completion = Completion(self._complete, self._complete_later, self._completing)
         self._local = threading.local()  # .submitted: this thread's call reached _submit
-        self._lane: Callable[..., Any] = \
-            compiled_lane(self, self._prepared, self._executor, self._flight) or self._lane_slow
-        """Every front method's first step: ``_lane_slow``'s answer, from C where compiled."""
         watchdog.start()  # a wait stuck inside MPI ends the process (docs: Faults)
 
     # -- identity --
@@ -682,7 +685,7 @@ class Communicator:
         in C where compiled, then polls up to ``HANDOFF_SPIN_SECONDS``); whether none is left.
         An async call issued while the one before it is still out (a bucketed reduction, the
         bench's ``-z 0``) waits this long for it, then queues rather than block on a late peer."""
-        return self._complete(False, soon=True) or spin(self._complete_now, HANDOFF_SPIN_SECONDS)
+        return self._complete(False, True) or spin(self._complete_now, HANDOFF_SPIN_SECONDS)
 
     def _lane_slow(self, kind: str, x: Any, out: Any, args: tuple[Any, ...], check: bool,
                    async_op: bool) -> Any:
@@ -752,10 +755,11 @@ class Communicator:
             raise err
         raise failure from err
 
-    def _complete(self, block: bool, soon: bool = False) -> bool:
+    def _complete_py(self, block: bool, soon: bool = False) -> bool:
         """Complete the prepared call started with ``async_op=True``, if one is (waiting for the
         peers if ``block``; ``soon``: within the run's own short spin, where it has one);
-        whether none is left. Its error goes to its handle."""
+        whether none is left. Its error goes to its handle. ``self._complete``: this, or its
+        compiled form (``_match.Lane.complete``)."""
         started = self._started
         if started is None:
             return True

@@ -224,12 +224,14 @@ def _match_type() -> Any:
 
 
 def compiled_lane(comm: Any, calls: PreparedCalls, executor: Any, flight: Any) -> Any:
-    """``comm``'s front methods' first step in C (``_match.Lane``, the same as its
-    ``_lane_slow`` but for a blocking repeat on numpy arrays, which it runs without Python),
-    or None where the compiled test is not in use (``_match_type``)."""
+    """``comm``'s way to its repeated calls in C (``_match.Lane``: ``run``, the same as
+    ``comm._lane_slow`` but for repeats on numpy arrays, which it runs or starts without Python,
+    and ``complete``, the same as ``comm._complete_py``), or None where the compiled test is not
+    in use (``_match_type``)."""
     if _match_type() is None:
         return None
-    return _LANE[0](comm, calls.by_kind, executor, flight, flags(), Prepared, Repeats, Run).run
+    return _LANE[0](comm, calls.by_kind, executor, flight, flags(), Prepared, Repeats, Run,
+                    StartedHandle)
 
 
 def _checked_match() -> Any:

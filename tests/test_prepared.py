@@ -324,6 +324,8 @@ class _LaneComm:
         self._broken = None
         self._closed = False
         self._started = None
+        self._completing = threading.Lock()
+        self._completion = object()  # what its StartedHandles hold
         self.calls = []
 
     def _lane_slow(self, kind, x, out, args, check, async_op):
@@ -339,10 +341,39 @@ class _LaneComm:
         record.running = 0
         raise RuntimeError("classified") from err
 
+    def _settle(self, started, error):
+        handle, entry, record = started
+        self.calls.append(("settle", type(error).__name__))
+        record.running = 0
+        return handle.settle(None if error else entry.result, error)
 
-def _lane_setup():
-    """A compiled lane over a fake communicator, with one kept blocking all_reduce of ``x``
-    (its run counts its calls): (lane, comm, executor, flight, entry, x, runs)."""
+
+class _LaneRun:
+    """A prepared run whose peers arrive when the test says (``arrived``), counting its calls."""
+
+    def __init__(self):
+        self.arrived, self.calls, self.fails = False, [], None
+
+    def start(self):
+        self.calls.append("start")
+
+    def complete(self, block):
+        self.calls.append(("complete", block))
+        if self.fails:
+            raise self.fails
+        return self.arrived or block
+
+    def go(self):
+        self.calls.append("go")
+
+    def soon(self):
+        self.calls.append("soon")
+        return self.arrived
+
+
+def _lane_setup(starts_inline=True, soon=False):
+    """A compiled lane over a fake communicator, with one kept all_reduce of ``x`` whose run is a
+    ``_LaneRun``: (lane, comm, executor, flight, entry, x, run)."""
     import types
 
     import numpy as np
@@ -355,29 +386,33 @@ def _lane_setup():
         pytest.skip("the compiled match is not built here (no C compiler at install)")
     comm, executor, flight = _LaneComm(), types.SimpleNamespace(_pending=0), FlightRecorder()
     calls = prepared.PreparedCalls()
-    x, runs = np.zeros(8, np.float32), []
+    x, fake = np.zeros(8, np.float32), _LaneRun()
     what = (np.dtype(np.float32), 8, "shm")
     entry = prepared.Prepared("all_reduce", ("sum", "auto", False, None), True, x, None, True,
                               what, x, lambda: None,
-                              Run(lambda: None, lambda block: True, both=lambda: runs.append(1)))
+                              Run(fake.start, fake.complete, both=fake.go,
+                                  starts_inline=starts_inline, soon=fake.soon if soon else None))
     calls.add(entry, x)
     lane = prepared.compiled_lane(comm, calls, executor, flight)
-    return lane, comm, executor, flight, entry, x, runs
+    return lane, comm, executor, flight, entry, x, fake
+
+
+ARGS = ("sum", "auto", False, None)
 
 
 def test_the_compiled_lane_runs_a_blocking_repeat_and_numbers_it_like_python():
-    lane, comm, executor, flight, entry, x, runs = _lane_setup()
-    args = ("sum", "auto", False, None)
-    assert lane("all_reduce", x, None, args, True, False) == "repeated in Python"
-    assert comm.calls == [("repeat", False)] and not runs  # no record of its own yet: Python's
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
+    assert lane.run("all_reduce", x, None, ARGS, True, False) == "repeated in Python"
+    assert comm.calls == [("repeat", False)] and not run.calls  # no record of its own yet
     record = flight.issue_running("all_reduce", entry.what)  # as _repeat makes it
     record.running = 0
     for n in range(1, 4):
-        assert lane("all_reduce", x, None, ("sum", "auto", False, None), True, False) is x
-        assert len(runs) == n and record.last == flight._seq == 1 + n and record.running == 0
+        assert lane.run("all_reduce", x, None, ("sum", "auto", False, None), True, False) is x
+        assert run.calls == ["go"] * n and record.last == flight._seq == 1 + n
+        assert record.running == 0
     assert comm.calls == [("repeat", False)]  # the three ran in C
     flight.issue("barrier")  # another operation between: the next repeat starts a new record
-    assert lane("all_reduce", x, None, args, True, False) == "repeated in Python"
+    assert lane.run("all_reduce", x, None, ARGS, True, False) == "repeated in Python"
 
 
 def test_the_compiled_lane_leaves_to_python_every_call_python_must_see():
@@ -385,46 +420,46 @@ def test_the_compiled_lane_leaves_to_python_every_call_python_must_see():
 
     from topocoll.collectives import log
 
-    lane, comm, executor, flight, entry, x, runs = _lane_setup()
-    args = ("sum", "auto", False, None)
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
     flight.issue_running("all_reduce", entry.what).running = 0
 
     def way(**kw):
         comm.calls.clear()
-        result = lane("all_reduce", kw.get("x", x), kw.get("out"), kw.get("args", args),
-                      kw.get("check", True), kw.get("async_op", False))
-        return result, comm.calls[:]
+        for async_op in (False, True):
+            result = lane.run("all_reduce", kw.get("x", x), kw.get("out"), kw.get("args", ARGS),
+                              kw.get("check", True), async_op)
+            yield result, comm.calls[-1:]
 
-    assert way() == (x, [])
-    assert way(async_op=True) == ("repeated in Python", [("repeat", True)])
+    assert lane.run("all_reduce", x, None, ARGS, True, False) is x and run.calls == ["go"]
     for name, value, clean in (("_broken", "RuntimeError: x", None), ("_closed", True, False),
-                               ("_started", (1, 2, 3), None), ("_owner", 1, comm._owner),
-                               ("_owner", None, comm._owner)):
+                               ("_owner", 1, comm._owner), ("_owner", None, comm._owner),
+                               ("_started", ("an async repeat out",), None)):
         setattr(comm, name, value)
-        assert way() == ("repeated in Python", [("repeat", False)]), name
+        assert list(way()) == [("repeated in Python", [("repeat", False)]),
+                               ("repeated in Python", [("repeat", True)])], name
         setattr(comm, name, clean)
     executor._pending = 1
-    assert way() == ("repeated in Python", [("repeat", False)])
+    assert [r for r, _ in way()] == ["repeated in Python"] * 2
     executor._pending = 0
     log.flags()["trace"] = True
     try:
-        assert way() == ("repeated in Python", [("repeat", False)])
+        assert [r for r, _ in way()] == ["repeated in Python"] * 2
     finally:
         log.flags()["trace"] = False
     for kw in ({"x": x.copy()}, {"args": ("max", "auto", False, None)}, {"check": False},
                {"out": x}):
-        assert way(**kw) == ("general", ["slow"]), kw
-    assert lane("rotate", x, None, args, True, False) == "general"  # nothing kept of the kind
+        assert list(way(**kw)) == [("general", ["slow"])] * 2, kw
+    assert lane.run("rotate", x, None, ARGS, True, False) == "general"  # nothing kept of the kind
     lean, entry.lean = entry.lean, None
-    assert way() == ("repeated in Python", [("repeat", False)])  # no prepared run
+    assert [r for r, _ in way()] == ["repeated in Python"] * 2  # no prepared run
     entry.lean = lean
     entry.matches = None  # an entry only Python tests (a tensor's)
-    assert way() == ("general", ["slow"])
-    assert len(runs) == 1 and np.all(x == 0)  # only the first call ran in C
+    assert [r for r, _ in way()] == ["general"] * 2
+    assert run.calls == ["go"] and np.all(x == 0)  # only the first call ran in C
 
 
 def test_the_compiled_lane_hands_a_failed_run_to_python_to_classify():
-    lane, comm, executor, flight, entry, x, runs = _lane_setup()
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
     record = flight.issue_running("all_reduce", entry.what)
     record.running = 0
 
@@ -433,10 +468,69 @@ def test_the_compiled_lane_hands_a_failed_run_to_python_to_classify():
 
     entry.lean.go = fails
     with pytest.raises(RuntimeError, match="classified") as info:
-        lane("all_reduce", x, None, ("sum", "auto", False, None), True, False)
+        lane.run("all_reduce", x, None, ("sum", "auto", False, None), True, False)
     assert isinstance(info.value.__cause__, ValueError)
     assert comm.calls == [("failed", record.last, "ValueError")]  # still running when handed
     assert record.running == 0
+
+
+def test_the_compiled_lane_starts_an_async_repeat_and_completes_it_like_python():
+    from topocoll.collectives.prepared import StartedHandle
+
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
+    record = flight.issue_running("all_reduce", entry.what)
+    record.running = 0
+    h = lane.run("all_reduce", x, None, ARGS, True, True)  # the peers are out
+    assert type(h) is StartedHandle and h.name == "all_reduce" and h._completion is \
+        comm._completion
+    assert run.calls == ["start", ("complete", False)] and comm.calls == []
+    assert comm._started == (h, entry, record) and record.running == record.last == 2
+    assert not h._done and h._callbacks is None and h.exception() is None
+    assert lane.complete(False) is False and comm._started is not None  # still out
+    seen = []
+    h._callbacks = [lambda handle: seen.append((handle, comm._completing.locked()))]
+    run.arrived = True
+    assert lane.complete(False) is True and comm._started is None
+    assert h._done and h._result is x and h._error is None and record.running == 0
+    assert seen == [(h, False)] and h._callbacks == []  # run once, outside the lock
+    assert lane.complete(True) is True  # nothing started
+    h2 = lane.run("all_reduce", x, None, ARGS, True, True)  # every peer in: done at issue
+    assert h2._done and h2._result is x and comm._started is None and record.last == 3
+    assert record.running == 0 and comm.calls == []
+    assert lane.run("all_reduce", x, None, ARGS, True, False) is x and record.last == 4
+
+
+def test_the_compiled_lane_gives_an_async_repeat_s_error_to_its_handle_through_python():
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
+    flight.issue_running("all_reduce", entry.what).running = 0
+    run.fails = ValueError("at issue")
+    h = lane.run("all_reduce", x, None, ARGS, True, True)
+    assert comm.calls == [("settle", "ValueError")] and h._done and comm._started is None
+    with pytest.raises(ValueError, match="at issue"):
+        h.wait()
+    run.fails = None
+    h = lane.run("all_reduce", x, None, ARGS, True, True)
+    assert comm._started is not None
+    run.fails = ValueError("at completion")
+    assert lane.complete(True) is True and comm._started is None and h._done
+    assert comm.calls[-1] == ("settle", "ValueError") and not comm._completing.locked()
+    assert isinstance(h.exception(), ValueError)
+
+
+def test_the_compiled_lane_leaves_async_repeats_python_must_start():
+    lane, comm, executor, flight, entry, x, run = _lane_setup(starts_inline=False)
+    flight.issue_running("all_reduce", entry.what).running = 0
+    assert lane.run("all_reduce", x, None, ARGS, True, True) == "repeated in Python"
+    assert comm.calls == [("repeat", True)] and run.calls == []  # barriers follow: queued
+    lane, comm, executor, flight, entry, x, run = _lane_setup(soon=True)
+    flight.issue_running("all_reduce", entry.what).running = 0
+    h = lane.run("all_reduce", x, None, ARGS, True, True)
+    assert lane.run("all_reduce", x, None, ARGS, True, True) == "repeated in Python"
+    assert comm.calls == [("repeat", True)]  # one is out: Python completes it soon, or queues
+    run.calls.clear()
+    assert lane.complete(False, True) is False and run.calls == ["soon"]  # the run's own spin
+    run.arrived = True
+    assert lane.complete(False, True) is True and h._done and run.calls == ["soon"] * 2
 
 
 def test_the_compiled_lane_is_collected_with_its_communicator():
@@ -462,4 +556,4 @@ def test_the_compiled_lane_refuses_classes_it_cannot_read():
 
     lane_type = prepared._LANE[0]
     with pytest.raises(TypeError, match="not a slot"):
-        lane_type(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, Loose, Loose, Loose)
+        lane_type(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, Loose, Loose, Loose, Loose)
