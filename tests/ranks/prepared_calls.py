@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from topocoll import collectives
-from topocoll.collectives import faults
+from topocoll.collectives import faults, prepared
 from topocoll.collectives.algorithms import compiled
 from topocoll.collectives.algorithms.shm import REGISTERED_FROM
 from topocoll.collectives.prepared import PREPARED_KEPT_BYTES, PREPARED_MAX_BYTES
@@ -110,6 +110,15 @@ def compiled_runs(c, kind):
     """How many kept calls of ``kind`` run through the compiled plan (white-box)."""
     return sum(e.lean is not None and e.lean._both is not None
                for entries in c._prepared._by_kind.get(kind, {}).values() for e in entries)
+
+
+def the_lane_is_compiled_where_built(c):
+    """The front methods' first step and the completion of started repeats are the compiled
+    lane's where the extension is built and on, else their Python forms (the suite runs both)."""
+    built = prepared._match_type() is not None
+    assert (c._lane == c._lane_slow) is not built, c._lane
+    assert (c._complete == c._complete_py) is not built, c._complete
+    assert c._completion.finish == c._complete
 
 
 def reductions_match_numpy(c):
@@ -690,6 +699,7 @@ def empty_calls_repeat_prepared(c):
 
 def body():
     c = collectives.init(timeout=20)
+    the_lane_is_compiled_where_built(c)
     repeats_stay_exact(c)
     kept_from_the_second_call(c)
     reductions_match_numpy(c)
