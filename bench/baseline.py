@@ -110,11 +110,12 @@ class MPICase(Case):
         """Always ``mpi4py``: there is nothing to choose."""
         return BASELINE
 
-    def run(self, iters: int, blocking: bool, agg: int = 1, fresh: bool = False) -> None:
-        """Issue ``iters * agg`` calls, blocking, or each as its ``I...`` call and ``Wait`` (MPI
-        forbids pending calls that write one buffer, so ``-m`` can't group them here); ``fresh``:
-        on new copies of the buffers, as ``Case.run``."""
-        call, nonblocking = self._call, not blocking
+    def run(self, iters: int, blocking: bool, agg: int = 1, fresh: bool = False,
+            wait_each: bool = False) -> None:
+        """Issue ``iters * agg`` calls, blocking, or (``-z 0``, ``--wait-each``) each as its
+        ``I...`` call and ``Wait`` (MPI forbids pending calls that write one buffer, so ``-m``
+        can't group them here); ``fresh``: on new copies of the buffers, as ``Case.run``."""
+        call, nonblocking = self._call, wait_each or not blocking
         for _ in range(iters * agg):
             call(nonblocking, fresh)
 

@@ -150,12 +150,19 @@ class Case:
             return "p2p" if self.spec.name == "sendrecv" else self.algo
         return self.comm.algorithm_for(self.spec.name, self.input_bytes)
 
-    def run(self, iters: int, blocking: bool, agg: int = 1, fresh: bool = False) -> None:
+    def run(self, iters: int, blocking: bool, agg: int = 1, fresh: bool = False,
+            wait_each: bool = False) -> None:
         """Issue ``iters`` iterations of ``agg`` calls each (nccl-tests' ``-m``): blocking, each
         iteration waits for its calls (one call: a plain blocking call; several: issued with
         ``async_op=True``, then waited for as a group); else all async and waited at the end.
-        ``fresh``: every call on new copies of the buffers (``--fresh-buffers``)."""
+        ``fresh``: every call on new copies of the buffers (``--fresh-buffers``); ``wait_each``:
+        every call async, waited before the next (``--wait-each``)."""
         call = self._call
+        if wait_each:
+            for _ in range(iters * agg):
+                for h in call(True, fresh):
+                    h.wait()
+            return
         if blocking and agg == 1:
             for _ in range(iters):
                 call(False, fresh)

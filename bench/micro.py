@@ -142,7 +142,8 @@ def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, 
     api_op = "sum" if op == "none" else op
     row = Row(name, algo, algo, shown, count, dtype, op, root)
     if algo == BASELINE:
-        reason = _needs(baseline).unsupported(name, dtype, api_op, opts.blocking)
+        reason = _needs(baseline).unsupported(name, dtype, api_op,
+                                              opts.blocking and not opts.wait_each)
         if reason is not None:
             row.extra["skipped"] = reason
             return row
@@ -163,7 +164,7 @@ def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, 
         iters = timed_iterations(comm, opts, case)
         comm.barrier()
         t0 = time.perf_counter()
-        case.run(iters, opts.blocking, opts.agg, opts.fresh)
+        case.run(iters, opts.blocking, opts.agg, opts.fresh, opts.wait_each)
         mine = (time.perf_counter() - t0) / (iters * opts.agg)
         seconds = combine_time(comm, mine, opts.average)
         counts_ = comm.all_reduce(np.array([wrong, oob], np.int64), op="sum")
@@ -192,7 +193,8 @@ def timed_iterations(comm: collectives.Communicator, opts: Options, case: Case) 
     """Run the warm-up; return how many iterations to time: ``-n``, or with ``--min-time`` enough
     to fill it (estimated from the warm-up, the largest count over ranks, at most ``MAX_ITERS``)."""
     t0 = time.perf_counter()
-    case.run(max(opts.warmup, 1 if opts.min_time else 0), opts.blocking, fresh=opts.fresh)
+    case.run(max(opts.warmup, 1 if opts.min_time else 0), opts.blocking, fresh=opts.fresh,
+             wait_each=opts.wait_each)
     if not opts.min_time:
         return opts.iters
     per_iter = (time.perf_counter() - t0) / max(opts.warmup, 1)
@@ -252,6 +254,7 @@ def _params(opts: Options, comm: collectives.Communicator) -> str:
             f"{AVERAGE_MODES[opts.average]} algos: {','.join(opts.algos)} "
             f"registered buffers: {opts.registered} "
             f"{'fresh buffers: 1 ' if opts.fresh else ''}"
+            f"{'wait each: 1 ' if opts.wait_each else ''}"
             f"agreement check: {check}")
 
 

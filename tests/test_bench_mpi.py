@@ -179,6 +179,22 @@ def test_fresh_buffers_time_every_collective_on_new_arrays(tmp_path, blocking):
                    for res in (r.get("out_of_place"), r.get("in_place")) if res), coll
 
 
+def test_wait_each_runs_async_calls_waited_one_by_one_beside_mpi4py(tmp_path):
+    """--wait-each: every collective runs with async_op=True, each call waited before the next,
+    checked, beside mpi4py's I-call and Wait; the header and the JSON say so."""
+    for coll in ("all_reduce", "broadcast", "rotate"):
+        js = tmp_path / f"{coll}.json"
+        out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "4K", "-f", "16",
+                                            "-n", "20", "-z", "1", "--wait-each",
+                                            "--json", str(js)], timeout=120)
+        assert out.count("RC 0") == 2 and "wait each: 1" in out, out
+        data = json.loads(js.read_text())
+        assert data["meta"]["params"]["wait_each"] is True
+        assert {r["algo"] for r in data["rows"]} == {"mpi4py", "auto"}, coll
+        assert all(res["wrong"] == 0 for r in data["rows"]
+                   for res in (r.get("out_of_place"), r.get("in_place")) if res), coll
+
+
 def test_min_time_gives_small_messages_more_iterations(tmp_path):
     """--min-time: an 8-byte call takes microseconds, so 30 ms need far more than -n 2 iterations;
     every rank times the same count (the JSON row records it) and results stay right."""

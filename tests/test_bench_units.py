@@ -134,6 +134,7 @@ def test_registered_flag_is_nccl_tests_R_and_repeats_moved():
     ("all_reduce", ["--plot", "out.svg"], ".png"),
     ("all_reduce", ["--nope"], "unrecognized arguments"),
     ("sendrecv", ["--fresh-buffers"], "--fresh-buffers is not offered for sendrecv"),
+    ("all_reduce", ["--wait-each", "-m", "2"], "--wait-each times one call at a time"),
     ("all_reduce", ["-n", "many"], "invalid int value"),
     ("gather", [], "unknown collective 'gather'"),
 ])
@@ -365,3 +366,31 @@ def test_fresh_copies_give_new_buffers_in_every_call_and_keep_in_place():
         assert got[4] is not args[4] and got[4][0] is not out and got[4][1] == "dt"
         assert got[1:2] == ("sum",) and got[3] == 3 and got[5] is None
     assert first[0] is not second[0] and first[4][0] is not second[4][0]
+
+
+def test_wait_each_issues_every_call_async_and_waits_for_it_before_the_next():
+    """--wait-each: each call is issued with async_op=True and its handle waited for before the
+    next call (the async call's own cost); -z 0 waits for them all at the end."""
+    from topocoll.bench.colls import Case
+
+    events = []
+
+    class Handle:
+        def __init__(self, k):
+            self.k = k
+
+        def wait(self):
+            events.append(("wait", self.k))
+
+    def call(async_op, fresh=False):
+        events.append(("issue", async_op))
+        return [Handle(len(events))] if async_op else []
+
+    case = object.__new__(Case)
+    case._call = call
+    case.run(3, blocking=True, wait_each=True)
+    assert events == [("issue", True), ("wait", 1), ("issue", True), ("wait", 3),
+                      ("issue", True), ("wait", 5)]
+    events.clear()
+    case.run(2, blocking=False)
+    assert events == [("issue", True), ("issue", True), ("wait", 1), ("wait", 2)]
