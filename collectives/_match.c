@@ -382,9 +382,10 @@ next_seq(Lane *l)
     return next;
 }
 
-/* Hand the exception that the run raised to comm._repeat_failed, which raises it classified. */
-static void
-repeat_failed(Lane *l, PyObject *entry, PyObject *record)
+/* The exception being raised, taken out of the error indicator with its traceback, as an
+ * `except BaseException as err` holds it (a new reference; never NULL). */
+static PyObject *
+caught(void)
 {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -393,8 +394,16 @@ repeat_failed(Lane *l, PyObject *entry, PyObject *record)
         PyException_SetTraceback(value, tb);
     Py_XDECREF(type);
     Py_XDECREF(tb);
+    return value ? value : PyObject_CallNoArgs(PyExc_SystemError);
+}
+
+/* Hand the exception that the run raised to comm._repeat_failed, which raises it classified. */
+static void
+repeat_failed(Lane *l, PyObject *entry, PyObject *record)
+{
+    PyObject *value = caught();
     if (!value)
-        value = Py_NewRef(Py_None);
+        return;
     PyObject *raised = PyObject_CallMethodObjArgs(l->comm, s_repeat_failed, entry, record,
                                                   value, NULL);
     Py_DECREF(value);
@@ -451,15 +460,9 @@ start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record)
         Py_DECREF(handle);
         return NULL;
     }
-    PyObject *type, *value, *tb;  /* the poll raised: _settle classifies it into the handle */
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb && value)
-        PyException_SetTraceback(value, tb);
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    PyObject *settled = PyObject_CallMethodObjArgs(l->comm, s_settle, started,
-                                                   value ? value : Py_None, NULL);
+    PyObject *value = caught();  /* the poll raised: _settle classifies it into the handle */
+    PyObject *settled = value ? PyObject_CallMethodObjArgs(l->comm, s_settle, started, value,
+                                                           NULL) : NULL;
     Py_XDECREF(value);
     Py_DECREF(started);
     if (!settled) {
@@ -650,21 +653,15 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         result = Py_NewRef(Py_False);
         goto unlock;
     }
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
-    if (done < 0) {             /* the run raised: to the handle, classified by _settle */
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (tb && value)
-            PyException_SetTraceback(value, tb);
-        Py_XDECREF(type);
-        Py_XDECREF(tb);
-    }
+    PyObject *value = NULL;
+    if (done < 0 && !(value = caught()))  /* the run raised: to the handle, via _settle */
+        goto unlock;
     if (PyDict_SetItem(l->guards, s_started, Py_None) < 0) {
         Py_XDECREF(value);
         goto unlock;
     }
     callbacks = done > 0 ? settle_done(l, started) :
-        PyObject_CallMethodObjArgs(l->comm, s_settle, started, value ? value : Py_None, NULL);
+        PyObject_CallMethodObjArgs(l->comm, s_settle, started, value, NULL);
     Py_XDECREF(value);
     if (callbacks)
         result = Py_NewRef(Py_True);
@@ -803,8 +800,7 @@ static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "topocoll.collectives._match.Lane",
     .tp_doc = "Lane(comm, by_kind, executor, flight, log_flags, Prepared, Repeats, Run, "
-              "StartedHandle): a "
-              "communicator's front methods' way to a repeated call (see _match.c)",
+              "StartedHandle): a communicator's way to its repeated calls (see _match.c)",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = lane_new,
