@@ -187,7 +187,8 @@ static PyTypeObject MatchType = {
  * async repeat out, the flight record extends; async, a run that starts inline), number it in the
  * flight record, then run the prepared run's go() and return the entry's result, or (async)
  * start it, make its StartedHandle and poll once, as _repeat does. lane.complete(block, soon) is
- * Communicator._complete, what a StartedHandle's wait and test and the next operation call.
+ * Communicator._complete, what a StartedHandle's wait and test and the next operation call;
+ * lane.repeat(entry, async_op) is the same run for an entry already known (a persistent call).
  * Everything else is Python's: a failed guard goes to comm._repeat(entry, async_op); no entry,
  * or one only Python can test (a torch tensor's), to comm._lane_slow(kind, x, out, args, check,
  * async_op), the pure-Python lane; a blocking run that raises to comm._repeat_failed(entry,
@@ -488,27 +489,23 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
         return NULL;            /* barriers follow the first: the progress thread's */
     int ok = inline_now(l);
     PyObject *record = ok == 1 ? extended_record(l, entry) : NULL;
-    if (!record)
-        return NULL;
-    PyObject *seq = next_seq(l);
+    PyObject *seq = record ? next_seq(l) : NULL;
     if (!seq)
         return NULL;
     Py_INCREF(record);
+    Py_INCREF(run);
     Py_INCREF(go);
     set_slot(record, l->at.r_last, seq);
     set_slot(record, l->at.r_running, seq);
     Py_DECREF(seq);
     *ran = 1;
-    if (async_op) {
-        Py_INCREF(run);
-        PyObject *handle = start_inline(l, entry, run, record);
-        Py_DECREF(run);
-        Py_DECREF(go);
-        Py_DECREF(record);
-        return handle;
-    }
-    PyObject *done = PyObject_CallNoArgs(go);
+    PyObject *done = async_op ? start_inline(l, entry, run, record) : PyObject_CallNoArgs(go);
+    Py_DECREF(run);
     Py_DECREF(go);
+    if (async_op) {
+        Py_DECREF(record);
+        return done;            /* the handle */
+    }
     if (!done) {
         repeat_failed(l, entry, record);
         Py_DECREF(record);
@@ -521,6 +518,33 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
     if (!result)
         PyErr_SetString(PyExc_AttributeError, "a prepared call without its result");
     return Py_XNewRef(result);
+}
+
+/* A repeat of `entry` (borrowed): inline where it may, else comm._repeat(entry, async_op). */
+static PyObject *
+lane_repeat_entry(Lane *l, PyObject *entry, PyObject *async_op)
+{
+    PyObject *result = NULL;
+    int ran = 0;
+    Py_INCREF(entry);
+    if ((async_op == Py_False || async_op == Py_True) && Py_TYPE(entry) == l->prepared)
+        result = run_inline(l, entry, async_op == Py_True, &ran);
+    if (!ran && !PyErr_Occurred())
+        result = PyObject_CallMethodObjArgs(l->comm, s_repeat, entry, async_op, NULL);
+    Py_DECREF(entry);
+    return result;
+}
+
+/* repeat(entry, async_op): Communicator._repeat, inline in C where it may (a persistent
+ * collective's start and call, whose entry is known). */
+static PyObject *
+lane_repeat(Lane *l, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc != 2) {
+        PyErr_SetString(PyExc_TypeError, "repeat(entry, async_op)");
+        return NULL;
+    }
+    return lane_repeat_entry(l, argv[0], argv[1]);
 }
 
 /* lane(kind, x, out, args, check, async_op): the call's result (or Handle), or what
@@ -541,12 +565,7 @@ lane_call(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         PyObject *call[7] = {l->comm, kind, x, out, args, check, async_op};
         return PyObject_VectorcallMethod(s_lane_slow, call, 7, NULL);
     }
-    PyObject *result = NULL;
-    int ran = 0;
-    if (async_op == Py_False || async_op == Py_True)
-        result = run_inline(l, entry, async_op == Py_True, &ran);
-    if (!ran && !PyErr_Occurred())
-        result = PyObject_CallMethodObjArgs(l->comm, s_repeat, entry, async_op, NULL);
+    PyObject *result = lane_repeat_entry(l, entry, async_op);
     Py_DECREF(entry);
     return result;
 }
@@ -790,6 +809,9 @@ static PyMethodDef lane_methods[] = {
     {"run", (PyCFunction)(void (*)(void))lane_call, METH_FASTCALL,
      "run(kind, x, out, args, check, async_op) -> the call's result (or Handle): a repeat on "
      "numpy arrays runs (or starts) here; anything else goes to the communicator's Python."},
+    {"repeat", (PyCFunction)(void (*)(void))lane_repeat, METH_FASTCALL,
+     "repeat(entry, async_op) -> Communicator._repeat(entry, async_op), inline in C where it "
+     "may."},
     {"complete", (PyCFunction)(void (*)(void))lane_complete, METH_FASTCALL,
      "complete(block, soon=False) -> whether no started repeat is left: "
      "Communicator._complete in C."},

@@ -103,6 +103,8 @@ class Communicator:
         lane = compiled_lane(self, self._prepared, self._executor, self._flight)
         self._lane: Callable[..., Any] = self._lane_slow if lane is None else lane.run
         """Every front method's first step: ``_lane_slow``'s answer, from C where compiled."""
+        self._repeat_known: Callable[..., Any] = self._repeat if lane is None else lane.repeat
+        """``_repeat(entry, async_op)``, from C where compiled (a persistent call's start)."""
         self._complete: Callable[..., bool] = self._complete_py if lane is None else \
             lane.complete
         """``_complete_py(block, soon=False)``, from C where compiled."""
@@ -1023,7 +1025,7 @@ class Persistent:
         returns its Handle (also what ``wait``/``test`` follow). Raises CollectiveError while the
         previous start is active."""
         self._check_idle()
-        self._handle = self.comm._repeat(self._entry, async_op=True)  # inline, or queued
+        self._handle = self.comm._repeat_known(self._entry, True)  # inline, or queued
         return self._handle
 
     def wait(self, timeout: float | None = None) -> Any:
@@ -1039,7 +1041,7 @@ class Persistent:
     def __call__(self) -> Any:
         """Run it now, blocking, on the calling thread (no thread hop); returns the result."""
         self._check_idle()
-        return self.comm._repeat(self._entry)  # inline, or behind what is queued
+        return self.comm._repeat_known(self._entry, False)  # inline, or behind the queue
 
     def _check_idle(self) -> None:
         handle = self._handle

@@ -533,6 +533,20 @@ def test_the_compiled_lane_leaves_async_repeats_python_must_start():
     assert lane.complete(False, True) is True and h._done and run.calls == ["soon"] * 2
 
 
+def test_the_compiled_lane_repeats_a_known_entry_as_python_would():
+    """lane.repeat(entry, async_op): a persistent call's start and call, without the lookup."""
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
+    assert lane.repeat(entry, False) == "repeated in Python"  # no record of its own yet
+    flight.issue_running("all_reduce", entry.what).running = 0
+    assert lane.repeat(entry, False) is x and run.calls == ["go"]
+    h = lane.repeat(entry, True)
+    assert comm._started == (h, entry, flight._repeats) and lane.complete(True) and h._done
+    comm._closed = True
+    assert lane.repeat(entry, False) == "repeated in Python"
+    assert lane.repeat("not an entry", True) == "repeated in Python"
+    assert comm.calls == [("repeat", False), ("repeat", False), ("repeat", True)]
+
+
 def test_the_compiled_lane_is_collected_with_its_communicator():
     import gc
     import weakref

@@ -118,6 +118,7 @@ def the_lane_is_compiled_where_built(c):
     built = prepared._match_type() is not None
     assert (c._lane == c._lane_slow) is not built, c._lane
     assert (c._complete == c._complete_py) is not built, c._complete
+    assert (c._repeat_known == c._repeat) is not built, c._repeat_known
     assert c._completion.finish == c._complete
 
 
