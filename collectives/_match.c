@@ -334,8 +334,8 @@ owned_here(PyObject *guards)
     return id == PyThread_get_thread_ident();
 }
 
-/* Communicator._repeat's guards: whether a blocking repeat may run inline now (1), must go
- * through _repeat (0), or -1 on error. */
+/* Communicator._repeat's guards: whether a repeat may run inline now (1), may once the async
+ * repeat still out completes (2), must go through _repeat (0), or -1 on error. */
 static int
 inline_now(Lane *l)
 {
@@ -345,10 +345,13 @@ inline_now(Lane *l)
     if ((t = owned_here(l->guards)) != 1)
         return t;
     if ((t = item_none(l->guards, s_broken)) != 1 || (t = item_true(l->guards, s_closed)) != 0 ||
-            (t = item_none(l->guards, s_started)) != 1 || (t = item_true(l->state, s_trace)) != 0)
+            (t = item_true(l->state, s_trace)) != 0)
         return t < 0 ? -1 : 0;
-    return 1;
+    t = item_none(l->guards, s_started);
+    return t < 0 ? -1 : t ? 1 : 2;
 }
+
+static int complete_started(Lane *l, int block, int soon);
 
 /* The flight record this run extends (borrowed): FlightRecorder's newest, where it is this
  * entry's (issue_running's test); NULL without an error where a new record is needed, which
@@ -488,6 +491,8 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
     if (async_op && SLOT(run, l->at.starts_inline) != Py_True)
         return NULL;            /* barriers follow the first: the progress thread's */
     int ok = inline_now(l);
+    if (ok == 2)                /* one is out: finish it if its peers arrive within the run's */
+        ok = complete_started(l, 0, 1);  /* own spin (_complete_soon's first step), else Python */
     PyObject *record = ok == 1 ? extended_record(l, entry) : NULL;
     PyObject *seq = record ? next_seq(l) : NULL;
     if (!seq)
@@ -621,28 +626,19 @@ poll_run(Lane *l, PyObject *run, int block, int soon)
     return r;
 }
 
-/* complete(block, soon=False): Communicator._complete in C. Complete the started repeat, if one
- * is (waiting for its peers if block; soon: within the run's own short spin); whether none is
- * left. Its error goes to its handle; its callbacks run here, outside the lock. */
-static PyObject *
-lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
+/* Communicator._complete in C: complete the started repeat, if one is (waiting for its peers if
+ * block; soon: within the run's own short spin); 1 where none is left, 0 where its peers are not
+ * all in yet, -1 on error. Its error goes to its handle; its callbacks run here, outside the
+ * lock. */
+static int
+complete_started(Lane *l, int block, int soon)
 {
-    if (argc < 1 || argc > 2) {
-        PyErr_SetString(PyExc_TypeError, "complete(block, soon=False)");
-        return NULL;
-    }
-    int block = PyObject_IsTrue(argv[0]), soon = argc > 1 ? PyObject_IsTrue(argv[1]) : 0;
-    if (block < 0 || soon < 0)
-        return NULL;
     PyObject *started = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */
-    if (!started || started == Py_None) {
-        if (PyErr_Occurred())
-            return NULL;
-        Py_RETURN_TRUE;
-    }
+    if (!started || started == Py_None)
+        return PyErr_Occurred() ? -1 : 1;
     if (!PyTuple_Check(started) || PyTuple_GET_SIZE(started) != 3) {
         PyErr_SetString(PyExc_SystemError, "a started call that is not (handle, entry, record)");
-        return NULL;
+        return -1;
     }
     Py_INCREF(started);
     PyObject *lock = PyDict_GetItemWithError(l->guards, s_completing);  /* borrowed */
@@ -651,14 +647,15 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_SystemError, "a communicator without its completion lock");
         Py_DECREF(started);
-        return NULL;
+        return -1;
     }
     Py_DECREF(got);
     Py_INCREF(lock);
-    PyObject *result = NULL, *callbacks = NULL;
+    int result = -1;
+    PyObject *callbacks = NULL;
     PyObject *now = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */
     if (now != started) {       /* another thread completed it meanwhile */
-        result = PyErr_Occurred() ? NULL : Py_NewRef(Py_True);
+        result = PyErr_Occurred() ? -1 : 1;
         goto unlock;
     }
     PyObject *entry = PyTuple_GET_ITEM(started, 1);
@@ -669,7 +666,7 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     int done = r ? PyObject_IsTrue(r) : -1;
     Py_XDECREF(r);
     if (done == 0) {
-        result = Py_NewRef(Py_False);
+        result = 0;
         goto unlock;
     }
     PyObject *value = NULL;
@@ -683,7 +680,7 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         PyObject_CallMethodObjArgs(l->comm, s_settle, started, value, NULL);
     Py_XDECREF(value);
     if (callbacks)
-        result = Py_NewRef(Py_True);
+        result = 1;
 unlock:;
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);  /* release whatever happened */
@@ -693,21 +690,36 @@ unlock:;
         Py_XDECREF(et);
         Py_XDECREF(ev);
         Py_XDECREF(etb);
-        Py_CLEAR(result);
+        result = -1;
     } else {
         Py_DECREF(released);
         PyErr_Restore(et, ev, etb);
     }
-    if (result && callbacks && callbacks != Py_None && PyObject_IsTrue(callbacks) == 1) {
+    if (result == 1 && callbacks && callbacks != Py_None && PyObject_IsTrue(callbacks) == 1) {
         PyObject *ran = PyObject_CallMethodObjArgs(PyTuple_GET_ITEM(started, 0),
                                                    s_run_callbacks, callbacks, NULL);
         if (!ran)
-            Py_CLEAR(result);
+            result = -1;
         Py_XDECREF(ran);
     }
     Py_XDECREF(callbacks);
     Py_DECREF(started);
     return result;
+}
+
+/* complete(block, soon=False) -> whether no started repeat is left (complete_started). */
+static PyObject *
+lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc < 1 || argc > 2) {
+        PyErr_SetString(PyExc_TypeError, "complete(block, soon=False)");
+        return NULL;
+    }
+    int block = PyObject_IsTrue(argv[0]), soon = argc > 1 ? PyObject_IsTrue(argv[1]) : 0;
+    if (block < 0 || soon < 0)
+        return NULL;
+    int done = complete_started(l, block, soon);
+    return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
 static int

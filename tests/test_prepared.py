@@ -432,8 +432,7 @@ def test_the_compiled_lane_leaves_to_python_every_call_python_must_see():
 
     assert lane.run("all_reduce", x, None, ARGS, True, False) is x and run.calls == ["go"]
     for name, value, clean in (("_broken", "RuntimeError: x", None), ("_closed", True, False),
-                               ("_owner", 1, comm._owner), ("_owner", None, comm._owner),
-                               ("_started", ("an async repeat out",), None)):
+                               ("_owner", 1, comm._owner), ("_owner", None, comm._owner)):
         setattr(comm, name, value)
         assert list(way()) == [("repeated in Python", [("repeat", False)]),
                                ("repeated in Python", [("repeat", True)])], name
@@ -525,12 +524,24 @@ def test_the_compiled_lane_leaves_async_repeats_python_must_start():
     lane, comm, executor, flight, entry, x, run = _lane_setup(soon=True)
     flight.issue_running("all_reduce", entry.what).running = 0
     h = lane.run("all_reduce", x, None, ARGS, True, True)
-    assert lane.run("all_reduce", x, None, ARGS, True, True) == "repeated in Python"
-    assert comm.calls == [("repeat", True)]  # one is out: Python completes it soon, or queues
+    run.calls.clear()
+    for async_op in (True, False):  # one is out, its peers late: after the run's own spin in C,
+        assert lane.run("all_reduce", x, None, ARGS, True, async_op) == "repeated in Python"
+    assert comm.calls == [("repeat", True), ("repeat", False)]  # Python spins, or queues
+    assert run.calls == ["soon", "soon"] and not h._done
     run.calls.clear()
     assert lane.complete(False, True) is False and run.calls == ["soon"]  # the run's own spin
     run.arrived = True
     assert lane.complete(False, True) is True and h._done and run.calls == ["soon"] * 2
+    run.arrived = False
+    h = lane.run("all_reduce", x, None, ARGS, True, True)
+    run.arrived, seen = True, []
+    h._callbacks = [lambda handle: seen.append(handle)]
+    run.calls.clear()
+    h2 = lane.run("all_reduce", x, None, ARGS, True, True)  # its peers in: finished, then issued
+    assert h._done and seen == [h] and h2._done and run.calls == ["soon", "start",
+                                                                  ("complete", False)]
+    assert comm.calls == [("repeat", True), ("repeat", False)] and comm._started is None
 
 
 def test_the_compiled_lane_repeats_a_known_entry_as_python_would():
