@@ -161,38 +161,36 @@ def test_repeats_report_the_median_of_interleaved_tries(tmp_path):
     assert all(r["out_of_place"]["wrong"] == 0 for r in rows)
 
 
+def _checked_side_by_side(tmp_path, colls, flags, header, param):
+    """Run the bench on 2 ranks for each of ``colls`` with ``flags``: it exits 0 on both ranks,
+    the header says ``header``, the JSON params ``param`` is True, topocoll and mpi4py both ran,
+    and nothing came out wrong."""
+    for coll in colls:
+        js = tmp_path / f"{coll}.json"
+        out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "4K", "-f", "16",
+                                            "-n", "20", *flags, "--json", str(js)], timeout=120)
+        assert out.count("RC 0") == 2 and header in out, out
+        data = json.loads(js.read_text())
+        assert data["meta"]["params"][param] is True
+        assert {r["algo"] for r in data["rows"]} == {"mpi4py", "auto"}, coll
+        assert all(res["wrong"] == 0 for r in data["rows"]
+                   for res in (r.get("out_of_place"), r.get("in_place")) if res), coll
+
+
 @pytest.mark.parametrize("blocking", ["0", "1"])
 def test_fresh_buffers_time_every_collective_on_new_arrays(tmp_path, blocking):
     """--fresh-buffers: every collective it is offered for runs, checked, beside the mpi4py
     baseline, and the header says so."""
-    for coll in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-                 "all_to_all", "rotate"):
-        js = tmp_path / f"{coll}.json"
-        out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "4K", "-f", "16",
-                                            "-n", "20", "-z", blocking, "--fresh-buffers",
-                                            "--json", str(js)], timeout=120)
-        assert out.count("RC 0") == 2 and "fresh buffers: 1" in out, out
-        data = json.loads(js.read_text())
-        assert data["meta"]["params"]["fresh"] is True
-        assert {r["algo"] for r in data["rows"]} == {"mpi4py", "auto"}, coll
-        assert all(res["wrong"] == 0 for r in data["rows"]
-                   for res in (r.get("out_of_place"), r.get("in_place")) if res), coll
+    _checked_side_by_side(tmp_path, ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                     "reduce", "all_to_all", "rotate"),
+                          ["-z", blocking, "--fresh-buffers"], "fresh buffers: 1", "fresh")
 
 
 def test_wait_each_runs_async_calls_waited_one_by_one_beside_mpi4py(tmp_path):
     """--wait-each: every collective runs with async_op=True, each call waited before the next,
     checked, beside mpi4py's I-call and Wait; the header and the JSON say so."""
-    for coll in ("all_reduce", "broadcast", "rotate"):
-        js = tmp_path / f"{coll}.json"
-        out = run_ranks("bench_cli.py", 2, ["0", coll, "-b", "8", "-e", "4K", "-f", "16",
-                                            "-n", "20", "-z", "1", "--wait-each",
-                                            "--json", str(js)], timeout=120)
-        assert out.count("RC 0") == 2 and "wait each: 1" in out, out
-        data = json.loads(js.read_text())
-        assert data["meta"]["params"]["wait_each"] is True
-        assert {r["algo"] for r in data["rows"]} == {"mpi4py", "auto"}, coll
-        assert all(res["wrong"] == 0 for r in data["rows"]
-                   for res in (r.get("out_of_place"), r.get("in_place")) if res), coll
+    _checked_side_by_side(tmp_path, ("all_reduce", "broadcast", "rotate"),
+                          ["-z", "1", "--wait-each"], "wait each: 1", "wait_each")
 
 
 def test_min_time_gives_small_messages_more_iterations(tmp_path):
