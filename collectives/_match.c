@@ -198,7 +198,9 @@ static PyTypeObject MatchType = {
  * communicator's, executor's and flight recorder's attributes in their __dict__ (none of these
  * names is a property or slot of their classes), and the slots of Prepared, Repeats and Run
  * (classes with __slots__, checked by exact type) at their member descriptors' offsets. An
- * attribute lookup costs a type lookup and a descriptor call; a lane call reads twenty. */
+ * attribute lookup costs a type lookup and a descriptor call; a lane call reads twenty.
+ * All of it relies on the GIL (released only inside the run's own spins and a blocking lock
+ * acquire): the module declares no Py_mod_gil, so a free-threaded build keeps the GIL on. */
 
 typedef struct {                /* offsets of the __slots__ read and written here */
     Py_ssize_t matches, lean, result, kind, what;   /* Prepared's */
@@ -377,10 +379,10 @@ next_seq(Lane *l)
             PyErr_SetString(PyExc_SystemError, "a FlightRecorder without _seq");
         return NULL;
     }
-    long n = PyLong_AsLong(seq);
+    long long n = PyLong_AsLongLong(seq);
     if (n == -1 && PyErr_Occurred())
         return NULL;
-    PyObject *next = PyLong_FromLong(n + 1);
+    PyObject *next = PyLong_FromLongLong(n + 1);
     if (next && PyDict_SetItem(l->flight, s_seq, next) < 0)
         Py_CLEAR(next);
     return next;
@@ -424,22 +426,26 @@ static PyObject *
 start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record)
 {
     PyObject *start = SLOT(run, l->at.start), *complete = SLOT(run, l->at.complete);
-    PyObject *completion = PyDict_GetItemWithError(l->guards, s_completion);  /* borrowed */
-    if (!start || !complete || !completion) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_SystemError, "a prepared run without start or complete");
+    if (!start || !complete || !SLOT(entry, l->at.result)) {
+        PyErr_SetString(PyExc_SystemError, "a prepared run without start, complete or result");
         return NULL;
     }
+    Py_INCREF(start);
     Py_INCREF(complete);
     PyObject *r = PyObject_CallNoArgs(start);  /* publishes and enters the barrier */
+    Py_DECREF(start);
     PyObject *handle = r ? l->handle->tp_alloc(l->handle, 0) : NULL;  /* object.__new__ */
     Py_XDECREF(r);
-    if (!handle) {
+    PyObject *completion = handle ? PyDict_GetItemWithError(l->guards, s_completion) : NULL;
+    if (!completion) {          /* (borrowed, and set at once) */
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a communicator without its Completion");
+        Py_XDECREF(handle);
         Py_DECREF(complete);
         return NULL;
     }
-    set_slot(handle, l->at.h_name, SLOT(entry, l->at.kind));
     set_slot(handle, l->at.h_completion, completion);
+    set_slot(handle, l->at.h_name, SLOT(entry, l->at.kind));
     set_slot(handle, l->at.h_done, Py_False);
     set_slot(handle, l->at.h_claimed, Py_False);
     set_slot(handle, l->at.h_callbacks, Py_None);
@@ -490,16 +496,19 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
         return NULL;            /* no prepared run: _repeat submits the general one */
     if (async_op && SLOT(run, l->at.starts_inline) != Py_True)
         return NULL;            /* barriers follow the first: the progress thread's */
+    Py_INCREF(run);             /* held: finishing the call still out below runs Python */
+    Py_INCREF(go);
     int ok = inline_now(l);
     if (ok == 2)                /* one is out: finish it if its peers arrive within the run's */
         ok = complete_started(l, 0, 1);  /* own spin (_complete_soon's first step), else Python */
     PyObject *record = ok == 1 ? extended_record(l, entry) : NULL;
     PyObject *seq = record ? next_seq(l) : NULL;
-    if (!seq)
+    if (!seq) {
+        Py_DECREF(run);
+        Py_DECREF(go);
         return NULL;
+    }
     Py_INCREF(record);
-    Py_INCREF(run);
-    Py_INCREF(go);
     set_slot(record, l->at.r_last, seq);
     set_slot(record, l->at.r_running, seq);
     Py_DECREF(seq);
@@ -610,12 +619,15 @@ static PyObject *
 poll_run(Lane *l, PyObject *run, int block, int soon)
 {
     if (Py_TYPE(run) == l->run) {
-        PyObject *fast = SLOT(run, l->at.soon);
-        if (soon && fast && fast != Py_None)
-            return PyObject_CallNoArgs(fast);
-        PyObject *complete = SLOT(run, l->at.complete);
-        if (complete)
-            return PyObject_CallOneArg(complete, block ? Py_True : Py_False);
+        PyObject *fast = SLOT(run, l->at.soon), *complete = SLOT(run, l->at.complete);
+        PyObject *call = soon && fast && fast != Py_None ? fast : complete;
+        if (call) {
+            Py_INCREF(call);
+            PyObject *r = call == fast ? PyObject_CallNoArgs(call) :
+                PyObject_CallOneArg(call, block ? Py_True : Py_False);
+            Py_DECREF(call);
+            return r;
+        }
     }
     PyObject *fast = soon ? PyObject_GetAttrString(run, "soon") : Py_NewRef(Py_None);
     if (!fast)
@@ -641,16 +653,16 @@ complete_started(Lane *l, int block, int soon)
         return -1;
     }
     Py_INCREF(started);
-    PyObject *lock = PyDict_GetItemWithError(l->guards, s_completing);  /* borrowed */
+    PyObject *lock = Py_XNewRef(PyDict_GetItemWithError(l->guards, s_completing));
     PyObject *got = lock ? PyObject_CallMethodNoArgs(lock, s_acquire) : NULL;
     if (!got) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_SystemError, "a communicator without its completion lock");
+        Py_XDECREF(lock);
         Py_DECREF(started);
         return -1;
     }
     Py_DECREF(got);
-    Py_INCREF(lock);
     int result = -1;
     PyObject *callbacks = NULL;
     PyObject *now = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */
@@ -695,7 +707,10 @@ unlock:;
         Py_DECREF(released);
         PyErr_Restore(et, ev, etb);
     }
-    if (result == 1 && callbacks && callbacks != Py_None && PyObject_IsTrue(callbacks) == 1) {
+    int some = result == 1 && callbacks && callbacks != Py_None ? PyObject_IsTrue(callbacks) : 0;
+    if (some < 0)
+        result = -1;
+    else if (some) {
         PyObject *ran = PyObject_CallMethodObjArgs(PyTuple_GET_ITEM(started, 0),
                                                    s_run_callbacks, callbacks, NULL);
         if (!ran)
