@@ -419,6 +419,35 @@ repeat_failed(Lane *l, PyObject *entry, PyObject *record)
     }
 }
 
+/* Settle a started repeat that completed (Communicator._settle without an error, and
+ * StartedHandle.settle): the done-callbacks to run (a new reference, None: none), or NULL. Where
+ * the three are not the kinds it knows (a one-off template's entry), Python's _settle. */
+static PyObject *
+settle_done(Lane *l, PyObject *started)
+{
+    PyObject *handle = PyTuple_GET_ITEM(started, 0), *entry = PyTuple_GET_ITEM(started, 1),
+        *record = PyTuple_GET_ITEM(started, 2);
+    if (Py_TYPE(handle) != l->handle || Py_TYPE(entry) != l->prepared ||
+            Py_TYPE(record) != l->repeats || !SLOT(entry, l->at.result))
+        return PyObject_CallMethodObjArgs(l->comm, s_settle, started, Py_None, NULL);
+    set_slot(record, l->at.r_running, s_zero);
+    set_slot(handle, l->at.h_result, SLOT(entry, l->at.result));
+    set_slot(handle, l->at.h_error, Py_None);
+    set_slot(handle, l->at.h_done, Py_True);
+    PyObject *callbacks = SLOT(handle, l->at.h_callbacks);
+    if (!callbacks || callbacks == Py_None)
+        Py_RETURN_NONE;
+    Py_INCREF(callbacks);
+    PyObject *none_yet = PyList_New(0);
+    if (!none_yet) {
+        Py_DECREF(callbacks);
+        return NULL;
+    }
+    set_slot(handle, l->at.h_callbacks, none_yet);
+    Py_DECREF(none_yet);
+    return callbacks;
+}
+
 /* Start a repeat of `entry` with async_op=True inline, as _repeat does: publish (the run's
  * start), make its StartedHandle, poll once; done already, the handle is settled; else it is the
  * communicator's started call. The handle, or NULL with start's error. */
@@ -458,12 +487,14 @@ start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record)
         Py_DECREF(started);     /* its peers are not all in: completed by wait, test or the */
         return handle;          /* next operation */
     }
-    if (t > 0) {                /* every peer was in: done already */
-        set_slot(record, l->at.r_running, s_zero);
-        set_slot(handle, l->at.h_result, SLOT(entry, l->at.result));
-        set_slot(handle, l->at.h_error, Py_None);
-        set_slot(handle, l->at.h_done, Py_True);
+    if (t > 0) {                /* every peer was in: done already (no callbacks yet) */
+        PyObject *none = settle_done(l, started);
         Py_DECREF(started);
+        if (!none) {
+            Py_DECREF(handle);
+            return NULL;
+        }
+        Py_DECREF(none);
         return handle;
     }
     if (!started) {
@@ -582,35 +613,6 @@ lane_call(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     PyObject *result = lane_repeat_entry(l, entry, async_op);
     Py_DECREF(entry);
     return result;
-}
-
-/* Settle a started repeat that completed (Communicator._settle without an error, and
- * StartedHandle.settle): the done-callbacks to run (a new reference, None: none), or NULL. Where
- * the three are not the kinds it knows (a one-off template's entry), Python's _settle. */
-static PyObject *
-settle_done(Lane *l, PyObject *started)
-{
-    PyObject *handle = PyTuple_GET_ITEM(started, 0), *entry = PyTuple_GET_ITEM(started, 1),
-        *record = PyTuple_GET_ITEM(started, 2);
-    if (Py_TYPE(handle) != l->handle || Py_TYPE(entry) != l->prepared ||
-            Py_TYPE(record) != l->repeats || !SLOT(entry, l->at.result))
-        return PyObject_CallMethodObjArgs(l->comm, s_settle, started, Py_None, NULL);
-    set_slot(record, l->at.r_running, s_zero);
-    set_slot(handle, l->at.h_result, SLOT(entry, l->at.result));
-    set_slot(handle, l->at.h_error, Py_None);
-    set_slot(handle, l->at.h_done, Py_True);
-    PyObject *callbacks = SLOT(handle, l->at.h_callbacks);
-    if (!callbacks || callbacks == Py_None)
-        Py_RETURN_NONE;
-    Py_INCREF(callbacks);
-    PyObject *none_yet = PyList_New(0);
-    if (!none_yet) {
-        Py_DECREF(callbacks);
-        return NULL;
-    }
-    set_slot(handle, l->at.h_callbacks, none_yet);
-    Py_DECREF(none_yet);
-    return callbacks;
 }
 
 /* One completion step of `run` (a started call's): soon() where asked and it has one, else

@@ -230,8 +230,10 @@ def compiled_lane(comm: Any, calls: PreparedCalls, executor: Any, flight: Any) -
     in use (``_match_type``)."""
     if _match_type() is None:
         return None
-    return _LANE[0](comm, calls.by_kind, executor, flight, flags(), Prepared, Repeats, Run,
-                    StartedHandle)
+    from . import _match  # type: ignore[attr-defined]  # built: _match_type checked it
+
+    return _match.Lane(comm, calls.by_kind, executor, flight, flags(), Prepared, Repeats, Run,
+                       StartedHandle)
 
 
 def _checked_match() -> Any:
@@ -246,12 +248,8 @@ def _checked_match() -> Any:
         if read != (a.ctypes.data, a.ndim, a.shape, a.strides, a.dtype, a.flags.writeable) or \
                 read[4] is not a.dtype:
             return None
-    _LANE[0] = _match.Lane
     return _match.Match
 
-
-_LANE: list[Any] = [None]
-"""``_match.Lane``, once ``_checked_match`` found the extension sound."""
 
 _MATCH: list[Any] = [False]
 """``_checked_match``'s answer, once asked (False: not yet)."""

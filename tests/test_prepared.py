@@ -579,6 +579,7 @@ def test_the_compiled_lane_refuses_classes_it_cannot_read():
     class Loose:  # the names, but as class attributes, not slots
         matches = lean = result = kind = what = name = last = running = go = None
 
-    lane_type = prepared._LANE[0]
+    from topocoll.collectives import _match
+
     with pytest.raises(TypeError, match="not a slot"):
-        lane_type(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, Loose, Loose, Loose, Loose)
+        _match.Lane(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, Loose, Loose, Loose, Loose)
