@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import select, watchdog
+from . import select, takeover, watchdog
 from .algorithms import hierarchy
 from .arrays import Buffer, as_buffer, check_memory, check_writable
 from .backends.base import Backend
@@ -100,6 +100,8 @@ class Communicator:
         self._started: tuple[StartedHandle, Prepared | Rebound, Repeats] | None = None
         # the started async repeat, and its flight record (whose last run it is)
         self._completing = threading.Lock()  # held while the started repeat completes
+        self._watches = takeover.available()  # async runs with later barriers start inline
+        self._takeover_slot: int | None = None  # taken at the first such start
         lane = compiled_lane(self, self._prepared, self._executor, self._flight)
         self._lane: Callable[..., Any] = self._lane_slow if lane is None else lane.run
         """Every front method's first step: ``_lane_slow``'s answer, from C where compiled."""
@@ -522,6 +524,8 @@ class Communicator:
         self._closed = True
         self._prepared.clear()
         self._drain()
+        if self._takeover_slot is not None:
+            takeover.release(self._takeover_slot)
         self._executor.close()
         hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
@@ -718,8 +722,8 @@ class Communicator:
             # this call start inline again. Without it every later call queued too, the issuing
             # loop starving the progress thread (docs/bench.md, "Measured here").
             spin(self._executor.idle, 0.0)
-        if run is None or (async_op and not run.starts_inline) or self._broken is not None or \
-                self._closed or self._executor._pending \
+        if run is None or (async_op and not run.starts_inline and not self._watches) or \
+                self._broken is not None or self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \
                 (self._started is not None and not self._complete_soon()):
             return self._submit(entry.kind, entry, async_op, entry.what)
@@ -729,6 +733,10 @@ class Communicator:
             run.start()  # publishes and enters the barrier; never waits
             handle = StartedHandle(entry.kind, self._completion)
             started = (handle, entry, record)
+            if not run.starts_inline:  # barriers follow: wait() or the next call drives them,
+                self._started = started  # else the progress thread, handed it by takeover
+                self._watch(run, record.last)
+                return handle
             try:
                 if not run.complete(False):  # one poll; else its peers were in: done already,
                     self._started = started  # before any other thread can see it
@@ -744,6 +752,17 @@ class Communicator:
             self._repeat_failed(entry, record, err)
         record.running = 0  # done
         return entry.result
+
+    def _watch(self, run: Any, seq: int) -> None:
+        """Have call ``seq`` (``run``, started here with barriers to follow) handed to the
+        progress thread if it stays out, undriven, for two takeover periods
+        (collectives/takeover.py); the run's ``complete`` unmarks it while it drives."""
+        slot = self._takeover_slot
+        if slot is None:
+            slot = self._takeover_slot = takeover.slot_for(self)
+        if not isinstance(run.complete, takeover.Driven):
+            run.complete = takeover.Driven(run.complete, slot, self)
+        takeover.mark(slot, seq)
 
     def _repeat_failed(self, entry: Prepared | Rebound, record: Repeats,
                        err: BaseException) -> None:

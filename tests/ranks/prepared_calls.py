@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from topocoll import collectives
-from topocoll.collectives import faults, prepared
+from topocoll.collectives import faults, prepared, takeover
 from topocoll.collectives.algorithms import compiled
 from topocoll.collectives.algorithms.shm import REGISTERED_FROM
 from topocoll.collectives.prepared import PREPARED_KEPT_BYTES, PREPARED_MAX_BYTES
@@ -614,6 +614,48 @@ def mixed_registration_async_waits_on_no_one(c):
     c.free(mem)
 
 
+def started_runs_progress_without_their_caller(c):
+    """An async repeat with barriers after its first (a 1 MiB all_reduce through the slots in
+    steps; one on a registered buffer, whose run closes with a second barrier) starts on the
+    caller's thread where the takeover clock is built; when its caller then blocks in another
+    communicator's call that needs its peers to finish first, the takeover hands the rest to its
+    progress thread (else the peers would wait until the timeout). Exact results; without the
+    clock the call runs on the progress thread from its issue."""
+    p, r = c.size, c.rank
+    if p == 1 or c.backend.arena() is None:
+        return
+    other = collectives.init(timeout=20)
+    n = (1 << 18) // p * p
+    plain, reg, y = np.empty(n, np.float32), c.alloc(REGISTERED_FROM // 4, np.float32), np.zeros(4)
+    for x in (plain, reg):
+        for step in range(4):
+            every = [rank_data(x.size, "float32", q, salt=40 + step) for q in range(p)]
+            x[...] = every[r]
+            if step < 2:
+                c.all_reduce(x, async_op=True).wait()  # the second call prepares it
+                continue
+            entry = [e for e in c._prepared._by_kind["all_reduce"].get(id(x), [])
+                     if e._x() is x and e.args[2]][-1]  # (op, algo, async_op, timeout)
+            assert entry.lean is not None and not entry.lean.starts_inline, (x.size, entry.lean)
+            h = c.all_reduce(x, async_op=True)
+            if step == 2:  # after blocking calls: nothing queued, so started here if it may
+                inline = isinstance(h, prepared.StartedHandle)
+                assert inline == takeover.available(), (x.size, h)
+            if r == 0:  # blocks until rank 1 broadcasts, which it does after its wait()
+                y[...] = 0
+                other.broadcast(y, root=1)
+            else:
+                h.wait()
+                y[...] = 7
+                other.broadcast(y, root=1)
+            assert np.all(y == 7), (x.size, step)
+            assert h.wait() is x
+            assert np.array_equal(x, reference(every, "sum")), (x.size, step, r)
+    other.close()
+    del x
+    c.free(reg)
+
+
 def mixed_gate_after_a_quiet_spell(c):
     """A prepared run whose second barrier (a peer's buffer registered) waits in Python gets a
     deadline of its own: an earlier run's, long past after a pause longer than the timeout,
@@ -720,6 +762,7 @@ def body():
     registered_repeats_run_prepared(c, "shm_or_native")
     registered_async_repeats_wait_on_no_one_at_issue(c)
     mixed_registration_async_waits_on_no_one(c)
+    started_runs_progress_without_their_caller(c)
     mixed_gate_after_a_quiet_spell(c)
     kept_bytes_stay_bounded(c)
     empty_calls_repeat_prepared(c)

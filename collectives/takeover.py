@@ -1,0 +1,154 @@
+"""Progress for async calls started on the caller's thread whose later barriers need it again.
+
+An async repeat whose prepared run has barriers after its first (the reduce family through the
+slots in steps, a registered buffer's closing barrier) is started on the caller's thread, as a
+one-barrier run is, so that the caller's ``wait()`` or next call drives the rest there: no hop to
+the progress thread and back (on 4 ranks of 2 cores that hop cost about as much as a 256 KiB
+all_reduce itself). Its peers then need this rank back; one that does not come (it computes, or
+blocks on something else) would hold them up. So each such start is watched: a call still out,
+unchanged, at two looks of the clock ``PERIOD_SECONDS`` apart is handed to the communicator's
+progress thread, as a done-callback hands one (``Communicator._complete_later``): a rank that
+does not come back holds its peers up for at most two periods. The clock is a C thread that never
+takes the GIL (``_takeover``); it reports through a pipe to one Python thread, which checks that
+the call is still out before handing it over. Without the extension such calls go to the
+progress thread at issue, as before (``available()`` is False).
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import struct
+import threading
+from typing import Any
+
+PERIOD_SECONDS = 0.001
+"""How often the clock looks at the watched calls."""
+ENV_TAKEOVER = "TOPOCOLL_TAKEOVER"
+"""``0`` turns the takeover off: such calls go to the progress thread at issue."""
+
+
+def available() -> bool:
+    """Whether started calls can be watched here: the compiled clock is built, and neither
+    ``TOPOCOLL_TAKEOVER=0`` nor ``TOPOCOLL_SHM_COMPILED=0`` turns it off."""
+    return _clock() is not None
+
+
+def slot_for(comm: Any) -> int:
+    """A slot for ``comm``'s marks, held until ``release``; starts the threads on first use."""
+    clock = _clock()
+    if clock is None:
+        raise RuntimeError("no takeover clock here (available() is False)")
+    with _LOCK:
+        if _STATE["reader"] is None:
+            _start(clock)
+        if not _FREE:
+            raise RuntimeError(f"more than {clock.SLOTS} communicators watched at once")
+        slot = _FREE.pop()
+        _BY_SLOT[slot] = comm
+    return slot
+
+
+def mark(slot: int, seq: int) -> None:
+    """Watch run ``seq`` of the communicator holding ``slot`` (its last mark is replaced)."""
+    _STATE["module"].mark(slot, seq)
+
+
+class Driven:
+    """A watched run's ``complete(block)``: its call is unmarked while it runs (whoever calls it
+    drives the call: nothing to take over, however long it takes) and marked again where it
+    returns unfinished (a poll before every peer arrived). ``comm``: whose started call it is."""
+
+    __slots__ = ("complete", "slot", "comm", "_mark")
+
+    def __init__(self, complete: Any, slot: int, comm: Any) -> None:
+        self.complete, self.slot, self.comm = complete, slot, comm
+        self._mark = _STATE["module"].mark
+
+    def __call__(self, block: bool) -> bool:
+        self._mark(self.slot, 0)
+        done = self.complete(block)
+        if not done:
+            started = self.comm._started
+            if started is not None:
+                self._mark(self.slot, started[2].running)
+        return done
+
+
+def release(slot: int) -> None:
+    """Give ``slot`` back (the communicator closes): its mark is cleared first."""
+    clock = _clock()
+    if clock is not None:
+        clock.mark(slot, 0)
+        with _LOCK:
+            if _BY_SLOT.pop(slot, None) is not None:
+                _FREE.append(slot)
+
+
+def _clock() -> Any:
+    if "module" not in _STATE:
+        _STATE["module"] = _load()
+    return _STATE["module"]
+
+
+def _load() -> Any:
+    if os.environ.get("TOPOCOLL_SHM_COMPILED", "1") == "0" or \
+            os.environ.get(ENV_TAKEOVER, "1") == "0":
+        return None
+    try:
+        from . import _takeover  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _takeover
+
+
+_LOCK = threading.Lock()
+_STATE: dict[str, Any] = {"reader": None}
+_BY_SLOT: dict[int, Any] = {}
+_FREE: list[int] = []
+_REPORT = struct.Struct("=qq")  # (slot, seq), as the clock writes them
+
+
+def _start(clock: Any) -> None:
+    """The pipe, the Python reader and the C clock (under ``_LOCK``)."""
+    read_fd, write_fd = os.pipe()
+    _FREE.extend(reversed(range(clock.SLOTS)))
+    reader = threading.Thread(target=_read, args=(read_fd,), name="topocoll-takeover",
+                              daemon=True)
+    _STATE["reader"], _STATE["fds"] = reader, (read_fd, write_fd)
+    reader.start()
+    clock.start(write_fd, int(PERIOD_SECONDS * 1e9))
+    atexit.register(_stop, clock)
+
+
+def _read(fd: int) -> None:
+    """Hand over each reported call that is still out (a report may come after its caller
+    completed it: then nothing is done)."""
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(fd, 64 * _REPORT.size)
+        except OSError:
+            return
+        if not chunk:
+            return  # the write end closed: exit
+        pending += chunk
+        whole = len(pending) - len(pending) % _REPORT.size
+        for slot, seq in _REPORT.iter_unpack(pending[:whole]):
+            comm = _BY_SLOT.get(slot)
+            if comm is not None:
+                _hand_over(comm, seq)
+        pending = pending[whole:]
+
+
+def _hand_over(comm: Any, seq: int) -> None:
+    started = comm._started
+    if started is not None and started[2].running == seq:  # (handle, entry, flight record)
+        try:
+            comm._complete_later()
+        except Exception:  # noqa: BLE001 - closing meanwhile: its close completes the call
+            pass
+
+
+def _stop(clock: Any) -> None:
+    clock.stop()
+    os.close(_STATE["fds"][1])  # the reader sees the end and exits
