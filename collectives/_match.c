@@ -526,7 +526,7 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
     if (!go)
         return NULL;            /* no prepared run: _repeat submits the general one */
     if (async_op && SLOT(run, l->at.starts_inline) != Py_True)
-        return NULL;            /* barriers follow the first: the progress thread's */
+        return NULL;            /* barriers follow the first: Python starts it (takeover) */
     Py_INCREF(run);             /* held: finishing the call still out below runs Python */
     Py_INCREF(go);
     int ok = inline_now(l);
@@ -656,7 +656,9 @@ complete_started(Lane *l, int block, int soon)
     }
     Py_INCREF(started);
     PyObject *lock = Py_XNewRef(PyDict_GetItemWithError(l->guards, s_completing));
-    PyObject *got = lock ? PyObject_CallMethodNoArgs(lock, s_acquire) : NULL;
+    /* not blocking: another thread completing it (the progress thread, handed it) is "not yet" */
+    PyObject *got = !lock ? NULL : block ? PyObject_CallMethodNoArgs(lock, s_acquire) :
+        PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
     if (!got) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_SystemError, "a communicator without its completion lock");
@@ -664,7 +666,13 @@ complete_started(Lane *l, int block, int soon)
         Py_DECREF(started);
         return -1;
     }
+    int locked = got == Py_True;
     Py_DECREF(got);
+    if (!locked) {
+        Py_DECREF(lock);
+        Py_DECREF(started);
+        return 0;
+    }
     int result = -1;
     PyObject *callbacks = NULL;
     PyObject *now = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */

@@ -23,7 +23,7 @@ static _Atomic long long marked[SLOTS]; /* each slot's started call to watch (0:
 static long long seen[SLOTS];           /* the clock thread's: what it saw at its last look */
 static atomic_int high;                 /* slots in use lie below this */
 static atomic_int idle;                 /* the clock thread waits on `wake` */
-static int stopping, started, pipe_fd = -1;
+static int started, pipe_fd = -1;
 static long period_ns;
 static pthread_t clock_thread;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -71,12 +71,9 @@ static void *
 clock_loop(void *unused)
 {
     (void)unused;
-    sigset_t all;               /* process-directed signals go to Python's threads, not here */
-    sigfillset(&all);
-    pthread_sigmask(SIG_BLOCK, &all, NULL);
     struct timespec nap = {period_ns / 1000000000L, period_ns % 1000000000L};
     pthread_mutex_lock(&lock);
-    while (!stopping) {
+    for (;;) {                  /* until the process ends: it never takes the GIL */
         atomic_store(&idle, 1);  /* then look again: a mark made before this is seen, one */
         if (!any_marked()) {     /* made after it sees idle and signals */
             pthread_cond_wait(&wake, &lock);
@@ -92,7 +89,6 @@ clock_loop(void *unused)
         look();
         pthread_mutex_lock(&lock);
     }
-    pthread_mutex_unlock(&lock);
     return NULL;
 }
 
@@ -113,32 +109,17 @@ start(PyObject *self, PyObject *args)
         Py_RETURN_FALSE;
     pipe_fd = fd;
     period_ns = (long)period;
-    stopping = 0;
-    if (pthread_create(&clock_thread, NULL, clock_loop, NULL) != 0) {
+    sigset_t all, before;       /* born with every signal blocked: none is delivered to it */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &before);
+    int failed = pthread_create(&clock_thread, NULL, clock_loop, NULL);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
+    if (failed) {
         PyErr_SetString(PyExc_OSError, "could not start the takeover clock thread");
         return NULL;
     }
     started = 1;
     Py_RETURN_TRUE;
-}
-
-/* stop(): stop the clock thread and wait for it (at exit). */
-static PyObject *
-stop(PyObject *self, PyObject *unused)
-{
-    (void)self;
-    (void)unused;
-    if (!started)
-        Py_RETURN_NONE;
-    pthread_mutex_lock(&lock);
-    stopping = 1;
-    pthread_cond_signal(&wake);
-    pthread_mutex_unlock(&lock);
-    Py_BEGIN_ALLOW_THREADS
-    pthread_join(clock_thread, NULL);
-    Py_END_ALLOW_THREADS
-    started = 0;
-    Py_RETURN_NONE;
 }
 
 /* mark(slot, seq): watch call `seq` in `slot` (0: none); wakes the clock thread if it waits. */
@@ -188,7 +169,6 @@ marked_in(PyObject *self, PyObject *arg)
 static PyMethodDef methods[] = {
     {"start", start, METH_VARARGS,
      "start(fd, period_ns) -> whether it started the clock thread (once per process)."},
-    {"stop", stop, METH_NOARGS, "stop() -> None: stop the clock thread and join it."},
     {"mark", (PyCFunction)(void (*)(void))mark, METH_FASTCALL,
      "mark(slot, seq) -> None: watch started call seq in slot (0: nothing to watch)."},
     {"marked", marked_in, METH_O, "marked(slot) -> the mark in slot (0: none)."},

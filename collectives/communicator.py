@@ -523,9 +523,10 @@ class Communicator:
             return
         self._closed = True
         self._prepared.clear()
+        if self._takeover_slot is not None:  # first: no hand-over races the close
+            slot, self._takeover_slot = self._takeover_slot, None
+            takeover.release(slot)
         self._drain()
-        if self._takeover_slot is not None:
-            takeover.release(self._takeover_slot)
         self._executor.close()
         hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
@@ -722,7 +723,7 @@ class Communicator:
             # this call start inline again. Without it every later call queued too, the issuing
             # loop starving the progress thread (docs/bench.md, "Measured here").
             spin(self._executor.idle, 0.0)
-        if run is None or (async_op and not run.starts_inline and not self._watches) or \
+        if run is None or (async_op and not run.starts_inline and not self._watched()) or \
                 self._broken is not None or self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \
                 (self._started is not None and not self._complete_soon()):
@@ -753,16 +754,22 @@ class Communicator:
         record.running = 0  # done
         return entry.result
 
+    def _watched(self) -> bool:
+        """Whether this communicator's async calls with barriers after the first may start
+        inline: it holds a takeover slot (taken here at the first such call; none where the
+        clock isn't built, is off, or has no slot left: then the progress thread from issue)."""
+        if self._takeover_slot is None and self._watches:
+            self._takeover_slot = takeover.slot_for(self)
+            self._watches = self._takeover_slot is not None
+        return self._takeover_slot is not None
+
     def _watch(self, run: Any, seq: int) -> None:
         """Have call ``seq`` (``run``, started here with barriers to follow) handed to the
         progress thread if it stays out, undriven, for two takeover periods
         (collectives/takeover.py); the run's ``complete`` unmarks it while it drives."""
-        slot = self._takeover_slot
-        if slot is None:
-            slot = self._takeover_slot = takeover.slot_for(self)
         if not isinstance(run.complete, takeover.Driven):
-            run.complete = takeover.Driven(run.complete, slot, self)
-        takeover.mark(slot, seq)
+            run.complete = takeover.Driven(run.complete, self)
+        takeover.mark(self._takeover_slot, seq)
 
     def _repeat_failed(self, entry: Prepared | Rebound, record: Repeats,
                        err: BaseException) -> None:
@@ -785,7 +792,8 @@ class Communicator:
         if started is None:
             return True
         lock = self._completing
-        lock.acquire()  # not `with`: this is the async repeat's hot path
+        if not lock.acquire(block):  # not `with`: the async repeat's hot path. Not blocking:
+            return False  # another thread completing it (handed over) is "not yet"
         try:
             if self._started is not started:
                 return True  # another thread completed it meanwhile
@@ -818,7 +826,10 @@ class Communicator:
 
     def _complete_later(self) -> None:
         """Complete the started prepared call on the progress thread (a done-callback was added
-        to it: it must fire though nobody waits or tests); later calls queue behind it."""
+        to it: it must fire though nobody waits or tests; or the takeover handed it over);
+        later calls queue behind it. Its takeover mark is taken off: it is handed over once."""
+        if self._takeover_slot is not None:
+            takeover.mark(self._takeover_slot, 0)
         self._executor.submit("completion", lambda: self._complete(True))
 
     def _drain(self) -> None:

@@ -15,7 +15,6 @@ progress thread at issue, as before (``available()`` is False).
 """
 from __future__ import annotations
 
-import atexit
 import os
 import struct
 import threading
@@ -33,16 +32,17 @@ def available() -> bool:
     return _clock() is not None
 
 
-def slot_for(comm: Any) -> int:
-    """A slot for ``comm``'s marks, held until ``release``; starts the threads on first use."""
+def slot_for(comm: Any) -> int | None:
+    """A slot for ``comm``'s marks, held until ``release`` (None: no clock, or none left: its
+    calls then go to the progress thread at issue); starts the threads on first use."""
     clock = _clock()
     if clock is None:
-        raise RuntimeError("no takeover clock here (available() is False)")
+        return None
     with _LOCK:
-        if _STATE["reader"] is None:
-            _start(clock)
+        if _STATE["reader"] is None and not _start(clock):
+            return None
         if not _FREE:
-            raise RuntimeError(f"more than {clock.SLOTS} communicators watched at once")
+            return None
         slot = _FREE.pop()
         _BY_SLOT[slot] = comm
     return slot
@@ -56,21 +56,24 @@ def mark(slot: int, seq: int) -> None:
 class Driven:
     """A watched run's ``complete(block)``: its call is unmarked while it runs (whoever calls it
     drives the call: nothing to take over, however long it takes) and marked again where it
-    returns unfinished (a poll before every peer arrived). ``comm``: whose started call it is."""
+    returns unfinished (a poll before every peer arrived). ``comm``: whose run it is; a closed
+    one (its slot given back, maybe to another communicator) marks nothing."""
 
-    __slots__ = ("complete", "slot", "comm", "_mark")
+    __slots__ = ("complete", "comm", "_mark")
 
-    def __init__(self, complete: Any, slot: int, comm: Any) -> None:
-        self.complete, self.slot, self.comm = complete, slot, comm
+    def __init__(self, complete: Any, comm: Any) -> None:
+        self.complete, self.comm = complete, comm
         self._mark = _STATE["module"].mark
 
     def __call__(self, block: bool) -> bool:
-        self._mark(self.slot, 0)
+        slot = self.comm._takeover_slot
+        if slot is not None:
+            self._mark(slot, 0)
         done = self.complete(block)
-        if not done:
+        if not done and slot is not None:
             started = self.comm._started
             if started is not None:
-                self._mark(self.slot, started[2].running)
+                self._mark(slot, started[2].running)
         return done
 
 
@@ -108,16 +111,28 @@ _FREE: list[int] = []
 _REPORT = struct.Struct("=qq")  # (slot, seq), as the clock writes them
 
 
-def _start(clock: Any) -> None:
-    """The pipe, the Python reader and the C clock (under ``_LOCK``)."""
-    read_fd, write_fd = os.pipe()
-    _FREE.extend(reversed(range(clock.SLOTS)))
+def _start(clock: Any) -> bool:
+    """The pipe, the Python reader and the C clock (under ``_LOCK``); whether they run. They run
+    until the process ends (the clock never takes the GIL; a report written while the
+    interpreter exits is never read), so calls started in exit handlers are still handed over."""
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:
+        _STATE["module"] = None  # available() is False from here on
+        return False
+    try:
+        clock.start(write_fd, int(PERIOD_SECONDS * 1e9))
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        _STATE["module"] = None
+        return False
     reader = threading.Thread(target=_read, args=(read_fd,), name="topocoll-takeover",
                               daemon=True)
-    _STATE["reader"], _STATE["fds"] = reader, (read_fd, write_fd)
     reader.start()
-    clock.start(write_fd, int(PERIOD_SECONDS * 1e9))
-    atexit.register(_stop, clock)
+    _STATE["reader"] = reader
+    _FREE.extend(reversed(range(clock.SLOTS)))
+    return True
 
 
 def _read(fd: int) -> None:
@@ -141,14 +156,8 @@ def _read(fd: int) -> None:
 
 
 def _hand_over(comm: Any, seq: int) -> None:
+    """Hand call ``seq`` of ``comm`` to its progress thread if it is still the one out (a
+    communicator closing gives its slot back first, and completes the call itself)."""
     started = comm._started
-    if started is not None and started[2].running == seq:  # (handle, entry, flight record)
-        try:
-            comm._complete_later()
-        except Exception:  # noqa: BLE001 - closing meanwhile: its close completes the call
-            pass
-
-
-def _stop(clock: Any) -> None:
-    clock.stop()
-    os.close(_STATE["fds"][1])  # the reader sees the end and exits
+    if started is not None and started[2].running == seq and not comm._closed:
+        comm._complete_later()

@@ -516,6 +516,30 @@ def test_the_compiled_lane_gives_an_async_repeat_s_error_to_its_handle_through_p
     assert isinstance(h.exception(), ValueError)
 
 
+def test_a_poll_never_waits_for_another_thread_completing_the_call():
+    """test()/done, and an issuing call's first try, return "not yet" at once while another
+    thread (the progress thread, handed the call) holds the completion lock; wait() waits."""
+    import threading
+
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
+    flight.issue_running("all_reduce", entry.what).running = 0
+    h = lane.run("all_reduce", x, None, ARGS, True, True)
+    assert comm._started is not None
+    run.arrived = True
+    comm._completing.acquire()
+    try:
+        assert lane.complete(False) is False and lane.complete(False, True) is False
+        assert comm._started is not None and not h._done  # (what test() and done call)
+        waited = threading.Thread(target=lane.complete, args=(True,))  # (what wait() calls)
+        waited.start()
+        waited.join(0.2)
+        assert waited.is_alive()  # blocking: waits for the lock
+    finally:
+        comm._completing.release()
+    waited.join(5)
+    assert not waited.is_alive() and h._done and comm._started is None
+
+
 def test_the_compiled_lane_leaves_async_repeats_python_must_start():
     lane, comm, executor, flight, entry, x, run = _lane_setup(starts_inline=False)
     flight.issue_running("all_reduce", entry.what).running = 0

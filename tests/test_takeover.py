@@ -21,7 +21,7 @@ class _Comm:
     ``_complete_later`` (counted)."""
 
     def __init__(self):
-        self._started = None
+        self._started, self._takeover_slot, self._closed = None, None, False
         self.handed = 0
 
     def _complete_later(self):
@@ -36,8 +36,9 @@ def slot_of():
     taken = []
 
     def take(comm):
-        taken.append(takeover.slot_for(comm))
-        return taken[-1]
+        comm._takeover_slot = takeover.slot_for(comm)
+        taken.append(comm._takeover_slot)
+        return comm._takeover_slot
 
     yield take
     for slot in taken:
@@ -71,6 +72,14 @@ def test_a_completed_call_is_not_handed_over(slot_of):
     assert comm.handed == 0
 
 
+def test_a_closed_communicator_is_not_handed_over(slot_of):
+    comm = _Comm()
+    slot_of(comm)
+    comm._started, comm._closed = (None, None, _Record(6)), True
+    takeover._hand_over(comm, 6)
+    assert comm.handed == 0
+
+
 def test_a_call_replaced_by_a_newer_one_is_not_handed_over(slot_of):
     comm = _Comm()
     slot = slot_of(comm)
@@ -93,12 +102,17 @@ def test_a_driven_call_is_unmarked_while_its_caller_drives(slot_of):
         seen.append(clock.marked(slot))
         return block
 
-    driven = takeover.Driven(complete, slot, comm)
+    driven = takeover.Driven(complete, comm)
     takeover.mark(slot, 9)
     assert driven(False) is False and seen == [0] and clock.marked(slot) == 9
     assert driven(True) is True and seen == [0, 0] and clock.marked(slot) == 0
     comm._started = None
     assert driven(False) is False and clock.marked(slot) == 0  # nothing out: nothing marked
+    other = _Comm()  # closed: its slot given back (here to another), so it marks nothing
+    comm._takeover_slot, other._started = None, (None, None, _Record(4))
+    slot_of(other)
+    takeover.mark(other._takeover_slot, 4)
+    assert driven(False) is False and clock.marked(other._takeover_slot) == 4
 
 
 def test_released_slots_are_cleared_and_reused(slot_of):

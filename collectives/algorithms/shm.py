@@ -320,8 +320,11 @@ class Run:
     ``block`` is False). Calling the run does both (in one step where ``both`` is given).
     ``starts_inline``: once every rank has arrived, ``complete`` waits on no peer, so an async
     call may start it on the caller's thread and complete it whenever; False where more
-    barriers follow (the registered run's closing one), which an async call must leave to the
-    progress thread lest a rank block at issue on a peer that completes only in its wait().
+    barriers follow (the steps, the registered run's closing one): the peers need this rank
+    again after the first, so an async call started inline must be watched lest they wait for
+    a caller that never comes back (the communicator's takeover) or, unwatched, go to the
+    progress thread from issue. Nothing completes it at issue: a rank must not block there on a
+    peer that completes its part only in its own wait().
     (A run that meets a registered peer at ``_copied_in`` waits there for the late ranks' copy
     alone, as the general gate does.)"""
 
