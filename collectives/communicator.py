@@ -110,7 +110,8 @@ class Communicator:
         self._complete: Callable[..., bool] = self._complete_py if lane is None else \
             lane.complete
         """``_complete_py(block, soon=False)``, from C where compiled."""
-        self._completion = Completion(self._complete, self._complete_later, self._completing)
+        self._completion = Completion(self._complete, self._complete_later, self._completing,
+                                      lambda fn: self._executor.submit("callback", fn))
         self._local = threading.local()  # .submitted: this thread's call reached _submit
         watchdog.start()  # a wait stuck inside MPI ends the process (docs: Faults)
 

@@ -264,13 +264,15 @@ def _torch_strided() -> Any:
 class Completion:
     """How a communicator completes its started prepared call, made once and shared by every
     StartedHandle it makes: ``finish(block)`` (whether none is left), ``finish_later()`` (the
-    same, queued for the progress thread) and ``lock``, held while a started call completes."""
+    same, queued for the progress thread), ``lock``, held while a started call completes, and
+    ``call_after(fn)`` (queue ``fn()`` for the progress thread behind what is queued)."""
 
-    __slots__ = ("finish", "finish_later", "lock")
+    __slots__ = ("finish", "finish_later", "lock", "call_after")
 
     def __init__(self, finish: Callable[[bool], bool], finish_later: Callable[[], None],
-                 lock: threading.Lock) -> None:
+                 lock: threading.Lock, call_after: Callable[[Callable[[], Any]], Any]) -> None:
         self.finish, self.finish_later, self.lock = finish, finish_later, lock
+        self.call_after = call_after
 
 
 class StartedHandle:
@@ -341,14 +343,22 @@ class StartedHandle:
         """Waiting on a started call can always end (no thread has to finish it)."""
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
-        """Call ``fn(handle)`` once done (at once if already done), from the finishing thread."""
-        with self._completion.lock:
+        """Call ``fn(handle)`` once done (at once if already done), from the finishing thread.
+        Never waits for a thread that is completing the call (the progress thread, handed it
+        by the takeover): then ``fn`` is queued for the progress thread, behind that completion."""
+        completion = self._completion
+        if not completion.lock.acquire(False):
+            completion.call_after(lambda: (self._done or completion.finish(True), fn(self)))
+            return
+        try:
             done, first = self._done, self._callbacks is None
             if not done:
                 if first:
                     self._callbacks = [fn]
                 else:
                     self._callbacks.append(fn)  # type: ignore[union-attr]  # not first
+        finally:
+            completion.lock.release()
         if done:
             fn(self)
         elif first:  # one completion queued, however many callbacks

@@ -540,6 +540,33 @@ def test_a_poll_never_waits_for_another_thread_completing_the_call():
     assert not waited.is_alive() and h._done and comm._started is None
 
 
+def test_a_done_callback_never_waits_for_another_thread_completing_the_call():
+    """add_done_callback while another thread holds the completion lock (the progress thread,
+    handed the call by the takeover, waiting for a peer) returns at once: the callback is
+    queued for the progress thread behind that completion, and fires once it is done."""
+    import threading
+
+    from topocoll.collectives.prepared import Completion, StartedHandle
+
+    queued, finished, seen = [], [], []
+    lock = threading.Lock()
+
+    def finish(block):
+        finished.append(block)
+        handle.settle("result", None)
+        return True
+
+    handle = StartedHandle("all_reduce", Completion(finish, lambda: None, lock, queued.append))
+    lock.acquire()
+    handle.add_done_callback(seen.append)
+    assert seen == [] and len(queued) == 1 and handle._callbacks is None
+    lock.release()
+    queued[0]()  # the progress thread's turn
+    assert finished == [True] and seen == [handle]
+    handle.add_done_callback(seen.append)  # done: at once, on this thread
+    assert seen == [handle, handle] and len(queued) == 1
+
+
 def test_the_compiled_lane_leaves_async_repeats_python_must_start():
     lane, comm, executor, flight, entry, x, run = _lane_setup(starts_inline=False)
     flight.issue_running("all_reduce", entry.what).running = 0
