@@ -768,9 +768,11 @@ class Communicator:
         """Have call ``seq`` (``run``, started here with barriers to follow) handed to the
         progress thread if it stays out, undriven, for two takeover periods
         (collectives/takeover.py); the run's ``complete`` unmarks it while it drives."""
+        slot = self._takeover_slot
+        assert slot is not None  # _watched() took one
         if not isinstance(run.complete, takeover.Driven):
             run.complete = takeover.Driven(run.complete, self)
-        takeover.mark(self._takeover_slot, seq)
+        takeover.mark(slot, seq)
 
     def _repeat_failed(self, entry: Prepared | Rebound, record: Repeats,
                        err: BaseException) -> None:

@@ -348,7 +348,12 @@ class StartedHandle:
         by the takeover): then ``fn`` is queued for the progress thread, behind that completion."""
         completion = self._completion
         if not completion.lock.acquire(False):
-            completion.call_after(lambda: (self._done or completion.finish(True), fn(self)))
+            def finished_then_fn() -> None:
+                if not self._done:
+                    completion.finish(True)
+                fn(self)
+
+            completion.call_after(finished_then_fn)
             return
         try:
             done, first = self._done, self._callbacks is None
