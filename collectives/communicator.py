@@ -45,6 +45,12 @@ GENERAL = object()
 DEFAULT_TIMEOUT = 300.0
 """Seconds an operation may wait for a peer before raising (``TOPOCOLL_TIMEOUT`` overrides)."""
 
+TAKEOVER_MAX_BYTES = 2 << 20
+"""Async repeats with barriers after the first start on the caller's thread, watched by the
+takeover, up to this many input bytes; larger ones go to the progress thread at issue: there the
+thread hand-off is a few per cent of the call, and in place at 4 MiB on 4 ranks of 2 cores the
+inline start measured slower (docs/collectives.md, Repeated calls)."""
+
 
 def rejected_together(method: Any) -> Any:
     """A collective whose argument errors reach every rank: when this rank rejects the call
@@ -724,7 +730,7 @@ class Communicator:
             # this call start inline again. Without it every later call queued too, the issuing
             # loop starving the progress thread (docs/bench.md, "Measured here").
             spin(self._executor.idle, 0.0)
-        if run is None or (async_op and not run.starts_inline and not self._watched()) or \
+        if run is None or (async_op and not run.starts_inline and not self._watched(entry)) or \
                 self._broken is not None or self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \
                 (self._started is not None and not self._complete_soon()):
@@ -755,10 +761,14 @@ class Communicator:
         record.running = 0  # done
         return entry.result
 
-    def _watched(self) -> bool:
-        """Whether this communicator's async calls with barriers after the first may start
-        inline: it holds a takeover slot (taken here at the first such call; none where the
-        clock isn't built, is off, or has no slot left: then the progress thread from issue)."""
+    def _watched(self, entry: Prepared | Rebound) -> bool:
+        """Whether ``entry``, an async call with barriers after the first, may start inline: up
+        to ``TAKEOVER_MAX_BYTES`` of input, where this communicator holds a takeover slot (taken
+        here at the first such call; none where the clock isn't built, is off, or has no slot
+        left: then the progress thread from issue)."""
+        dtype, count = entry.what[0], entry.what[1]  # (dtype name, count, algorithm)
+        if count * np.dtype(dtype).itemsize > TAKEOVER_MAX_BYTES:
+            return False
         if self._takeover_slot is None and self._watches:
             self._takeover_slot = takeover.slot_for(self)
             self._watches = self._takeover_slot is not None
