@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .algorithms.compiled import ENV_COMPILED
+from .algorithms.compiled import turned_off
 from .algorithms.shm import Run
 from .errors import CollectiveTimeoutError
 from .flight import Repeats
@@ -216,7 +216,7 @@ def _match_type() -> Any:
     """``_match.Match``, once checked against numpy on this install; None where the extension
     isn't built, is turned off (``TOPOCOLL_SHM_COMPILED=0``, as for the compiled run) or reads
     arrays differently from numpy."""
-    if os.environ.get(ENV_COMPILED, "1") == "0":
+    if turned_off():
         return None
     if _MATCH[0] is False:
         _MATCH[0] = _checked_match()

@@ -20,6 +20,8 @@ import struct
 import threading
 from typing import Any
 
+from .algorithms.compiled import turned_off
+
 PERIOD_SECONDS = 0.001
 """How often the clock looks at the watched calls."""
 ENV_TAKEOVER = "TOPOCOLL_TAKEOVER"
@@ -94,8 +96,7 @@ def _clock() -> Any:
 
 
 def _load() -> Any:
-    if os.environ.get("TOPOCOLL_SHM_COMPILED", "1") == "0" or \
-            os.environ.get(ENV_TAKEOVER, "1") == "0":
+    if turned_off() or os.environ.get(ENV_TAKEOVER, "1") == "0":
         return None
     try:
         from . import _takeover  # type: ignore[attr-defined]

@@ -12,13 +12,13 @@ ENV_COMPILED = "TOPOCOLL_SHM_COMPILED"
 
 def plan_type() -> Any:
     """``_shmrun.Plan`` if the extension is built and not turned off, else None."""
-    return None if _turned_off() else _PLAN
+    return None if turned_off() else _PLAN
 
 
 def reduce_into() -> Any:
     """``_shmrun.reduce_into(out, ins, type_char, op)`` (``out = ins[0] (op) ins[1] ...`` in that
     order, one pass per three inputs) if the extension is built and not turned off, else None."""
-    return None if _turned_off() else _REDUCE_INTO
+    return None if turned_off() else _REDUCE_INTO
 
 
 def available() -> bool:
@@ -34,7 +34,7 @@ def reduces(type_char: str, op: int) -> bool:
     return _HAS_LOOP is not None and _HAS_LOOP(type_char, op)
 
 
-def _turned_off() -> bool:
+def turned_off() -> bool:
     """Whether ``TOPOCOLL_SHM_COMPILED=0`` turns the compiled pieces off."""
     return os.environ.get(ENV_COMPILED, "1") == "0"
 
