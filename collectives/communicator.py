@@ -730,9 +730,9 @@ class Communicator:
             # this call start inline again. Without it every later call queued too, the issuing
             # loop starving the progress thread (docs/bench.md, "Measured here").
             spin(self._executor.idle, 0.0)
-        if run is None or (async_op and not run.starts_inline and not self._watched(entry)) or \
-                self._broken is not None or self._closed or self._executor._pending \
+        if run is None or self._broken is not None or self._closed or self._executor._pending \
                 or threading.get_ident() != self._owner or tracing() or \
+                (async_op and not run.starts_inline and not self._watched(entry)) or \
                 (self._started is not None and not self._complete_soon()):
             return self._submit(entry.kind, entry, async_op, entry.what)
         flight = self._flight
