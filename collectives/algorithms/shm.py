@@ -109,8 +109,11 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     ``_run`` opens with the registration gate, the run publishes what an unregistered rank
     publishes there (``GATE_EARLY``) and, should a peer's buffer be registered, syncs a second
     time as that gate does. A call on a registered buffer gets ``_prepare_registered``'s run.
-    ``ctx`` is reused by every run. None where the call would take another path (one rank,
-    broadcast's gate, a move of several steps, single-copy reads): those run the general way."""
+    A broadcast from that size publishes so on every rank but a root with a registered
+    buffer (whose peers read it in place: the general way); a peer's run reads such a root's
+    buffer after its barrier (``_from_registered_root``). ``ctx`` is reused by every run. None
+    where the call would take another path (one rank, a registered root, a move of several
+    steps, single-copy reads): those run the general way."""
     arena = _prepared_arena(b, call)
     if arena is None or call.kind not in _PREPARED:
         return None
@@ -124,19 +127,24 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
         return None  # the general path reads the peers' memory directly
     if not moved and call.send.nbytes > one_shot_bytes(call.kind, b.size, arena):
         return _prepare_steps(b, ctx, call, arena, gated)
-    if (gated and call.kind == "broadcast") or (moved and call.send.nbytes > arena.slot_bytes):
+    if moved and call.send.nbytes > arena.slot_bytes:
         return None
     r, mine = b.rank, call.input
+    late = None  # what a run does where a peer's gate words differ (None: _copied_in, the copies)
+    if gated and call.kind == "broadcast":
+        if r == call.root and arena.locate(call.send) is not None:
+            return None
+        late = _from_registered_root(arena, ctx, call) if r != call.root else None
     typed = [arena.slots(h, np.uint8 if moved else mine.dtype) for h in (0, 1)]
     publish = [_mv(_bytes(half[r][:mine.nbytes if moved else mine.size])) for half in typed]
     source = _mv(_bytes(mine))
     after = _after_barrier(b, call, typed, source)
     writes = call.kind != "broadcast" or r == call.root
-    first = _FirstBarrier(arena, call, gated)
+    first = _FirstBarrier(arena, call, gated, late)
     compiled = _compiled_plan(arena, after, first.sig, first.mine, first.every,
                               publish if writes else None, source, first.gate)
     if compiled is not None:
-        return _compiled_run(arena, ctx, compiled, after, first.check, first.sig)
+        return _compiled_run(arena, ctx, compiled, after, first.check, first.sig, late)
 
     done = after.run
 
@@ -150,10 +158,32 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     def complete(block: bool) -> bool:
         if not first.passed(ctx, block):
             return False
-        done(first.state[1])
+        if not first.served:
+            done(first.state[1])
         return True
 
     return Run(start, complete)
+
+
+def _from_registered_root(arena: SharedArena, ctx: OpContext,
+                          call: Call) -> Callable[[int], bool]:
+    """A prepared broadcast's step for a peer (not the root) whose gate words differ after the
+    first barrier: where the root's say its buffer is registered, the root took the zero-copy
+    path, which uses no half, so step back to the run's ``mark`` (as every rank on that path
+    stands), copy the root's buffer straight into ours and sync as ``_peers_broadcast`` does
+    (True); else False (a peer on the general way is late: ``_copied_in``, then the slot
+    copy)."""
+    buf, root = _bytes(call.send), call.root
+
+    def run(mark: int) -> bool:
+        words = arena.published(len(GATE_EARLY))[root]
+        if not words[1]:
+            return False
+        arena.rewind(mark)
+        buf[:] = arena.peer((words[1], words[2]), root, buf)
+        arena.sync(ctx)  # the root returns only after every peer has read its buffer
+        return True
+    return run
 
 
 class _FirstBarrier:
@@ -163,9 +193,10 @@ class _FirstBarrier:
     registered, it copies in after the barrier: everyone meets it at ``_copied_in``). Written
     and compared as bytes: no numpy call on the way."""
 
-    __slots__ = ("arena", "check", "sig", "mine", "every", "gate", "state")
+    __slots__ = ("arena", "check", "sig", "mine", "every", "gate", "state", "late", "served")
 
-    def __init__(self, arena: SharedArena, call: Call, gated: bool) -> None:
+    def __init__(self, arena: SharedArena, call: Call, gated: bool,
+                 late: Callable[[int], bool] | None = None) -> None:
         sig, check = call.agreement if call.agreement is not None else (None, None)
         self.arena = arena
         self.check: Callable[..., None] | None = check
@@ -173,10 +204,13 @@ class _FirstBarrier:
         self.mine, self.every = arena.signature_words(len(sig) if sig is not None else 0)
         self.gate = arena.registration_words(len(GATE_EARLY)) if gated else None
         self.state = (0, 0, 0)  # the started run's (arena mark, half, publication area)
+        self.late = late        # where gate words differ: True if it finished the call itself
+        self.served = False     # the started run was finished by ``late``
 
     def begin(self) -> int:
         """Step the arena's counters for a run and write its words; the half it starts on."""
         state = self.state = self.arena.begin()
+        self.served = False
         if self.check is not None:
             self.mine[state[2]][:] = self.sig
         if self.gate is not None:
@@ -199,7 +233,9 @@ class _FirstBarrier:
                     arena.rewind(self.state[0])
                     self.check(*arena.agreed(len(self.sig) // 8))  # raises, naming the field
         if self.gate is not None and not all(words == _EARLY for words in self.gate[1][area]):
-            _copied_in(arena, ctx)  # a peer's buffer is registered: it copies in after this
+            self.served = self.late is not None and self.late(self.state[0])
+            if not self.served:
+                _copied_in(arena, ctx)  # a peer's buffer is registered: it copies in after this
         return True
 
 
@@ -447,7 +483,8 @@ def _compiled_plan(arena: SharedArena, after: AfterBarrier, sig: bytes,
 
 
 def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBarrier,
-                  check: Callable[..., None] | None, sig: bytes) -> Run:
+                  check: Callable[..., None] | None, sig: bytes,
+                  late: Callable[[int], bool] | None = None) -> Run:
     """``prepare``'s run through the compiled plan: one C call (``go``) steps the arena's
     counters, publishes, polls and finishes (started async: ``start``, then ``wait``); only a
     wait longer than its spins (``arena.wait``: deadline, timeout naming the peer), a mismatch,
@@ -463,6 +500,8 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
             assert check is not None  # signatures only differ where there is one
             check(*arena.agreed(len(sig) // 8))  # raises, naming the field
         if code == 3:  # a peer's buffer is registered: it copies in after the first barrier
+            if late is not None and late(plan.state()[0]):
+                return  # a registered root's broadcast, read in place
             _copied_in(arena, ctx)  # waits even in test(): for the late ranks' copy alone
             code = plan.after()
         if code == 2:  # the reduction is left to numpy (the plan was made with "numpy")

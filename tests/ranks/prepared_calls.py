@@ -449,6 +449,55 @@ def large_plain_calls_repeat_prepared(c):
         assert ran and ran[-1].lean is not None, "a large plain all_gather was not prepared"
 
 
+def large_broadcasts_repeat_prepared(c):
+    """A broadcast from REGISTERED_FROM up to a slot repeats prepared on plain arrays (it used to
+    take the general way, gate and all, every time), from every root, blocking and async;
+    where the root's buffer is registered its peers' prepared runs read it in place, and where
+    only a peer's is, nothing changes for anyone: exact everywhere, nothing hangs."""
+    p, r = c.size, c.rank
+    n = REGISTERED_FROM // 4 * 2  # 256 KiB of float32
+    x = np.empty(n, np.float32)
+    for step in range(4):
+        for root in range(p):
+            every = [rank_data(n, "float32", q, salt=20 + step) for q in range(p)]
+            x[...] = every[r]
+            if step % 2:
+                c.broadcast(x, root=root, async_op=True).wait()
+            else:
+                assert c.broadcast(x, root=root) is x
+            assert np.array_equal(x, every[root]), (step, root, "large broadcast")
+    if p > 1:
+        assert all(e.lean is not None for e in entries_for(c, "broadcast", x)), \
+            "a large plain broadcast was not prepared"
+    for step in range(6):  # a rank on a new array each call goes the general way: mixed paths
+        every = [rank_data(n, "float32", q, salt=40 + step) for q in range(p)]
+        fresh = (r == 0) == (step < 3)  # first the root, then its peers
+        z = every[r].copy() if fresh else x
+        z[...] = every[r]
+        if step % 2:
+            c.broadcast(z, root=0, async_op=True).wait()
+        else:
+            assert c.broadcast(z, root=0) is z
+        assert np.array_equal(z, every[0]), (step, "mixed paths")
+    mem = c.alloc(n, np.float32)  # only rank 0 calls with it: registered as root and as peer
+    y = mem if r == 0 else np.empty(n, np.float32)
+    for step in range(4):
+        for root in (0, p - 1):
+            every = [rank_data(n, "float32", q, salt=30 + step) for q in range(p)]
+            y[...] = every[r]
+            if step % 2:
+                c.broadcast(y, root=root, async_op=True).wait()
+            else:
+                assert c.broadcast(y, root=root) is y
+            assert np.array_equal(y, every[root]), (step, root, "registered root 0")
+    if p > 1 and r != 0:
+        assert entries_for(c, "broadcast", y) and \
+            all(e.lean is not None for e in entries_for(c, "broadcast", y)), \
+            "a peer of a registered root did not run prepared"
+    del y
+    c.free(mem)
+
+
 def registered_peer_meets_a_prepared_repeat(c):
     """Rank 0's buffer is registered, its peers' are plain: rank 0's prepared run reads their
     gate words and falls back to the slots after its barrier, as the general gate would, and
@@ -757,6 +806,7 @@ def body():
     flight_record_counts_repeats(c)
     persistent_runs_prepared(c)
     large_plain_calls_repeat_prepared(c)
+    large_broadcasts_repeat_prepared(c)
     registered_peer_meets_a_prepared_repeat(c)
     registered_repeats_run_prepared(c, "auto")
     registered_repeats_run_prepared(c, "shm_or_native")
