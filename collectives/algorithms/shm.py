@@ -117,7 +117,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     arena = _prepared_arena(b, call)
     if arena is None or call.kind not in _PREPARED:
         return None
-    moved = call.kind in ("all_gather", "broadcast", "rotate")  # one step, not combined
+    moved = call.kind in ("all_gather", "broadcast", "rotate", "all_to_all")  # not combined
     gated = call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate"
     if gated and call.kind != "broadcast":
         where = arena.locate(call.send)
@@ -420,7 +420,7 @@ def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
                    mine: memoryview) -> AfterBarrier:
     """A prepared run's finish, per collective: ``_one_shot``'s sum over every rank's slot in
     rank order (the root alone, for reduce); or the bytes it moves: every slot (all-gather), the
-    root's (broadcast) or the predecessor's (rotate)."""
+    root's (broadcast), the predecessor's (rotate) or block r of every slot (all-to-all)."""
     r, p = b.rank, b.size
     if call.kind in ("all_reduce", "reduce_scatter", "reduce"):
         if call.kind == "reduce" and r != call.root:
@@ -438,11 +438,15 @@ def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
                                    for q in range(p) if q != r] for half in typed))
     if call.kind == "broadcast" and r == call.root:
         return AfterBarrier(([], []))
+    if call.kind == "all_to_all":
+        return AfterBarrier(tuple(_blocks_out(call, r, dst, [_mv(s) for s in half])
+                                  for half in typed))
     src = call.root if call.kind == "broadcast" else (r - call.shift) % p
     return AfterBarrier(tuple([(dst, _mv(half[src][:n]))] for half in typed))
 
 
-_PREPARED = ("all_reduce", "reduce_scatter", "reduce", "all_gather", "broadcast", "rotate")
+_PREPARED = ("all_reduce", "reduce_scatter", "reduce", "all_gather", "broadcast", "rotate",
+             "all_to_all")
 """The collectives ``prepare`` makes a run for."""
 
 COMPILED_SPINS = 256
@@ -749,12 +753,21 @@ def _slots_rotate(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None
 
 
 def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> None:
-    """Rank r publishes its block for q at q*w of its slot; rank q copies it out."""
+    """Where the input fits a slot, rank r publishes it whole (block q at its own offset) and
+    rank q copies block q out of every slot (the layout a prepared run uses); else, in steps,
+    rank r publishes its block for q at q*w of its slot and rank q copies it out."""
     assert call.recv is not None  # all_to_all always has an output
     arena, send, recv, r, p = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank, b.size
     unit = call.send.itemsize
     bounds = [(lo * unit, hi * unit) for lo, hi in call.bounds]
     mine = bounds[r][1] - bounds[r][0]                       # every block r has this length
+    if send.size <= arena.slot_bytes:
+        slots = _slots(arena, np.uint8)
+        slots[r][:send.size] = send
+        gate.sync()
+        for dst, src in _blocks_out(call, r, recv, slots):
+            dst[:] = src
+        return
     w = arena.slot_bytes // p
     for k in range(_steps(bounds, w)):
         slots = _slots(arena, send.dtype)
@@ -768,6 +781,16 @@ def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> 
         for q in range(p):                                   # block r of every rank, in order
             dst = recv[q * mine + at:q * mine + at + hi - lo]
             dst[:] = send[lo:hi] if q == r else slots[q][r * w:r * w + hi - lo]
+
+
+def _blocks_out(call: Call, r: int, recv: Any, slots: list[Any]) -> list[tuple[Any, Any]]:
+    """All-to-all's copies out for rank r when every rank published its whole input in its slot
+    (as bytes): block r of every rank's slot into ``recv`` in rank order, its own included (the
+    slot holds it whatever ``recv`` overwrites)."""
+    unit = call.send.itemsize
+    lo, hi = call.bounds[r][0] * unit, call.bounds[r][1] * unit
+    mine = hi - lo
+    return [(recv[q * mine:(q + 1) * mine], slots[q][lo:hi]) for q in range(len(slots))]
 
 
 def gather_regions(b: Backend, ctx: OpContext, buf: np.ndarray, bounds) -> None:
@@ -1040,7 +1063,8 @@ def _region_width(arena: SharedArena, call: Call, ranks: int) -> int:
 
 
 _SLOTS = {"all_reduce": _slots_all_reduce, "reduce_scatter": _slots_reduce_scatter,
-          "reduce": _slots_reduce, "all_gather": _slots_all_gather}
+          "reduce": _slots_reduce, "all_gather": _slots_all_gather,
+          "all_to_all": _slots_all_to_all}
 """The slot path of each collective a registered call's prepared run may fall back to."""
 
 _PEERS = {"all_reduce": _reduce_peers, "reduce_scatter": _reduce_peers, "reduce": _reduce_peers,

@@ -498,6 +498,54 @@ def large_broadcasts_repeat_prepared(c):
     c.free(mem)
 
 
+def all_to_all_repeats_prepared(c):
+    """all_to_all repeats run prepared up to a slot's worth of input (every rank publishes its
+    input whole, then copies block r of every slot out), uneven parts included, blocking and
+    async, from one row to past the registration gate; a rank on a new array each call (the
+    general way) and a registered peer meet them; beyond a slot the steps run as before."""
+    p, r = c.size, c.rank
+    slot = c.backend.arena().slot_bytes if p > 1 and c.backend.arena() is not None else 1 << 20
+
+    def expect(rows, width, dt, salt):
+        every = [rank_data(rows * width, dt, q, salt=salt).reshape(rows, width) for q in range(p)]
+        return every, np.concatenate([np.array_split(e, p)[r] for e in every])
+
+    for rows, width, dt in ((1, 1, "int32"), (p + 1, 3, "float64"), (7, 5, "uint8"),
+                            (2 * p, REGISTERED_FROM // 4 // p, "float32"),
+                            (p, slot // 8 // p + 1, "int64")):  # the last: more than a slot
+        x = np.empty((rows, width), dt)
+        out = np.empty((len(np.array_split(x, p)[r]) * p, width), dt)
+        for step in range(4):
+            every, want = expect(rows, width, dt, step)
+            x[...] = every[r]
+            if step % 2:
+                c.all_to_all(x, out=out, async_op=True).wait()
+            else:
+                assert c.all_to_all(x, out=out) is out
+            assert np.array_equal(out, want), (rows, width, dt, step)
+        fits = x.nbytes <= slot
+        if p > 1:
+            lean = [e.lean is not None for e in entries_for(c, "all_to_all", x)]
+            assert (lean and all(lean)) if fits else not any(lean), (rows, width, dt, lean)
+        for step in range(4):  # mixed: one rank goes the general way on a new array each call
+            every, want = expect(rows, width, dt, 10 + step)
+            y = every[r].copy() if r == step % p else x
+            y[...] = every[r]
+            assert np.array_equal(c.all_to_all(y, out=out), want), (rows, width, dt, "mixed")
+    n = REGISTERED_FROM // 4 * 2 // p * p
+    mem = c.alloc(n, np.float32)  # only rank 0 calls with it
+    x = mem if r == 0 else np.empty(n, np.float32)
+    out = np.empty(n, np.float32)
+    for step in range(4):
+        every, want = expect(n, 1, "float32", 20 + step)
+        x[...] = every[r].ravel()
+        c.all_to_all(x, out=out, async_op=step % 2 == 1)
+        c.barrier()  # completes a started call first (issue order)
+        assert np.array_equal(out, want.ravel()), (step, "registered rank 0")
+    del x
+    c.free(mem)
+
+
 def registered_peer_meets_a_prepared_repeat(c):
     """Rank 0's buffer is registered, its peers' are plain: rank 0's prepared run reads their
     gate words and falls back to the slots after its barrier, as the general gate would, and
@@ -807,6 +855,7 @@ def body():
     persistent_runs_prepared(c)
     large_plain_calls_repeat_prepared(c)
     large_broadcasts_repeat_prepared(c)
+    all_to_all_repeats_prepared(c)
     registered_peer_meets_a_prepared_repeat(c)
     registered_repeats_run_prepared(c, "auto")
     registered_repeats_run_prepared(c, "shm_or_native")
