@@ -102,6 +102,7 @@ class Communicator:
         self._flat_ring_cache: list[int] | None = None
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
         self._prepared = PreparedCalls()  # small calls kept ready to repeat
+        self._barrier_x = np.empty(0, np.uint8)  # every barrier's (empty) input: it repeats
         self._frees = 0  # how many times free() released registered memory here
         self._started: tuple[StartedHandle, Prepared | Rebound, Repeats] | None = None
         # the started async repeat, and its flight record (whose last run it is)
@@ -339,12 +340,20 @@ class Communicator:
         return self._launch(call, buf, algo, async_op, target.user, timeout, copy_out=copy_out,
                             keep=(out, given))
 
-    @rejected_together
     def barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
         """Wait until every rank has called barrier."""
-        empty = as_buffer(np.empty(0, np.uint8), "barrier")
+        done = self._lane("barrier", self._barrier_x, None, (async_op, timeout), self.check,
+                          async_op)
+        if done is not GENERAL:
+            return done
+        return self._barrier(async_op, timeout)
+
+    @rejected_together
+    def _barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
+        empty = as_buffer(self._barrier_x, "barrier")
         call = Call("barrier", empty.dtype, empty.flat())
-        return self._launch(call, empty, "auto", async_op, None, timeout)
+        return self._launch(call, empty, "auto", async_op, None, timeout,
+                            keep=(None, (async_op, timeout)))
 
     # -- persistent collectives (MPI-4's MPI_Allreduce_init and friends) --
     def all_reduce_init(self, x: Any, op: str = "sum", algo: str = "auto", out: Any = None,
@@ -562,7 +571,7 @@ class Communicator:
         limit = self._timeout(timeout)
         moves = call.send.size > 0 or (call.recv is not None and call.recv.size > 0)
 
-        fused = (agree and moves and chosen in select.AGREES_IN_FIRST_BARRIER
+        fused = (agree and (moves or kind == "barrier") and chosen in select.AGREES_IN_FIRST_BARRIER
                  and self.backend.arena_unavailable() is None)  # else shm raises before its gate
         if copy_in is not None and chosen in select.READS_SOURCE:
             call.source, copy_in = copy_in[1], None
@@ -589,7 +598,8 @@ class Communicator:
             """The algorithm's prepared run of this call, or None (run it the general way);
             with ``twin``, of the same call on the arrays ``twin`` maps its arrays to."""
             preparer = select.PREPARERS.get(chosen)
-            if preparer is None or not (moves or agree) or copy_in is not None:
+            if preparer is None or not (moves or agree or kind == "barrier") or \
+                    copy_in is not None:
                 return None  # an empty call unchecked does nothing: no run to prepare
             recv = call.recv
             if copy_out is not None:  # staged: an in-place rotate, which some runs don't need
@@ -611,7 +621,7 @@ class Communicator:
                              prepare())
             return self._persistent(entry, buf, sig, fields, limit)
         if keep is not None:
-            small = keepable(buf.user, keep[0], result)
+            small = keepable(buf.user, keep[0], result) or kind == "barrier"  # returns None
             registered = not small and (result is buf.user or result is keep[0]) and \
                 self._registered(call)  # large, but its memory is the arena's anyway
             if (small or registered) and self._prepared.seen_before(kind, buf.user):

@@ -36,7 +36,7 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
     "all_to_all": {"native": native.all_to_all, "shm": shm.all_to_all,
                    "shm_or_native": shm.registered_or_native},
     "rotate": {"p2p": rotate.rotate, "shm": shm.rotate},
-    "barrier": {"native": native.barrier},
+    "barrier": {"native": native.barrier, "shm": shm.barrier},
 }
 """collective -> algorithm name -> function; a new algorithm registers here and nowhere else."""
 

@@ -94,6 +94,19 @@ def rotate(b: Backend, ctx: OpContext, call: Call) -> None:
     _run(b, ctx, call, fallback=_slots_rotate)
 
 
+def barrier(b: Backend, ctx: OpContext, call: Call) -> None:
+    """One barrier over the arena, the communicator's agreement check inside it (``_Gate``
+    publishes the signature, every rank compares after the sync): MPI's barrier costs more
+    than that one flag exchange, and the check would cost a second round."""
+    if b.size == 1:
+        return
+    arena = _arena(b)
+    gate = _Gate(arena, ctx, None, agreement=call.agreement, registered=False)
+    call.agreement = None
+    arena.flip()  # the half a prepared barrier's run steps past (the runs stay in step)
+    gate.close()
+
+
 def registered_or_native(b: Backend, ctx: OpContext, call: Call) -> None:
     """Zero-copy through registered buffers when every rank's are, else the backend's native
     collective: ``auto``'s choice at sizes where native beats copying through the slots."""
@@ -117,7 +130,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     arena = _prepared_arena(b, call)
     if arena is None or call.kind not in _PREPARED:
         return None
-    moved = call.kind in ("all_gather", "broadcast", "rotate", "all_to_all")  # not combined
+    moved = call.kind in ("all_gather", "broadcast", "rotate", "all_to_all", "barrier")
     gated = call.send.nbytes >= REGISTERED_FROM and call.kind != "rotate"
     if gated and call.kind != "broadcast":
         where = arena.locate(call.send)
@@ -139,7 +152,7 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
     publish = [_mv(_bytes(half[r][:mine.nbytes if moved else mine.size])) for half in typed]
     source = _mv(_bytes(mine))
     after = _after_barrier(b, call, typed, source)
-    writes = call.kind != "broadcast" or r == call.root
+    writes = call.kind != "barrier" and (call.kind != "broadcast" or r == call.root)
     first = _FirstBarrier(arena, call, gated, late)
     compiled = _compiled_plan(arena, after, first.sig, first.mine, first.every,
                               publish if writes else None, source, first.gate)
@@ -436,7 +449,7 @@ def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
         return AfterBarrier(tuple([(dst[r * n:(r + 1) * n], mine)] +
                                   [(dst[q * n:(q + 1) * n], _mv(half[q][:n]))
                                    for q in range(p) if q != r] for half in typed))
-    if call.kind == "broadcast" and r == call.root:
+    if (call.kind == "broadcast" and r == call.root) or call.kind == "barrier":
         return AfterBarrier(([], []))
     if call.kind == "all_to_all":
         return AfterBarrier(tuple(_blocks_out(call, r, dst, [_mv(s) for s in half])
@@ -446,7 +459,7 @@ def _after_barrier(b: Backend, call: Call, typed: list[list[np.ndarray]],
 
 
 _PREPARED = ("all_reduce", "reduce_scatter", "reduce", "all_gather", "broadcast", "rotate",
-             "all_to_all")
+             "all_to_all", "barrier")
 """The collectives ``prepare`` makes a run for."""
 
 COMPILED_SPINS = 256

@@ -546,6 +546,39 @@ def all_to_all_repeats_prepared(c):
     c.free(mem)
 
 
+def barriers_repeat_prepared(c):
+    """A barrier on one node is one shared-memory barrier with the agreement check inside, kept
+    prepared from the second call (compiled where built): it still holds every rank until the
+    last arrives, blocking and async, with the check off too; a rank that calls something else
+    fails every rank with MismatchError, and the next barrier is healthy."""
+    p, r = c.size, c.rank
+    quiet = collectives.init(check=False)
+    for comm in (c, quiet):
+        for step in range(4):
+            WORLD.Barrier()
+            if r == step % p:
+                time.sleep(0.2)  # the others must wait for this rank
+            t = time.perf_counter()
+            if step % 2:
+                h = comm.barrier(async_op=True)
+                assert h.wait() is None
+            else:
+                assert comm.barrier() is None
+            waited = time.perf_counter() - t
+            assert r == step % p or waited > 0.1, (comm.check, step, waited)
+        if p > 1:
+            lean = [e.lean is not None for es in comm._prepared._by_kind["barrier"].values()
+                    for e in es]
+            assert lean and all(lean), ("the barrier was not kept prepared", lean)
+    quiet.close()
+    if p > 1:
+        e = np.zeros(0, np.float32)
+        expect_raises(MismatchError, lambda: c.all_reduce(e) if r == p - 1 else c.barrier(),
+                      "collective")
+        c.barrier()  # healthy afterwards
+        assert c.all_reduce(np.ones(1, np.float32))[0] == p
+
+
 def registered_peer_meets_a_prepared_repeat(c):
     """Rank 0's buffer is registered, its peers' are plain: rank 0's prepared run reads their
     gate words and falls back to the slots after its barrier, as the general gate would, and
@@ -856,6 +889,7 @@ def body():
     large_plain_calls_repeat_prepared(c)
     large_broadcasts_repeat_prepared(c)
     all_to_all_repeats_prepared(c)
+    barriers_repeat_prepared(c)
     registered_peer_meets_a_prepared_repeat(c)
     registered_repeats_run_prepared(c, "auto")
     registered_repeats_run_prepared(c, "shm_or_native")
