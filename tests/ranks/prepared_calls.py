@@ -456,40 +456,32 @@ def large_broadcasts_repeat_prepared(c):
     only a peer's is, nothing changes for anyone: exact everywhere, nothing hangs."""
     p, r = c.size, c.rank
     n = REGISTERED_FROM // 4 * 2  # 256 KiB of float32
+
+    def broadcast(buf, root, step, salt, what, fresh=False):
+        """Broadcast new data from ``root`` (async on odd steps) and check it arrived."""
+        every = [rank_data(n, "float32", q, salt=salt + step) for q in range(p)]
+        buf = every[r].copy() if fresh else buf  # a new array each call: the general way
+        buf[...] = every[r]
+        if step % 2:
+            c.broadcast(buf, root=root, async_op=True).wait()
+        else:
+            assert c.broadcast(buf, root=root) is buf
+        assert np.array_equal(buf, every[root]), (step, root, what)
+
     x = np.empty(n, np.float32)
     for step in range(4):
         for root in range(p):
-            every = [rank_data(n, "float32", q, salt=20 + step) for q in range(p)]
-            x[...] = every[r]
-            if step % 2:
-                c.broadcast(x, root=root, async_op=True).wait()
-            else:
-                assert c.broadcast(x, root=root) is x
-            assert np.array_equal(x, every[root]), (step, root, "large broadcast")
+            broadcast(x, root, step, 20, "large broadcast")
     if p > 1:
         assert all(e.lean is not None for e in entries_for(c, "broadcast", x)), \
             "a large plain broadcast was not prepared"
-    for step in range(6):  # a rank on a new array each call goes the general way: mixed paths
-        every = [rank_data(n, "float32", q, salt=40 + step) for q in range(p)]
-        fresh = (r == 0) == (step < 3)  # first the root, then its peers
-        z = every[r].copy() if fresh else x
-        z[...] = every[r]
-        if step % 2:
-            c.broadcast(z, root=0, async_op=True).wait()
-        else:
-            assert c.broadcast(z, root=0) is z
-        assert np.array_equal(z, every[0]), (step, "mixed paths")
+    for step in range(6):  # mixed paths: first the root on new arrays, then its peers
+        broadcast(x, 0, step, 40, "mixed paths", fresh=(r == 0) == (step < 3))
     mem = c.alloc(n, np.float32)  # only rank 0 calls with it: registered as root and as peer
     y = mem if r == 0 else np.empty(n, np.float32)
     for step in range(4):
         for root in (0, p - 1):
-            every = [rank_data(n, "float32", q, salt=30 + step) for q in range(p)]
-            y[...] = every[r]
-            if step % 2:
-                c.broadcast(y, root=root, async_op=True).wait()
-            else:
-                assert c.broadcast(y, root=root) is y
-            assert np.array_equal(y, every[root]), (step, root, "registered root 0")
+            broadcast(y, root, step, 30, "registered rank 0")
     if p > 1 and r != 0:
         assert entries_for(c, "broadcast", y) and \
             all(e.lean is not None for e in entries_for(c, "broadcast", y)), \
