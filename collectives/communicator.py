@@ -570,8 +570,9 @@ class Communicator:
         sig, fields = _signature(call, chosen, buf) if agree else (None, [])
         limit = self._timeout(timeout)
         moves = call.send.size > 0 or (call.recv is not None and call.recv.size > 0)
+        runs = moves or kind == "barrier"  # the algorithm has work to do (a barrier: the sync)
 
-        fused = (agree and (moves or kind == "barrier") and chosen in select.AGREES_IN_FIRST_BARRIER
+        fused = (agree and runs and chosen in select.AGREES_IN_FIRST_BARRIER
                  and self.backend.arena_unavailable() is None)  # else shm raises before its gate
         if copy_in is not None and chosen in select.READS_SOURCE:
             call.source, copy_in = copy_in[1], None
@@ -588,7 +589,7 @@ class Communicator:
                 self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             if copy_in is not None:
                 copyto(*copy_in)
-            if moves or kind == "barrier":
+            if runs:
                 algorithm(self.backend, ctx, call)
             if copy_out is not None:
                 copyto(*copy_out)
@@ -598,8 +599,7 @@ class Communicator:
             """The algorithm's prepared run of this call, or None (run it the general way);
             with ``twin``, of the same call on the arrays ``twin`` maps its arrays to."""
             preparer = select.PREPARERS.get(chosen)
-            if preparer is None or not (moves or agree or kind == "barrier") or \
-                    copy_in is not None:
+            if preparer is None or not (runs or agree) or copy_in is not None:
                 return None  # an empty call unchecked does nothing: no run to prepare
             recv = call.recv
             if copy_out is not None:  # staged: an in-place rotate, which some runs don't need

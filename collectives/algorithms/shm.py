@@ -193,8 +193,7 @@ def _from_registered_root(arena: SharedArena, ctx: OpContext,
         if not words[1]:
             return False
         arena.rewind(mark)
-        buf[:] = arena.peer((words[1], words[2]), root, buf)
-        arena.sync(ctx)  # the root returns only after every peer has read its buffer
+        _copies_then_sync(arena, ctx, [(buf, arena.peer((words[1], words[2]), root, buf))])()
         return True
     return run
 
@@ -771,9 +770,6 @@ def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> 
     rank r publishes its block for q at q*w of its slot and rank q copies it out."""
     assert call.recv is not None  # all_to_all always has an output
     arena, send, recv, r, p = gate.arena, _bytes(call.send), _bytes(call.recv), b.rank, b.size
-    unit = call.send.itemsize
-    bounds = [(lo * unit, hi * unit) for lo, hi in call.bounds]
-    mine = bounds[r][1] - bounds[r][0]                       # every block r has this length
     if send.size <= arena.slot_bytes:
         slots = _slots(arena, np.uint8)
         slots[r][:send.size] = send
@@ -781,6 +777,9 @@ def _slots_all_to_all(b: Backend, ctx: OpContext, call: Call, gate: "_Gate") -> 
         for dst, src in _blocks_out(call, r, recv, slots):
             dst[:] = src
         return
+    unit = call.send.itemsize
+    bounds = [(lo * unit, hi * unit) for lo, hi in call.bounds]
+    mine = bounds[r][1] - bounds[r][0]                       # every block r has this length
     w = arena.slot_bytes // p
     for k in range(_steps(bounds, w)):
         slots = _slots(arena, send.dtype)
