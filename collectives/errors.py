@@ -10,6 +10,11 @@ class MismatchError(CollectiveError, ValueError):
     """Ranks called the same collective with different shapes, dtypes, roots, ops or algorithms."""
 
 
+class MessageTruncated(MismatchError):
+    """A received message was larger than the buffer it was received into (MPI_ERR_TRUNCATE):
+    the message is consumed, so the channel stays in step; the buffer holds its first bytes."""
+
+
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
     """A peer did not arrive within the timeout; the message names the operation and the peer."""
 

@@ -150,7 +150,8 @@ def test_mpi_waits_are_moving_waits():
     b._MPI = types.SimpleNamespace(Request=types.SimpleNamespace(
         Testall=lambda reqs, statuses=None: next(tests)), Exception=RuntimeError,
         Status=lambda: types.SimpleNamespace(Get_count=lambda t: 8), BYTE=None)
-    b.p2p = types.SimpleNamespace(Iprobe=lambda src, tag, status: True)
+    probes = iter([False, True])  # not in at once: the probe then polls
+    b.p2p = types.SimpleNamespace(Iprobe=lambda src, tag, status: next(probes))
     b.wait([object()], Recording("all_gather", 1.0), ["rank 1"])
     assert b.probe_count(1, 0, Recording("recv", 1.0)) == 8
     assert seen == [True, True]

@@ -31,6 +31,10 @@ class Backend(ABC):
     """For a backend made by ``split``: each of its ranks' rank in the backend it was split from."""
     world_ranks: list[int] | None = None
     """Each of its ranks' rank in the world (MPI.COMM_WORLD), for error messages; None: the same."""
+    posts_receives: bool = False
+    """Whether a user receive (``channel="p2p"``) may be posted before its message is probed,
+    its size then read from ``wait``'s and ``test``'s ``statuses`` (MPI's, which also raise
+    MessageTruncated for a message larger than the buffer). Else ``probe_count`` comes first."""
 
     # -- point to point (the collective channel; user send/recv use ``channel="p2p"``) --
     @abstractmethod

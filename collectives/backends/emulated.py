@@ -58,6 +58,7 @@ class EmulatedBackend(Backend):
         self.name = f"{inner.name}+emulated"
         self.parent_ranks = getattr(inner, "parent_ranks", list(range(inner.size)))
         self.parent = getattr(inner, "parent", None)
+        self.posts_receives = inner.posts_receives
 
     @classmethod
     def create(cls, inner: Backend, topology: Any) -> "EmulatedBackend":
@@ -88,12 +89,21 @@ class EmulatedBackend(Backend):
     def irecv(self, buf: np.ndarray, src: int, tag: int = 0, channel: str = "coll") -> Request:
         return self.inner.irecv(buf, src, tag, channel)
 
-    def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
-        self.inner.wait(reqs, ctx, peers)
+    def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
+             statuses: list[Any] | None = None) -> None:
+        self.inner.wait(reqs, ctx, peers, statuses)  # type: ignore[call-arg]  # MPI's
 
-    def test(self, reqs: Sequence[Request], ctx: OpContext,
-             peers: Sequence[str] = ()) -> bool | None:
-        return self.inner.test(reqs, ctx, peers)
+    def test(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
+             statuses: list[Any] | None = None) -> bool | None:
+        return self.inner.test(reqs, ctx, peers, statuses)  # type: ignore[call-arg]  # MPI's
+
+    def recv_status(self) -> Any:
+        """The wrapped backend's status for a posted receive (where it ``posts_receives``)."""
+        return self.inner.recv_status()  # type: ignore[attr-defined]
+
+    def received_bytes(self, status: Any) -> int:
+        """Bytes a posted receive got, as the wrapped backend reads its status."""
+        return self.inner.received_bytes(status)  # type: ignore[attr-defined]
 
     def native(self, name: str, ctx: OpContext, **kw: Any) -> None:
         self.inner.native(name, ctx, **kw)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..context import OpContext
 from ..dtypes import DType, reducer
-from ..errors import TransportError
+from ..errors import MessageTruncated, TransportError
 from .base import Backend, Request
 from .shm import SharedArena, shm_disabled
 
@@ -22,6 +22,7 @@ class MPIBackend(Backend):
     """Backend over an mpi4py communicator; collectives and user p2p get separate duplicates."""
 
     name = "mpi"
+    posts_receives = True
 
     def __init__(self, comm: Any, owns: bool = False, shared_memory: bool = True) -> None:
         """Dup ``comm`` twice (collectives, user point to point); with ``shared_memory`` (and
@@ -76,19 +77,42 @@ class MPIBackend(Backend):
             ctx.poll(lambda: test(reqs), pending, moves=True)
         except self._MPI.Exception as err:
             _keep(reqs)
+            self._raise_truncated(err, ctx, statuses)
             raise self._transport_error(err, ctx, pending()) from err
         except BaseException:
             _keep(reqs)  # a timeout, ^C, ...: the transfers may still complete; keep their buffers
             raise
 
-    def test(self, reqs: Sequence[Request], ctx: OpContext,
-             peers: Sequence[str] = ()) -> bool:
-        """Whether all ``reqs`` completed (``MPI_Testall``, which also drives MPI's progress)."""
+    def test(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
+             statuses: list[Any] | None = None) -> bool:
+        """Whether all ``reqs`` completed (``MPI_Testall``, which also drives MPI's progress;
+        ``statuses`` as in ``wait``)."""
         try:
-            return bool(self._MPI.Request.Testall(list(reqs)))
+            return bool(self._MPI.Request.Testall(list(reqs), statuses))
         except self._MPI.Exception as err:
             _keep(reqs)
+            self._raise_truncated(err, ctx, statuses)
             raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
+
+    def recv_status(self) -> Any:
+        """A status for ``wait``'s and ``test``'s ``statuses`` (``received_bytes`` reads it)."""
+        return self._MPI.Status()
+
+    def received_bytes(self, status: Any) -> int:
+        """Bytes the receive that filled ``status`` got."""
+        return int(status.Get_count(self._MPI.BYTE))
+
+    def _raise_truncated(self, err: Any, ctx: OpContext, statuses: list[Any] | None) -> None:
+        """MessageTruncated where ``err`` is MPI's truncation of a received message (the sender's
+        mistake, not the transport's: the message is consumed, the channel stays in step); a
+        Testall's error says only "in status", each request's is in ``statuses``."""
+        MPI = self._MPI
+        classes = [err.Get_error_class()]
+        if classes[0] == MPI.ERR_IN_STATUS and statuses:
+            classes = [MPI.Get_error_class(s.Get_error()) for s in statuses]
+        if MPI.ERR_TRUNCATE in classes:
+            raise MessageTruncated(f"{ctx.name}: the message is larger than the buffer it was "
+                                   f"received into") from err
 
     def _transport_error(self, err: Any, ctx: OpContext, waiting_for: str) -> TransportError:
         return TransportError(f"{ctx.name} failed in MPI while waiting for {waiting_for}: "
@@ -98,8 +122,9 @@ class MPIBackend(Backend):
     def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
         """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
         status = self._MPI.Status()
-        ctx.poll(lambda: self.p2p.Iprobe(src, tag, status), lambda: f"a message from rank {src}",
-                 moves=True)
+        if not self.p2p.Iprobe(src, tag, status):  # else no poll to set up: it is in already
+            ctx.poll(lambda: self.p2p.Iprobe(src, tag, status),
+                     lambda: f"a message from rank {src}", moves=True)
         return status.Get_count(self._MPI.BYTE)
 
     # -- native collectives --

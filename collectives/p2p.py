@@ -1,0 +1,162 @@
+"""Async point to point, posted at issue: a send or receive whose transfer the transport starts at
+once (MPI's Isend/Irecv), completed by whoever waits on or tests its handle. Two ranks that each
+send and then receive, both async, thus meet whatever the message size: had the progress thread
+run each call to completion in turn, both would wait in their sends for receives not yet posted,
+once a message is too large to be sent eagerly."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from .context import OpContext
+from .errors import CollectiveTimeoutError, MessageTruncated, MismatchError
+from .flight import FlightEntry
+from .handle import Handle
+
+Failure = Callable[[str, BaseException, FlightEntry], BaseException]
+"""``Communicator._failure``: what to raise for an operation's error (it breaks the communicator
+where the error may have left transfers in flight)."""
+
+
+class Posted:
+    """The handle of an async send or recv posted at issue: ``handle.Handle``'s interface. ``wait``,
+    ``test`` and ``done`` drive the transfer on the calling thread; a done-callback gets a thread
+    that waits for it (callbacks fire without anyone polling, as torch futures expect). Where
+    calls were queued ahead of it, the progress thread posts it in its turn (``posting``, whose
+    result is the requests and the flight entry). A receive whose message has another size
+    raises MismatchError naming both sizes (``expect``: the buffer's bytes and what it is);
+    other failures are classified by ``failure``, as the general path's are."""
+
+    __slots__ = ("name", "_backend", "_ctx", "_peers", "_result", "_failure", "_expect",
+                 "_statuses", "_reqs", "_entry", "_posting", "_driving", "_state", "_done",
+                 "_error", "_callbacks")
+
+    def __init__(self, name: str, backend: Any, ctx: OpContext, peers: tuple[str, ...],
+                 result: Any, failure: Failure, expect: tuple[int, str] | None = None,
+                 posted: tuple[list[Any], FlightEntry] | None = None,
+                 posting: Handle | None = None) -> None:
+        self.name = name
+        self._backend, self._ctx, self._peers = backend, ctx, peers
+        self._result, self._failure, self._expect = result, failure, expect
+        self._statuses = [backend.recv_status()] if expect is not None else None
+        self._reqs: list[Any] | None = None
+        self._entry: FlightEntry | None = None
+        if posted is not None:
+            self._reqs, self._entry = posted
+        self._posting = posting
+        self._driving = threading.Lock()  # one thread drives the transfer at a time
+        self._state = threading.Lock()    # guards the outcome and the callbacks
+        self._done = False
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[Any], None]] = []
+
+    @property
+    def done(self) -> bool:
+        """True once the operation finished (testing, without waiting, whether it has)."""
+        return self._done or self._drive(False)
+
+    def test(self) -> bool:
+        """Non-blocking: whether the operation has finished."""
+        return self.done
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Complete the transfer and return the result (the received array; None for a send),
+        or raise its error; with ``timeout``, CollectiveTimeoutError once that many seconds
+        passed (the operation itself stays bound by the communicator's timeout)."""
+        if timeout is None:
+            self._drive(True)
+        else:
+            end = time.monotonic() + timeout
+            while not self._drive(False):
+                if time.monotonic() > end:
+                    raise CollectiveTimeoutError(
+                        f"{self.name}: not finished after waiting {timeout:g} s")
+                os.sched_yield()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def result(self) -> Any:
+        """Same as ``wait()``."""
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once done (None if it succeeded or is still running)."""
+        return self._error if self._done else None
+
+    def ensure_waitable(self) -> None:
+        """Waiting can always end: the waiting thread drives the transfer itself."""
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        """Call ``fn(handle)`` once done (at once if already done), from the finishing thread;
+        the first callback starts a thread that waits for the transfer."""
+        with self._state:
+            if not self._done:
+                self._callbacks.append(fn)
+                if len(self._callbacks) == 1:
+                    threading.Thread(target=self._drive, args=(True,), daemon=True,
+                                     name=f"topocoll-{self.name}").start()
+                return
+        fn(self)
+
+    def __repr__(self) -> str:
+        return f"<Posted {self.name} {'done' if self._done else 'pending'}>"
+
+    def _drive(self, block: bool) -> bool:
+        """Make progress: wait for the queued post, then test (``block``: wait for) the
+        transfer; settle the outcome once done. Whether it is done."""
+        if not self._driving.acquire(block):
+            return False  # another thread drives it: its outcome is coming
+        try:
+            if self._done:
+                return True
+            if self._posting is not None:
+                if not block and not self._posting.done:
+                    return False
+                try:
+                    self._reqs, self._entry = self._posting.wait()
+                except BaseException as err:  # noqa: BLE001 - classified where it was posted
+                    self._settle(err)
+                    return True
+                self._posting = None
+            try:
+                b = self._backend
+                if not b.test(self._reqs, self._ctx, self._peers, self._statuses):
+                    if not block:
+                        return False
+                    b.wait(self._reqs, self._ctx, self._peers, self._statuses)
+                self._check_size()
+            except BaseException as err:  # noqa: BLE001 - classified as the general path does
+                assert self._entry is not None  # posted: its flight entry came with it
+                if isinstance(err, MessageTruncated) and self._expect is not None:
+                    err = MessageTruncated(f"{self.name}: message is larger than the "
+                                           f"{self._expect[0]} bytes x holds "
+                                           f"({self._expect[1]})")
+                self._settle(self._failure(self.name, err, self._entry))
+                return True
+            assert self._entry is not None
+            self._entry.end("done")
+            self._settle(None)
+            return True
+        finally:
+            self._driving.release()
+
+    def _check_size(self) -> None:
+        """A receive: MismatchError unless the message filled the buffer exactly (a larger one
+        raised MessageTruncated already)."""
+        if self._expect is None or self._statuses is None:
+            return
+        nbytes, what = self._expect
+        got = self._backend.received_bytes(self._statuses[0])
+        if got != nbytes:
+            raise MismatchError(f"{self.name}: message has {got} bytes but x holds {nbytes} "
+                                f"bytes ({what})")
+
+    def _settle(self, error: BaseException | None) -> None:
+        with self._state:
+            self._error, self._done = error, True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)

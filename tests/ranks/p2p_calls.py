@@ -1,0 +1,226 @@
+"""Point to point (send, recv): exact data in every dtype and shape, blocking (the inline way for
+contiguous numpy arrays) and async or non-contiguous (the general way); a message of another size
+raises MismatchError on the receiver, leaves its buffer as it was and the channel in step; a
+peer that never sends times out naming the operation and the peer, and breaks the communicator
+as on the general path; calls queued before a blocking send or recv run first; async sends and
+receives are posted at issue, so pairs of them meet at any size."""
+import _common  # noqa: F401
+from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main
+
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from topocoll import collectives
+from topocoll.collectives import CollectiveTimeoutError, CommunicatorBrokenError, MismatchError
+from topocoll.collectives import faults
+from topocoll.collectives.flight import Repeats
+
+WORLD = MPI.COMM_WORLD
+
+
+def partner(c):
+    """Ranks pair up 0-1, 2-3, ...; the last of an odd count has none (None)."""
+    q = c.rank ^ 1
+    return q if q < c.size else None
+
+
+def exchange(c, q, send, recv, **kw):
+    """The lower rank sends first: blocking calls of any size meet."""
+    if c.rank < q:
+        c.send(send, dst=q, **kw)
+        return c.recv(recv, src=q, **kw)
+    got = c.recv(recv, src=q, **kw)
+    c.send(send, dst=q, **kw)
+    return got
+
+
+def data_arrives_exact(c):
+    q = partner(c)
+    if q is None:
+        return
+    shapes = [(), (0,), (7,), (3, 5), (1 << 15,), (300_001,)]
+    for dt in NUMPY_DTYPES + ["bool"]:
+        for shape in shapes:
+            n = int(np.prod(shape))
+            mine = rank_data(n, dt, c.rank).reshape(shape)
+            want = rank_data(n, dt, q).reshape(shape)
+            out = np.full(shape, 9, dt)
+            assert exchange(c, q, mine, out) is out
+            assert np.array_equal(out, want), (dt, shape, "blocking")
+            out[...] = 9  # async: the general way, queued in issue order
+            hs = [c.send(mine, dst=q, tag=3, async_op=True),
+                  c.recv(out, src=q, tag=3, async_op=True)]
+            for h in hs:
+                h.wait()
+            assert np.array_equal(out, want), (dt, shape, "async")
+    # Non-contiguous arrays are refused, as by every collective (never a silent copy).
+    expect_raises(ValueError, lambda: c.send(np.zeros((5, 8))[:, ::2], dst=q),
+                  "not C-contiguous")
+    # Tags keep messages apart: sent in one order, received in the other.
+    if c.rank < q:
+        c.send(np.array([1.0]), dst=q, tag=11)
+        c.send(np.array([2.0]), dst=q, tag=12)
+    else:
+        b, a = np.empty(1), np.empty(1)
+        c.recv(b, src=q, tag=12)
+        c.recv(a, src=q, tag=11)
+        assert (a[0], b[0]) == (1.0, 2.0)
+
+
+def async_exchanges_meet(c):
+    """Both ranks of a pair send, then receive, both async, messages too large to go eagerly
+    (the receive must be posted before either send can finish): every size completes, in
+    either order of waiting; and a torch-style list of handles waited for in reverse."""
+    q = partner(c)
+    if q is None:
+        return
+    for n in (1, 1 << 12, 1 << 18, 1 << 21):
+        mine = rank_data(n, "float32", c.rank, salt=n)
+        out = np.zeros(n, np.float32)
+        hs = [c.send(mine, dst=q, tag=5, async_op=True), c.recv(out, src=q, tag=5, async_op=True)]
+        for h in (hs if n % 2 else hs[::-1]):
+            h.wait()
+        assert hs[1].wait() is out and hs[0].wait() is None
+        assert hs[0].done and hs[1].test() and hs[1].exception() is None
+        assert np.array_equal(out, rank_data(n, "float32", q, salt=n)), n
+    # A done-callback fires without anyone waiting.
+    fired = []
+    y = np.empty(3)
+    h = c.recv(y, src=q, tag=8, async_op=True)
+    h.add_done_callback(lambda handle: fired.append(handle))
+    c.send(np.full(3, 7.0), dst=q, tag=8)
+    deadline = time.monotonic() + 20
+    while not fired and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fired == [h] and np.all(y == 7.0)
+
+
+def posted_behind_queued_calls(c):
+    """Async sends and receives issued behind a queued async collective: the progress thread
+    posts them in their turn; everything completes, waited for in reverse."""
+    q = partner(c)
+    x = np.full(1 << 16, c.rank + 1, np.float32)
+    big = np.full(1 << 19, float(c.rank), np.float64)
+    got = np.empty_like(big)
+    hs = [c.all_reduce(x, async_op=True)]
+    if q is not None:
+        hs += [c.send(big, dst=q, tag=6, async_op=True), c.recv(got, src=q, tag=6, async_op=True)]
+    for h in reversed(hs):
+        h.wait()
+    assert np.all(x == c.size * (c.size + 1) / 2)
+    assert q is None or np.all(got == q)
+
+
+def blocking_calls_run_inline(c):
+    """Repeated blocking sends to one peer are one flight record (white-box: they ran on the
+    calling thread as repeats do, not through the queue), and the record reads as every run."""
+    q = partner(c)
+    if q is None:
+        return
+    x, y = np.arange(4, dtype=np.int32), np.empty(4, np.int32)
+    for _ in range(5):
+        if c.rank < q:
+            c.send(x, dst=q, tag=21)
+        else:
+            c.recv(y, src=q, tag=21)
+    record = c._flight._entries[-1]
+    assert isinstance(record, Repeats), record
+    assert record.last - record.first == 4 and record.running == 0, vars(record)
+    ops = [e["op"] for e in c.flight_record()[-5:]]
+    assert ops == [f"send to rank {q}" if c.rank < q else f"recv from rank {q}"] * 5, ops
+
+
+def other_sizes_raise(c):
+    """The receiver of a message of another size (larger or smaller) gets MismatchError naming
+    both sizes; its buffer is left as it was; the next message arrives."""
+    q = partner(c)
+    if q is None:
+        return
+    if c.rank < q:
+        for n in (6, 2, 4):
+            c.send(np.arange(n, dtype=np.int32), dst=q)
+    else:
+        y = np.full(4, -1, np.int32)
+        expect_raises(MismatchError, lambda: c.recv(y, src=q), "message has 24 bytes",
+                      "x holds 16 bytes", "int32[4]", f"recv from rank {q}")
+        expect_raises(MismatchError, lambda: c.recv(y, src=q), "message has 8 bytes")
+        assert np.all(y == -1), y
+        assert np.array_equal(c.recv(y, src=q), np.arange(4))
+    # Async, the receive is posted before the message is seen: the size is checked on
+    # completion (a larger message is truncated by the transport), and the channel recovers.
+    if c.rank < q:
+        for n in (6, 2, 4):
+            c.send(np.arange(n, dtype=np.int32), dst=q, tag=2)
+    else:
+        y = np.empty(4, np.int32)
+        h = c.recv(y, src=q, tag=2, async_op=True)
+        expect_raises(MismatchError, h.wait, "larger than the 16 bytes x holds", "int32[4]")
+        assert isinstance(h.exception(), MismatchError)
+        expect_raises(MismatchError, c.recv(y, src=q, tag=2, async_op=True).wait,
+                      "message has 8 bytes but x holds 16 bytes")
+        assert np.array_equal(c.recv(y, src=q, tag=2, async_op=True).wait(), np.arange(4))
+    # A read-only buffer can't be received into: TypeError or ValueError, nothing sent.
+    if c.rank >= q:
+        ro = np.zeros(4, np.int32)
+        ro.flags.writeable = False
+        try:
+            c.recv(ro, src=q)
+        except (TypeError, ValueError) as err:
+            assert "writable" in str(err) or "read-only" in str(err), str(err)
+        else:
+            raise AssertionError("a recv into a read-only array did not raise")
+
+
+def queued_calls_go_first(c):
+    """A blocking send issued behind queued async calls runs after them (the general way):
+    the data of both arrives exact."""
+    q = partner(c)
+    x = np.full(1 << 16, c.rank + 1, np.float32)
+    h = c.all_reduce(x, async_op=True)
+    if q is not None:
+        y = np.empty(3, np.float64)
+        exchange(c, q, np.full(3, float(c.rank)), y)
+        assert np.all(y == q)
+    h.wait()
+    assert np.all(x == c.size * (c.size + 1) / 2)
+
+
+def silent_peer_times_out(c):
+    """A recv whose peer never sends, on a communicator of its own: CollectiveTimeoutError
+    naming the operation and the peer within its timeout, then the communicator is broken."""
+    d = collectives.init(timeout=30.0)
+    q = partner(d)
+    if q is not None and d.rank > q:
+        t0 = time.monotonic()
+        expect_raises(CollectiveTimeoutError, lambda: d.recv(np.empty(2), src=q, timeout=0.5),
+                      f"recv from rank {q}", "timed out", f"rank {q}")
+        assert time.monotonic() - t0 < 10
+        expect_raises(CommunicatorBrokenError, lambda: d.send(np.ones(2), dst=q), "send")
+    # Async: wait(timeout) only stops waiting; the operation's own limit fails it.
+    e = collectives.init(timeout=30.0)
+    if q is not None and e.rank > q:
+        h = e.recv(np.empty(2), src=q, timeout=0.5, async_op=True)
+        expect_raises(CollectiveTimeoutError, lambda: h.wait(timeout=0.05), "not finished")
+        assert not h.done
+        expect_raises(CollectiveTimeoutError, h.wait, f"recv from rank {q}", "timed out")
+        expect_raises(CommunicatorBrokenError, lambda: e.recv(np.empty(2), src=q), "recv")
+    WORLD.Barrier()
+
+
+def body():
+    c = collectives.init()
+    for check in (data_arrives_exact, async_exchanges_meet, posted_behind_queued_calls,
+                  blocking_calls_run_inline,
+                  other_sizes_raise,
+                  queued_calls_go_first, silent_peer_times_out):
+        check(c)
+        c.barrier()
+    WORLD.Barrier()
+    if c.rank == 0:
+        print("p2p calls: all checks passed", flush=True)
+
+
+rank_main(body)
+faults.exit_without_finalize(0)  # the timed-out receives stay posted: MPI_Finalize could wait
