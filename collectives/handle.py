@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import atexit
+import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Callable
 
@@ -94,6 +96,56 @@ class Handle:
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             fn(self)
+
+
+class DrivenHandle:
+    """A handle whose waiter completes the operation itself, with no progress thread in between
+    (a started prepared call's, a posted send's or receive's): ``wait`` calls ``_drive(block)``
+    (whether it is done) and reads the outcome the subclass settled in ``_done``, ``_error``
+    and ``_result``."""
+
+    __slots__ = ()
+    name: str
+    _done: bool
+    _error: BaseException | None
+    _result: Any
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Complete the operation (waiting for the peers) and return its result, or raise its
+        error; with ``timeout``, a CollectiveTimeoutError once that many seconds passed (the
+        operation itself stays bound by the communicator's timeout)."""
+        if self._done:
+            pass
+        elif timeout is None:
+            self._drive(True)
+        else:
+            end = time.monotonic() + timeout
+            while not self._drive(False):
+                if time.monotonic() > end:
+                    raise CollectiveTimeoutError(
+                        f"{self.name}: not finished after waiting {timeout:g} s")
+                os.sched_yield()
+        self._waited()
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def result(self) -> Any:
+        """Same as ``wait()``."""
+        return self.wait()
+
+    def exception(self) -> BaseException | None:
+        """The operation's error once done (None if it succeeded or is still running)."""
+        return self._error if self._done else None
+
+    def ensure_waitable(self) -> None:
+        """Waiting can always end: the waiting thread completes the operation itself."""
+
+    def _drive(self, block: bool) -> bool:
+        raise NotImplementedError
+
+    def _waited(self) -> None:
+        """``wait`` saw the operation finish."""
 
 
 class Executor:

@@ -5,22 +5,20 @@ run each call to completion in turn, both would wait in their sends for receives
 once a message is too large to be sent eagerly."""
 from __future__ import annotations
 
-import os
 import threading
-import time
 from typing import Any, Callable
 
 from .context import OpContext
-from .errors import CollectiveTimeoutError, MessageTruncated, MismatchError
+from .errors import MessageTruncated, MismatchError
 from .flight import FlightEntry
-from .handle import Handle
+from .handle import DrivenHandle, Handle
 
 Failure = Callable[[str, BaseException, FlightEntry], BaseException]
 """``Communicator._failure``: what to raise for an operation's error (it breaks the communicator
 where the error may have left transfers in flight)."""
 
 
-class Posted:
+class Posted(DrivenHandle):
     """The handle of an async send or recv posted at issue: ``handle.Handle``'s interface. ``wait``,
     ``test`` and ``done`` drive the transfer on the calling thread; a done-callback gets a thread
     that waits for it (callbacks fire without anyone polling, as torch futures expect). Where
@@ -60,34 +58,6 @@ class Posted:
     def test(self) -> bool:
         """Non-blocking: whether the operation has finished."""
         return self.done
-
-    def wait(self, timeout: float | None = None) -> Any:
-        """Complete the transfer and return the result (the received array; None for a send),
-        or raise its error; with ``timeout``, CollectiveTimeoutError once that many seconds
-        passed (the operation itself stays bound by the communicator's timeout)."""
-        if timeout is None:
-            self._drive(True)
-        else:
-            end = time.monotonic() + timeout
-            while not self._drive(False):
-                if time.monotonic() > end:
-                    raise CollectiveTimeoutError(
-                        f"{self.name}: not finished after waiting {timeout:g} s")
-                os.sched_yield()
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def result(self) -> Any:
-        """Same as ``wait()``."""
-        return self.wait()
-
-    def exception(self) -> BaseException | None:
-        """The operation's error once done (None if it succeeded or is still running)."""
-        return self._error if self._done else None
-
-    def ensure_waitable(self) -> None:
-        """Waiting can always end: the waiting thread drives the transfer itself."""
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(handle)`` once done (at once if already done), from the finishing thread;

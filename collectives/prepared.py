@@ -17,9 +17,7 @@ The cross-rank agreement is not skipped: it runs inside the prepared run's own b
 """
 from __future__ import annotations
 
-import os
 import threading
-import time
 import weakref
 from typing import Any, Callable
 
@@ -27,7 +25,7 @@ import numpy as np
 
 from .algorithms.compiled import turned_off
 from .algorithms.shm import Run
-from .errors import CollectiveTimeoutError
+from .handle import DrivenHandle
 from .flight import Repeats
 from .log import flags
 from .one_off import Rebound, Templates
@@ -275,7 +273,7 @@ class Completion:
         self.call_after = call_after
 
 
-class StartedHandle:
+class StartedHandle(DrivenHandle):
     """The handle of a prepared call started inline with ``async_op=True``: its part is
     published and its barrier entered (no thread hop, nothing blocks); ``wait``, ``test`` and
     the communicator's next operation complete it, in issue order; once a done-callback is
@@ -311,36 +309,11 @@ class StartedHandle:
         persistent requests, only then may the operation start again."""
         return self._claimed
 
-    def wait(self, timeout: float | None = None) -> Any:
-        """Complete the operation (waiting for the peers) and return its result, or raise its
-        error; with ``timeout``, a CollectiveTimeoutError once that many seconds passed (the
-        operation itself stays bound by the communicator's timeout)."""
-        if self._done:
-            pass
-        elif timeout is None:
-            self._completion.finish(True)
-        else:
-            end = time.monotonic() + timeout
-            while not self._completion.finish(False):
-                if time.monotonic() > end:
-                    raise CollectiveTimeoutError(
-                        f"{self.name}: not finished after waiting {timeout:g} s")
-                os.sched_yield()
+    def _drive(self, block: bool) -> bool:
+        return self._completion.finish(block)
+
+    def _waited(self) -> None:
         self._claimed = True
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def result(self) -> Any:
-        """Same as ``wait()``."""
-        return self.wait()
-
-    def exception(self) -> BaseException | None:
-        """The operation's error once done (None if it succeeded or is still running)."""
-        return self._error if self._done else None
-
-    def ensure_waitable(self) -> None:
-        """Waiting on a started call can always end (no thread has to finish it)."""
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(handle)`` once done (at once if already done), from the finishing thread.
