@@ -74,6 +74,18 @@ class Posted(DrivenHandle):
     def __repr__(self) -> str:
         return f"<Posted {self.name} {'done' if self._done else 'pending'}>"
 
+    def __del__(self) -> None:
+        # Dropped without completing: the transport may still write into the receive buffer
+        # (or read the send's), so its requests, which hold the buffers, must outlive us.
+        if self._done:
+            return
+        if self._reqs is not None:
+            self._backend.orphan(self._reqs)
+        elif self._posting is not None:  # posted later by the progress thread
+            backend = self._backend
+            self._posting.add_done_callback(
+                lambda h: backend.orphan(h._result[0]) if h._error is None else None)
+
     def _drive(self, block: bool) -> bool:
         """Make progress: wait for the queued post, then test (``block``: wait for) the
         transfer; settle the outcome once done. Whether it is done."""

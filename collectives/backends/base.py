@@ -49,6 +49,10 @@ class Backend(ABC):
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
         """Wait for all ``reqs``; on ``ctx``'s deadline raise CollectiveTimeoutError naming peers."""
 
+    def orphan(self, reqs: Sequence[Request]) -> None:
+        """Keep ``reqs`` (and their buffers) alive until they complete: whoever posted them is
+        gone without waiting. Nothing to do where a request holds its buffer itself."""
+
     def test(self, reqs: Sequence[Request], ctx: OpContext,
              peers: Sequence[str] = ()) -> bool | None:
         """Whether all ``reqs`` have completed, without waiting (a transport error raises as in

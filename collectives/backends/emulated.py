@@ -97,6 +97,10 @@ class EmulatedBackend(Backend):
              statuses: list[Any] | None = None) -> bool | None:
         return self.inner.test(reqs, ctx, peers, statuses)  # type: ignore[call-arg]  # MPI's
 
+    def orphan(self, reqs: Sequence[Request]) -> None:
+        """The wrapped backend keeps ``reqs`` alive until they complete."""
+        self.inner.orphan(reqs)
+
     def recv_status(self) -> Any:
         """The wrapped backend's status for a posted receive (where it ``posts_receives``)."""
         return self.inner.recv_status()  # type: ignore[attr-defined]

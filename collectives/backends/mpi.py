@@ -94,6 +94,11 @@ class MPIBackend(Backend):
             self._raise_truncated(err, ctx, statuses)
             raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
 
+    def orphan(self, reqs: Sequence[Request]) -> None:
+        """Keep ``reqs`` (and so their buffers) alive until they complete: whoever posted them
+        is gone without waiting (a dropped handle). No MPI call: it may run in a finalizer."""
+        _ORPHANED.extend(reqs)
+
     def recv_status(self) -> Any:
         """A status for ``wait``'s and ``test``'s ``statuses`` (``received_bytes`` reads it)."""
         return self._MPI.Status()

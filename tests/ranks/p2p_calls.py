@@ -3,11 +3,14 @@ contiguous numpy arrays) and async or non-contiguous (the general way); a messag
 raises MismatchError on the receiver, leaves its buffer as it was and the channel in step; a
 peer that never sends times out naming the operation and the peer, and breaks the communicator
 as on the general path; calls queued before a blocking send or recv run first; async sends and
-receives are posted at issue, so pairs of them meet at any size."""
+receives are posted at issue, so pairs of them meet at any size, and a dropped handle's buffer
+outlives its transfer."""
 import _common  # noqa: F401
 from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main
 
+import gc
 import time
+import weakref
 
 import numpy as np
 from mpi4py import MPI
@@ -113,6 +116,37 @@ def posted_behind_queued_calls(c):
     assert q is None or np.all(got == q)
 
 
+def dropped_handles_keep_their_buffers(c):
+    """An async receive whose handle and buffer are dropped before its message arrives: the
+    buffer stays alive (the transport will still write into it), posted at once or by the
+    progress thread behind a queued call; the channel stays in step."""
+    q = partner(c)
+    x = np.ones(1 << 16, np.float32)
+    for queued in (False, True):
+        h = c.all_reduce(x, async_op=True) if queued else None
+        if q is not None and c.rank > q:
+            buf = np.zeros(1 << 16)
+            ref = weakref.ref(buf)
+            c.recv(buf, src=q, tag=31, async_op=True)  # the handle is dropped at once
+            del buf
+            if h is not None:
+                h.wait()
+            c.barrier()  # behind the queue: the receive has been posted
+            gc.collect()
+            assert ref() is not None, "a pending receive's buffer was freed"
+            c.send(np.ones(1), dst=q, tag=32)  # the sender may go now
+        else:
+            if h is not None:
+                h.wait()
+            c.barrier()
+            if q is not None:
+                c.recv(np.empty(1), src=q, tag=32)
+                c.send(np.full(1 << 16, 3.0), dst=q, tag=31)
+        if q is not None:
+            got = exchange(c, q, np.full(2, float(c.rank)), np.empty(2))
+            assert np.all(got == q)
+
+
 def blocking_calls_run_inline(c):
     """Repeated blocking sends to one peer are one flight record (white-box: they ran on the
     calling thread as repeats do, not through the queue), and the record reads as every run."""
@@ -212,7 +246,7 @@ def silent_peer_times_out(c):
 def body():
     c = collectives.init()
     for check in (data_arrives_exact, async_exchanges_meet, posted_behind_queued_calls,
-                  blocking_calls_run_inline,
+                  dropped_handles_keep_their_buffers, blocking_calls_run_inline,
                   other_sizes_raise,
                   queued_calls_go_first, silent_peer_times_out):
         check(c)
