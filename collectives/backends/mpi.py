@@ -52,9 +52,13 @@ class MPIBackend(Backend):
 
     # -- point to point --
     def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
+        if _ORPHANED:
+            _keep(())  # let go of the kept requests that completed since
         return self._comm(channel).Isend(_bytes(buf), dst, tag)
 
     def irecv(self, buf: np.ndarray, src: int, tag: int = 0, channel: str = "coll") -> Request:
+        if _ORPHANED:
+            _keep(())
         return self._comm(channel).Irecv(_bytes(buf), src, tag)
 
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
