@@ -16,7 +16,11 @@ def body():
     except SystemExit as err:  # argparse's usage errors
         rc = err.code
     sys.stdout.flush()
-    print(f"RANK {MPI.COMM_WORLD.Get_rank()} RC {rc}", flush=True)
+    # Every rank's output is out before any RC line (unbuffered, print writes a row and its
+    # newline apart, and a peer's line could land in between: a row the test can't read).
+    MPI.COMM_WORLD.Barrier()
+    sys.stdout.write(f"RANK {MPI.COMM_WORLD.Get_rank()} RC {rc}\n")
+    sys.stdout.flush()
     assert rc == expected, f"bench.membw {' '.join(argv)} exited {rc}, expected {expected}"
 
 
