@@ -488,7 +488,9 @@ class Communicator:
 
         def post(entry: FlightEntry) -> tuple[list[Any], FlightEntry]:
             move = b.isend if kind == "send" else b.irecv
-            return [move(flat, peer, tag, channel="p2p")], entry
+            reqs = [move(flat, peer, tag, channel="p2p")]
+            b.posted(1)  # its handle counts it off (Posted._settle, or dropped: __del__)
+            return reqs, entry
 
         recv = kind == "recv"
         expect = (flat.nbytes, f"{flat.dtype.name}{list(user.shape)}") if recv else None

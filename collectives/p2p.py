@@ -79,12 +79,12 @@ class Posted(DrivenHandle):
         # (or read the send's), so its requests, which hold the buffers, must outlive us.
         if self._done:
             return
+        backend = self._backend
         if self._reqs is not None:
-            self._backend.orphan(self._reqs)
+            backend.orphan(self._reqs)
+            backend.posted(-1)  # the kept requests are driven as such
         elif self._posting is not None:  # posted later by the progress thread
-            backend = self._backend
-            self._posting.add_done_callback(
-                lambda h: backend.orphan(h._result[0]) if h._error is None else None)
+            self._posting.add_done_callback(lambda h: _orphan_posted(backend, h))
 
     def _drive(self, block: bool) -> bool:
         """Make progress: wait for the queued post, then test (``block``: wait for) the
@@ -137,8 +137,18 @@ class Posted(DrivenHandle):
                                 f"bytes ({what})")
 
     def _settle(self, error: BaseException | None) -> None:
+        if self._reqs is not None:
+            self._backend.posted(-1)  # posted (counted by the post), now finished
         with self._state:
             self._error, self._done = error, True
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             fn(self)
+
+
+def _orphan_posted(backend: Any, posting: Handle) -> None:
+    """A dropped handle's transfer, posted since by the progress thread: keep its requests (and
+    buffers) until they complete."""
+    if posting.exception() is None:
+        backend.orphan(posting.result()[0])
+        backend.posted(-1)

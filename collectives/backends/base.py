@@ -49,6 +49,10 @@ class Backend(ABC):
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
         """Wait for all ``reqs``; on ``ctx``'s deadline raise CollectiveTimeoutError naming peers."""
 
+    def posted(self, change: int) -> None:
+        """Count user transfers posted to finish later (+1) or finished (-1), where the
+        transport must be driven for them while the rank waits elsewhere."""
+
     def orphan(self, reqs: Sequence[Request]) -> None:
         """Keep ``reqs`` (and their buffers) alive until they complete: whoever posted them is
         gone without waiting. Nothing to do where a request holds its buffer itself."""

@@ -97,6 +97,10 @@ class EmulatedBackend(Backend):
              statuses: list[Any] | None = None) -> bool | None:
         return self.inner.test(reqs, ctx, peers, statuses)  # type: ignore[call-arg]  # MPI's
 
+    def posted(self, change: int) -> None:
+        """The wrapped backend counts the posted transfers."""
+        self.inner.posted(change)
+
     def orphan(self, reqs: Sequence[Request]) -> None:
         """The wrapped backend keeps ``reqs`` alive until they complete."""
         self.inner.orphan(reqs)

@@ -7,6 +7,7 @@ so a late write lands in memory that is still the request's and never in memory 
 has handed to someone else. mpi4py's requests hold a reference to their buffers."""
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,6 +50,7 @@ class MPIBackend(Backend):
             # Untouched pages cost nothing; the arena lives until close().
             self._arena = SharedArena.allocate(self.coll)
             self._arena.peer_name = self.peer_name
+            self._arena.progress = drive_posted
 
     # -- point to point --
     def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
@@ -97,6 +99,12 @@ class MPIBackend(Backend):
             _keep(reqs)
             self._raise_truncated(err, ctx, statuses)
             raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
+
+    def posted(self, change: int) -> None:
+        """Count user transfers posted to finish later (``change`` +1) or finished (-1):
+        ``_POSTED``, which the threads that post and finish them change under a lock."""
+        with _POSTED_LOCK:
+            _POSTED[0] += change
 
     def orphan(self, reqs: Sequence[Request]) -> None:
         """Keep ``reqs`` (and so their buffers) alive until they complete: whoever posted them
@@ -269,6 +277,24 @@ class MPIBackend(Backend):
         carrier = {1: MPI.UINT8_T, 2: MPI.UINT16_T, 4: MPI.UINT32_T, 8: MPI.UINT64_T}.get(
             dtype.itemsize) or MPI.BYTE.Create_contiguous(dtype.itemsize).Commit()
         return carrier, MPI.Op.Create(_user_op(dtype, base), commute=True)
+
+
+_POSTED_LOCK = threading.Lock()
+_POSTED = [0]
+"""User transfers posted to finish later (async send/recv, torch's isend/irecv) and not yet
+finished, in this process (``MPIBackend.posted``): while there are any, the shared-memory
+barrier's waits drive MPI's progress (``drive_posted``), which MPICH makes only inside its
+calls: a peer's send that needs this rank's posted receive would otherwise wait on it for as
+long as this rank waits on the peer."""
+
+
+def drive_posted() -> None:
+    """One turn of MPI's progress engine where posted transfers (or kept ones) are under way: a
+    probe that matches nothing it takes (no request of anyone's is touched)."""
+    if _POSTED[0] > 0 or _ORPHANED:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
 
 _ORPHANED: list[Any] = []

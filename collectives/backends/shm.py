@@ -84,6 +84,10 @@ class SharedArena:
         self._mine: dict[int, tuple[int, int]] = {}  # id -> (address, bytes) of my segment
         self._next_window = 1
         self._scratch = np.empty(0, np.uint8)
+        self.progress: Callable[[], None] | None = None
+        """Called on every poll of a wait here: the transport's progress for transfers posted
+        elsewhere that a peer's part of this barrier may be waiting on (MPI's, which MPICH
+        makes only inside its calls)."""
         self.peer_memory: cma.PeerMemory | None = None
         """Single-copy reads of the ranks' own memory (``cma.probe``), where the system allows."""
         for q in range(size):
@@ -179,8 +183,15 @@ class SharedArena:
     def _wait_until(self, arrived: Callable[[], bool], missing: Callable[[], str],
                     ctx: OpContext) -> None:
         if not arrived():
+            progress = self.progress
+
+            def ready() -> bool:
+                if progress is not None:
+                    progress()
+                return arrived() or self.abandoned_by() is not None
+
             try:
-                ctx.poll(lambda: arrived() or self.abandoned_by() is not None, missing)
+                ctx.poll(ready, missing)
             except BaseException:
                 self.abandon()  # timed out or interrupted: a peer may be gone, or wait for us
                 raise

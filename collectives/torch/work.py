@@ -172,6 +172,26 @@ class RequestWork(Work):
         self._progress = threading.Lock()  # one thread at a time tests the MPI requests
         self._source = source  # a receive's source rank; any_source: read from the status
         self._statuses = [_MPI().Status() for _ in self._requests] if any_source else None
+        self._counted = True  # posted: a wait elsewhere drives MPI for it (backend.posted)
+        backend.posted(1)
+
+    def __del__(self) -> None:
+        # Dropped unfinished (torch lets a caller drop an isend's or irecv's work): MPI may
+        # still read or write the tensors, whose memory the requests hold, so they outlive us.
+        if not self._done:
+            self._backend.orphan(self._requests)
+        self._count_off()
+
+    def _finish(self, error: BaseException | None = None, post: Post | None = None) -> None:
+        super()._finish(error, post)
+        self._count_off()
+
+    def _count_off(self) -> None:
+        """Once: the transfer no longer counts among the posted ones (``posted(-1)``)."""
+        with self._lock:
+            counted, self._counted = self._counted, False
+        if counted:
+            self._backend.posted(-1)
 
     def _source_rank(self) -> int:
         """The rank this receive's message came from; for ``recv(src=None)`` known once the

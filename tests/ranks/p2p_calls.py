@@ -100,6 +100,25 @@ def async_exchanges_meet(c):
     assert fired == [h] and np.all(y == 7.0)
 
 
+def posted_receives_progress_in_barriers(c):
+    """A rank posts a receive, then enters a shared-memory barrier; its peer's blocking send of
+    a message too large to go eagerly finishes only once MPI moves it on the receiving rank,
+    which the barrier's wait must drive (MPICH moves data only inside its calls)."""
+    d = collectives.init(timeout=20.0)
+    q = partner(d)
+    n = 1 << 20
+    if q is not None and d.rank > q:
+        got = np.zeros(n, np.float32)
+        h = d.recv(got, src=q, tag=41, async_op=True)
+        d.barrier()
+        assert h.wait() is got and np.all(got == 5.0)
+    else:
+        if q is not None:
+            d.send(np.full(n, 5.0, np.float32), dst=q, tag=41)
+        d.barrier()
+    d.close()
+
+
 def posted_behind_queued_calls(c):
     """Async sends and receives issued behind a queued async collective: the progress thread
     posts them in their turn; everything completes, waited for in reverse."""
@@ -245,7 +264,8 @@ def silent_peer_times_out(c):
 
 def body():
     c = collectives.init()
-    for check in (data_arrives_exact, async_exchanges_meet, posted_behind_queued_calls,
+    for check in (data_arrives_exact, async_exchanges_meet, posted_receives_progress_in_barriers,
+                  posted_behind_queued_calls,
                   dropped_handles_keep_their_buffers, blocking_calls_run_inline,
                   other_sizes_raise,
                   queued_calls_go_first, silent_peer_times_out):

@@ -2,6 +2,7 @@
 import _common  # noqa: F401
 from _common import rank_main
 
+import gc
 import threading
 import warnings
 
@@ -10,6 +11,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import topocoll.collectives.torch  # noqa: F401
+from topocoll.collectives.backends import mpi as mpi_backend
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -79,6 +81,26 @@ def p2p_futures(r, p):
         assert torch.equal(got, torch.arange(1 << 20, dtype=torch.float32))
 
 
+def dropped_irecv_keeps_its_tensor(r, p):
+    """An irecv whose Work and tensor are dropped before the message comes: its request, which
+    holds the tensor's memory (MPI will still write into it), is kept by the backend until it
+    completes (white-box: a numpy view of the storage, not the tensor object, is what the
+    request holds); the group stays in step."""
+    if p < 2:
+        return
+    world = MPI.COMM_WORLD
+    if r == 1:
+        got = torch.zeros(1 << 16)
+        dist.irecv(got, 0, tag=14)  # the Work is dropped at once
+        del got
+        gc.collect()
+        assert any(not q.Test() for q in mpi_backend._ORPHANED), "a pending irecv was dropped"
+        world.send("go", dest=0, tag=15)
+    elif r == 0:
+        assert world.recv(source=1, tag=15) == "go"
+        dist.send(torch.full((1 << 16,), 3.0), 1, tag=14)
+
+
 def wait_timeout(r, p):
     """wait(timeout) gives up while the peers are absent, and the Work still completes later."""
     if p < 2:
@@ -131,7 +153,8 @@ def blocking_in_then(r, p):
 def body():
     dist.init_process_group("topocoll")
     r, p = dist.get_rank(), dist.get_world_size()
-    for check in (not_before_peers, issue_order, p2p_futures, wait_timeout,
+    for check in (not_before_peers, issue_order, p2p_futures, dropped_irecv_keeps_its_tensor,
+                  wait_timeout,
                   blocking_in_then):
         check(r, p)
         dist.barrier()
