@@ -420,6 +420,7 @@ class Communicator:
         buf = as_buffer(x, "x")
         check_memory(buf, self.backend, "x")
         dst = self._peer(dst, "dst")
+        tag = self._tag(tag)
         name = f"send to rank {dst}"
         if async_op and self.backend.posts_receives:
             return self._p2p_post("send", buf.user, buf.flat(), name, dst, tag, timeout,
@@ -445,6 +446,7 @@ class Communicator:
         check_writable(buf, "x")
         check_memory(buf, self.backend, "x")
         src = self._peer(src, "src")
+        tag = self._tag(tag)
         name = f"recv from rank {src}"
         if async_op and self.backend.posts_receives:
             return self._p2p_post("recv", buf.user, buf.flat(), name, src, tag, timeout,
@@ -516,7 +518,8 @@ class Communicator:
         a peer and tag that need no conversion, and the communicator free (its owner thread,
         nothing queued or started, not broken, closed or traced). Else the general way."""
         return type(x) is np.ndarray and type(peer) is int and type(tag) is int and \
-            0 <= peer < self.size and self._host_p2p and x.flags.c_contiguous and \
+            0 <= peer < self.size and 0 <= tag <= self.backend.tag_ub and self._host_p2p and \
+            x.flags.c_contiguous and \
             self._started is None and not self._executor._pending and \
             self._broken is None and not self._closed and \
             threading.get_ident() == self._owner and not tracing()
@@ -1148,6 +1151,16 @@ class Communicator:
             raise ValueError(f"{what} {peer} is out of range for a communicator of size "
                              f"{self.size}")
         return int(peer)
+
+    def _tag(self, tag: Any) -> int:
+        """A send's or recv's tag, checked before any transfer (else MPI would fail mid-call and
+        break the communicator)."""
+        if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
+            raise TypeError(f"tag must be an int, got {type(tag).__name__}")
+        if not 0 <= tag <= self.backend.tag_ub:
+            raise ValueError(f"tag {tag} is out of range: 0 to {self.backend.tag_ub}, the "
+                             f"largest tag the {self.backend.name} transport carries")
+        return int(tag)
 
     def _timeout(self, timeout: float | None) -> float:
         return self.timeout if timeout is None else _positive(timeout)

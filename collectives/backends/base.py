@@ -31,6 +31,8 @@ class Backend(ABC):
     """For a backend made by ``split``: each of its ranks' rank in the backend it was split from."""
     world_ranks: list[int] | None = None
     """Each of its ranks' rank in the world (MPI.COMM_WORLD), for error messages; None: the same."""
+    tag_ub: int = 32767
+    """The largest tag a user send or recv may carry (MPI guarantees at least 32767)."""
     posts_receives: bool = False
     """Whether a user receive (``channel="p2p"``) may be posted before its message is probed,
     its size then read from ``wait``'s and ``test``'s ``statuses`` (MPI's, which also raise

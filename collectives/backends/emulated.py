@@ -59,6 +59,7 @@ class EmulatedBackend(Backend):
         self.parent_ranks = getattr(inner, "parent_ranks", list(range(inner.size)))
         self.parent = getattr(inner, "parent", None)
         self.posts_receives = inner.posts_receives
+        self.tag_ub = inner.tag_ub
 
     @classmethod
     def create(cls, inner: Backend, topology: Any) -> "EmulatedBackend":

@@ -36,6 +36,7 @@ class MPIBackend(Backend):
         self._owns_parent = owns
         self.coll = comm.Dup()
         self.p2p = comm.Dup()
+        self.tag_ub = int(comm.Get_attr(self._MPI.TAG_UB))
         self.rank = self.coll.Get_rank()
         self.size = self.coll.Get_size()
         self._typed_cache: dict[tuple[str, str, str], tuple[Any, Any]] = {}

@@ -29,6 +29,9 @@ def local_errors(c):
     expect(ValueError, lambda: c.reduce(x, root=-1), "out of range")
     expect(TypeError, lambda: c.broadcast(x, root="0"), "root must be an int")
     expect(ValueError, lambda: c.send(x, dst=c.size + 1), "dst")
+    expect(ValueError, lambda: c.send(x, dst=0, tag=-1), "tag -1 is out of range")
+    expect(ValueError, lambda: c.recv(x, src=0, tag=1 << 40, async_op=True), "out of range")
+    expect(TypeError, lambda: c.recv(x, src=0, tag="7"), "tag must be an int")
     expect(ValueError, lambda: c.reduce_scatter(np.ones((), np.float32)), "dimension")
     ro = np.ones(4)
     ro.flags.writeable = False
