@@ -125,7 +125,8 @@ class Communicator:
         """Whether send and recv of numpy arrays may take the inline way (``_p2p_inline``)."""
         self._p2p_names = tuple([f"{kind} rank {q}" for q in range(backend.size)]
                                 for kind in ("send to", "recv from"))
-        """The operations' names by peer, made once: an inline send's flight record reuses them."""
+        """Send's and recv's names by peer, made once (an inline one's flight record extends the
+        last while it names the same object)."""
         watchdog.start()  # a wait stuck inside MPI ends the process (docs: Faults)
 
     # -- identity --
@@ -421,7 +422,7 @@ class Communicator:
         check_memory(buf, self.backend, "x")
         dst = self._peer(dst, "dst")
         tag = self._tag(tag)
-        name = f"send to rank {dst}"
+        name = self._p2p_names[0][dst]
         if async_op and self.backend.posts_receives:
             return self._p2p_post("send", buf.user, buf.flat(), name, dst, tag, timeout,
                                   queued=True)
@@ -447,7 +448,7 @@ class Communicator:
         check_memory(buf, self.backend, "x")
         src = self._peer(src, "src")
         tag = self._tag(tag)
-        name = f"recv from rank {src}"
+        name = self._p2p_names[1][src]
         if async_op and self.backend.posts_receives:
             return self._p2p_post("recv", buf.user, buf.flat(), name, src, tag, timeout,
                                   queued=True)
@@ -460,9 +461,7 @@ class Communicator:
     def _send(self, user: Any, flat: Any, dst: int, tag: int, ctx: OpContext) -> Any:
         """The send itself (``flat``: ``user`` as a flat array), on whichever thread runs it."""
         b = self.backend
-        reqs, peers = [b.isend(flat, dst, tag, channel="p2p")], (f"rank {dst}",)
-        if not b.test(reqs, ctx, peers):  # an eager message is sent already: no poll set up
-            b.wait(reqs, ctx, peers)
+        b.wait([b.isend(flat, dst, tag, channel="p2p")], ctx, (f"rank {dst}",))
 
     def _recv(self, user: Any, flat: Any, src: int, tag: int, ctx: OpContext) -> Any:
         """The receive itself: the message's size first (a mismatch consumes it, so the channel
@@ -474,9 +473,7 @@ class Communicator:
             b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
             raise MismatchError(f"{ctx.name}: message has {nbytes} bytes but x holds "
                                 f"{flat.nbytes} bytes ({flat.dtype.name}{list(user.shape)})")
-        reqs, peers = [b.irecv(flat, src, tag, channel="p2p")], (f"rank {src}",)
-        if not b.test(reqs, ctx, peers):  # probed: an eager message is in already
-            b.wait(reqs, ctx, peers)
+        b.wait([b.irecv(flat, src, tag, channel="p2p")], ctx, (f"rank {src}",))
         return user
 
     def _p2p_post(self, kind: str, user: Any, flat: np.ndarray, name: str, peer: int, tag: int,
@@ -505,10 +502,7 @@ class Communicator:
             try:
                 how["posted"] = post(entry)
             except BaseException as err:  # noqa: BLE001 - classified by _failure
-                failure = self._failure(name, err, entry)
-                if failure is err:
-                    raise
-                raise failure from err
+                self._raise_failure(name, err, entry)
         return Posted(name, b, ctx, (f"rank {peer}",), user if recv else None, self._failure,
                       expect, **how)
 
@@ -903,9 +897,15 @@ class Communicator:
         """Raise what operation ``name``, run inline as the last of flight ``record``, raised
         (``err``), classified by ``_failure``; the run is taken out of the record."""
         try:
-            failure = self._failure(name, err, self._flight.take(record.last))
+            entry = self._flight.take(record.last)
         finally:
             record.running = 0  # taken out of the record
+        self._raise_failure(name, err, entry)
+
+    def _raise_failure(self, name: str, err: BaseException, entry: FlightEntry) -> NoReturn:
+        """Raise what ``_failure`` makes of operation ``name``'s error ``err`` (``err`` itself,
+        or what it became, chained to it)."""
+        failure = self._failure(name, err, entry)
         if failure is err:
             raise err
         raise failure from err
@@ -990,10 +990,7 @@ class Communicator:
             try:
                 result = run(entry) if ends_later else run()
             except BaseException as err:  # noqa: BLE001 - classified by _failure
-                failure = self._failure(name, err, entry)
-                if failure is err:
-                    raise
-                raise failure from err
+                self._raise_failure(name, err, entry)
             if not ends_later:
                 entry.end("done")
             return result

@@ -81,7 +81,8 @@ class MPIBackend(Backend):
             return ", ".join(names) or "the other ranks"
 
         try:
-            ctx.poll(lambda: test(reqs), pending, moves=True)
+            if not test(reqs):  # else done already (an eager message): no poll to set up
+                ctx.poll(lambda: test(reqs), pending, moves=True)
         except self._MPI.Exception as err:
             _keep(reqs)
             self._raise_truncated(err, ctx, statuses)
@@ -139,11 +140,11 @@ class MPIBackend(Backend):
 
     def probe_count(self, src: int, tag: int, ctx: OpContext) -> int:
         """Bytes in the next user message from ``src`` (to check a recv buffer before receiving)."""
-        status = self._MPI.Status()
+        status = self.recv_status()
         if not self.p2p.Iprobe(src, tag, status):  # else no poll to set up: it is in already
             ctx.poll(lambda: self.p2p.Iprobe(src, tag, status),
                      lambda: f"a message from rank {src}", moves=True)
-        return status.Get_count(self._MPI.BYTE)
+        return self.received_bytes(status)
 
     # -- native collectives --
     def native(self, name: str, ctx: OpContext, **kw: Any) -> None:
