@@ -184,9 +184,10 @@ static PyTypeObject MatchType = {
  * async_op). For a repeat on numpy arrays this does what prepared.PreparedCalls.find and
  * Communicator._repeat do, guard for guard: find the entry (the Match test above); where the
  * call may run inline (nothing queued, the owning thread, not broken, not closed, not traced, no
- * async repeat out, the flight record extends; async, a run that starts inline), number it in the
- * flight record, then run the prepared run's go() and return the entry's result, or (async)
- * start it, make its StartedHandle and poll once, as _repeat does. lane.complete(block, soon) is
+ * async repeat out, the flight record extends; async, a run that starts inline or one the
+ * takeover watches, comm._watched), number it in the flight record, then run the prepared run's
+ * go() and return the entry's result, or (async) start it, make its StartedHandle and poll once
+ * (a watched run: no poll, comm._watch), as _repeat does. lane.complete(block, soon) is
  * Communicator._complete, what a StartedHandle's wait and test and the next operation call;
  * lane.repeat(entry, async_op) is the same run for an entry already known (a persistent call).
  * Everything else is Python's: a failed guard goes to comm._repeat(entry, async_op); no entry,
@@ -224,7 +225,7 @@ typedef struct {
 
 static PyObject *s_pending, *s_owner, *s_broken, *s_closed, *s_started, *s_seq, *s_repeats,
     *s_trace, *s_lane_slow, *s_repeat, *s_repeat_failed, *s_completion, *s_completing,
-    *s_acquire, *s_release, *s_settle, *s_run_callbacks, *s_lean, *s_zero;
+    *s_acquire, *s_release, *s_settle, *s_run_callbacks, *s_lean, *s_watched, *s_watch, *s_zero;
 
 #define SLOT(obj, offset) (*(PyObject **)((char *)(obj) + (offset)))  /* borrowed; NULL: unset */
 
@@ -450,9 +451,11 @@ settle_done(Lane *l, PyObject *started)
 
 /* Start a repeat of `entry` with async_op=True inline, as _repeat does: publish (the run's
  * start), make its StartedHandle, poll once; done already, the handle is settled; else it is the
- * communicator's started call. The handle, or NULL with start's error. */
+ * communicator's started call. `watched` (a run with barriers after the first): no poll (it
+ * could wait at those); it is the started call at once, watched by the takeover (comm._watch).
+ * The handle, or NULL with start's error. */
 static PyObject *
-start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record)
+start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record, int watched)
 {
     PyObject *start = SLOT(run, l->at.start), *complete = SLOT(run, l->at.complete);
     if (!start || !complete || !SLOT(entry, l->at.result)) {
@@ -479,6 +482,18 @@ start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record)
     set_slot(handle, l->at.h_claimed, Py_False);
     set_slot(handle, l->at.h_callbacks, Py_None);
     PyObject *started = PyTuple_Pack(3, handle, entry, record);
+    if (watched && started) {   /* wait() or the next call drives it, else the progress thread */
+        Py_DECREF(complete);    /* once the takeover hands it over */
+        PyObject *w = PyDict_SetItem(l->guards, s_started, started) < 0 ? NULL :
+            PyObject_CallMethodObjArgs(l->comm, s_watch, run, SLOT(record, l->at.r_last), NULL);
+        Py_DECREF(started);
+        if (!w) {
+            Py_DECREF(handle);
+            return NULL;
+        }
+        Py_DECREF(w);
+        return handle;
+    }
     PyObject *done = started ? PyObject_CallOneArg(complete, Py_False) : NULL;  /* one poll */
     Py_DECREF(complete);
     int t = done ? PyObject_IsTrue(done) : -1;
@@ -525,8 +540,14 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
     PyObject *go = run && Py_TYPE(run) == l->run ? SLOT(run, l->at.go) : NULL;
     if (!go)
         return NULL;            /* no prepared run: _repeat submits the general one */
-    if (async_op && SLOT(run, l->at.starts_inline) != Py_True)
-        return NULL;            /* barriers follow the first: Python starts it (takeover) */
+    int watched = 0;            /* barriers follow the first: inline only where the takeover */
+    if (async_op && SLOT(run, l->at.starts_inline) != Py_True) {   /* watches (comm._watched) */
+        PyObject *w = PyObject_CallMethodOneArg(l->comm, s_watched, entry);
+        watched = w ? PyObject_IsTrue(w) : -1;
+        Py_XDECREF(w);
+        if (watched <= 0)
+            return NULL;        /* (an error, or _repeat submits it) */
+    }
     Py_INCREF(run);             /* held: finishing the call still out below runs Python */
     Py_INCREF(go);
     int ok = inline_now(l);
@@ -544,7 +565,8 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
     set_slot(record, l->at.r_running, seq);
     Py_DECREF(seq);
     *ran = 1;
-    PyObject *done = async_op ? start_inline(l, entry, run, record) : PyObject_CallNoArgs(go);
+    PyObject *done = async_op ? start_inline(l, entry, run, record, watched) :
+        PyObject_CallNoArgs(go);
     Py_DECREF(run);
     Py_DECREF(go);
     if (async_op) {
@@ -879,7 +901,8 @@ intern_names(void)
         {&s_repeat, "_repeat"}, {&s_repeat_failed, "_repeat_failed"},
         {&s_completion, "_completion"}, {&s_completing, "_completing"},
         {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_settle, "_settle"},
-        {&s_run_callbacks, "run_callbacks"}, {&s_lean, "lean"},
+        {&s_run_callbacks, "run_callbacks"}, {&s_lean, "lean"}, {&s_watched, "_watched"},
+        {&s_watch, "_watch"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))

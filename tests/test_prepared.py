@@ -327,6 +327,14 @@ class _LaneComm:
         self._completing = threading.Lock()
         self._completion = object()  # what its StartedHandles hold
         self.calls = []
+        self.watches = False  # what _watched answers (a takeover slot held)
+
+    def _watched(self, entry):
+        self.calls.append("watched")
+        return self.watches
+
+    def _watch(self, run, seq):
+        self.calls.append(("watch", seq))
 
     def _lane_slow(self, kind, x, out, args, check, async_op):
         self.calls.append("slow")
@@ -571,7 +579,15 @@ def test_the_compiled_lane_leaves_async_repeats_python_must_start():
     lane, comm, executor, flight, entry, x, run = _lane_setup(starts_inline=False)
     flight.issue_running("all_reduce", entry.what).running = 0
     assert lane.run("all_reduce", x, None, ARGS, True, True) == "repeated in Python"
-    assert comm.calls == [("repeat", True)] and run.calls == []  # barriers follow: queued
+    assert comm.calls == ["watched", ("repeat", True)] and run.calls == []  # barriers follow,
+    comm.calls.clear()                                                       # no takeover: queued
+    comm.watches = True  # watched by the takeover: started in C, no poll (it may wait at them)
+    h = lane.run("all_reduce", x, None, ARGS, True, True)
+    seq = flight._seq
+    assert comm.calls == ["watched", ("watch", seq)] and run.calls == ["start"]
+    assert comm._started[0] is h and comm._started[2].running == seq and not h._done
+    run.arrived = True
+    assert lane.complete(True) is True and h._done and comm._started is None
     lane, comm, executor, flight, entry, x, run = _lane_setup(soon=True)
     flight.issue_running("all_reduce", entry.what).running = 0
     h = lane.run("all_reduce", x, None, ARGS, True, True)
