@@ -16,7 +16,7 @@ from . import log, select
 from .communicator import DEFAULT_TIMEOUT, Communicator, Persistent
 from .dtypes import OPS
 from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
-                     MismatchError, TransportError)
+                     MessageTruncated, MismatchError, TransportError)
 from .handle import Handle
 from .select import ALGORITHMS, algorithms_for
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "init", "Communicator", "Handle", "Persistent", "OPS", "ALGORITHMS", "algorithms_for", "DEFAULT_TIMEOUT",
     "CollectiveError", "CollectiveTimeoutError", "CommunicatorBrokenError", "MismatchError",
-    "TransportError", "BackendUnavailableError",
+    "MessageTruncated", "TransportError", "BackendUnavailableError",
 ]
 
 BACKENDS = ("auto", "mpi", "nccl")
