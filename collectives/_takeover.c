@@ -2,7 +2,8 @@
  *
  * A communicator that starts a call on its caller's thread whose later barriers need this rank
  * again marks its slot with the call's sequence number. A plain C thread looks at the slots every
- * period; a slot that holds the same number at two looks in a row is reported once, by writing
+ * period; a slot that holds the same number at two looks in a row, not marked again between
+ * them, is reported once, by writing
  * (slot, number) to a pipe that takeover.py's Python thread reads. Looking costs the ranks nothing:
  * the thread never takes the GIL, where a Python thread waking every millisecond would take it
  * from the caller's thread each time (on a machine with more ranks than cores, a wait of the
@@ -20,7 +21,9 @@
 enum { SLOTS = 4096 };
 
 static _Atomic long long marked[SLOTS]; /* each slot's started call to watch (0: none) */
-static long long seen[SLOTS];           /* the clock thread's: what it saw at its last look */
+static atomic_ullong marks[SLOTS];      /* how many times each slot was marked */
+static long long seen[SLOTS];           /* the clock thread's: what it saw at its last look, */
+static unsigned long long seen_marks[SLOTS];  /* and after how many marks */
 static atomic_int high;                 /* slots in use lie below this */
 static atomic_int idle;                 /* the clock thread waits on `wake` */
 static int started, pipe_fd = -1;
@@ -39,15 +42,20 @@ any_marked(void)
     return 0;
 }
 
-/* One look: report a slot whose mark is the one seen a look ago (taken off first, so that it is
- * reported once; a new mark made meanwhile stays). */
+/* One look: report a slot whose mark is the one seen a look ago and was not made again since
+ * (a caller that polls its call unmarks it while it drives and marks the same call again after:
+ * that call was driven, not left alone). Taken off first, so that it is reported once; a new
+ * mark made meanwhile stays. */
 static void
 look(void)
 {
     int n = atomic_load(&high);
     for (int i = 0; i < n; i++) {
         long long seq = atomic_load(&marked[i]);
-        if (seq && seq == seen[i] && atomic_compare_exchange_strong(&marked[i], &seq, 0)) {
+        unsigned long long count = atomic_load(&marks[i]);
+        int same = seq && seq == seen[i] && count == seen_marks[i];
+        seen_marks[i] = count;
+        if (same && atomic_compare_exchange_strong(&marked[i], &seq, 0)) {
             long long report[2] = {i, seq};
             ssize_t left = (ssize_t)sizeof report;
             char *at = (char *)report;
@@ -142,7 +150,8 @@ mark(PyObject *self, PyObject *const *argv, Py_ssize_t argc)
     }
     if (slot >= atomic_load(&high))
         atomic_store(&high, (int)slot + 1);
-    atomic_store(&marked[slot], seq);
+    atomic_fetch_add(&marks[slot], 1);  /* before the mark: a look that reads the new mark */
+    atomic_store(&marked[slot], seq);   /* reads this count or a later one */
     if (seq && atomic_load(&idle)) {
         pthread_mutex_lock(&lock);
         pthread_cond_signal(&wake);
