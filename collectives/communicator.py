@@ -26,7 +26,8 @@ from .backends.base import Backend
 from .call import Call, split_bounds
 from .context import OpContext, spin
 from .dtypes import check_reducible, parse_op
-from .errors import CollectiveError, CommunicatorBrokenError, MismatchError, TransportError
+from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
+                     MismatchError, TransportError)
 from .faults import note_broken, peer_exited
 from .flight import FlightEntry, FlightRecorder, Repeats
 from .gpu import copyto, empty, empty_like, shares_memory
@@ -461,13 +462,21 @@ class Communicator:
     def _send(self, user: Any, flat: Any, dst: int, tag: int, ctx: OpContext) -> Any:
         """The send itself (``flat``: ``user`` as a flat array), on whichever thread runs it."""
         b = self.backend
-        b.wait([b.isend(flat, dst, tag, channel="p2p")], ctx, (f"rank {dst}",))
+        try:
+            b.wait([b.isend(flat, dst, tag, channel="p2p")], ctx, (f"rank {dst}",))
+        except CollectiveTimeoutError as err:
+            self._timed_out_on_itself(err, dst)
+            raise
 
     def _recv(self, user: Any, flat: Any, src: int, tag: int, ctx: OpContext) -> Any:
         """The receive itself: the message's size first (a mismatch consumes it, so the channel
         stays in step, and raises), then the data into ``flat``; ``user`` is the result."""
         b = self.backend
-        nbytes = b.probe_count(src, tag, ctx)
+        try:
+            nbytes = b.probe_count(src, tag, ctx)
+        except CollectiveTimeoutError as err:
+            self._timed_out_on_itself(err, src)
+            raise
         if nbytes != flat.nbytes:
             junk = empty(nbytes, np.uint8, flat)  # consume it: the channel stays in step
             b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
@@ -475,6 +484,17 @@ class Communicator:
                                 f"{flat.nbytes} bytes ({flat.dtype.name}{list(user.shape)})")
         b.wait([b.irecv(flat, src, tag, channel="p2p")], ctx, (f"rank {src}",))
         return user
+
+    def _timed_out_on_itself(self, err: CollectiveTimeoutError, peer: int) -> None:
+        """Where a blocking send or recv timed out on this very rank (``peer``), raise ``err``
+        saying why: MPI meets such a call only with its other half posted before it, async (a
+        blocking send to itself waits for a receive nobody can post: MPI hangs, this times
+        out). Else return (``err`` stands)."""
+        if peer == self.rank:
+            raise CollectiveTimeoutError(
+                f"{err}. Rank {peer} is this rank: a blocking send to itself is met only by a "
+                f"receive from itself posted before it (recv(..., async_op=True)), and a "
+                f"blocking recv from itself only by a send posted before it") from err
 
     def _p2p_post(self, kind: str, user: Any, flat: np.ndarray, name: str, peer: int, tag: int,
                   timeout: float | None, queued: bool = False) -> Posted:

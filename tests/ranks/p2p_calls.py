@@ -264,13 +264,37 @@ def silent_peer_times_out(c):
     WORLD.Barrier()
 
 
+def to_itself(c):
+    """A rank sends to itself where the other half is posted first, async, as MPI allows; a
+    blocking send (past the eager limit) or recv to itself with nothing posted times out saying
+    that the peer is this rank (not that it is dead or stuck), and within its timeout."""
+    me = c.rank
+    x, y = np.arange(5, dtype=np.float64) + me, np.zeros(5)
+    h = c.recv(y, src=me, tag=3, async_op=True)
+    c.send(x, dst=me, tag=3)
+    assert h.wait() is y and np.array_equal(y, x), y
+    y[:] = 0
+    h = c.send(x, dst=me, tag=4, async_op=True)
+    assert c.recv(y, src=me, tag=4) is y and np.array_equal(y, x), y
+    h.wait()
+    big = np.ones(1 << 18)  # 2 MiB: past the eager limit (a short message may go eagerly)
+    for kind in ("send", "recv"):
+        d = collectives.init(timeout=30.0)
+        call = (lambda: d.send(big, dst=me, timeout=0.3)) if kind == "send" else \
+            (lambda: d.recv(y, src=me, timeout=0.3))
+        t0 = time.monotonic()
+        expect_raises(CollectiveTimeoutError, call, f"{kind} ", f"rank {me}", "timed out",
+                      "is this rank", "async_op=True")
+        assert time.monotonic() - t0 < 10
+
+
 def body():
     c = collectives.init()
     for check in (data_arrives_exact, async_exchanges_meet, posted_receives_progress_in_barriers,
                   posted_behind_queued_calls,
                   dropped_handles_keep_their_buffers, blocking_calls_run_inline,
                   other_sizes_raise,
-                  queued_calls_go_first, silent_peer_times_out):
+                  queued_calls_go_first, silent_peer_times_out, to_itself):
         check(c)
         c.barrier()
     WORLD.Barrier()
