@@ -449,6 +449,19 @@ settle_done(Lane *l, PyObject *started)
     return callbacks;
 }
 
+/* `handle` (owned), or NULL where `r` (owned, a call's result, dropped) is NULL: the call
+ * failed and its error stands. */
+static PyObject *
+handle_unless_failed(PyObject *handle, PyObject *r)
+{
+    if (!r) {
+        Py_DECREF(handle);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return handle;
+}
+
 /* Start a repeat of `entry` with async_op=True inline, as _repeat does: publish (the run's
  * start), make its StartedHandle, poll once; done already, the handle is settled; else it is the
  * communicator's started call. `watched` (a run with barriers after the first): no poll (it
@@ -487,12 +500,7 @@ start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record, int watc
         PyObject *w = PyDict_SetItem(l->guards, s_started, started) < 0 ? NULL :
             PyObject_CallMethodObjArgs(l->comm, s_watch, run, SLOT(record, l->at.r_last), NULL);
         Py_DECREF(started);
-        if (!w) {
-            Py_DECREF(handle);
-            return NULL;
-        }
-        Py_DECREF(w);
-        return handle;
+        return handle_unless_failed(handle, w);
     }
     PyObject *done = started ? PyObject_CallOneArg(complete, Py_False) : NULL;  /* one poll */
     Py_DECREF(complete);
@@ -505,12 +513,7 @@ start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record, int watc
     if (t > 0) {                /* every peer was in: done already (no callbacks yet) */
         PyObject *none = settle_done(l, started);
         Py_DECREF(started);
-        if (!none) {
-            Py_DECREF(handle);
-            return NULL;
-        }
-        Py_DECREF(none);
-        return handle;
+        return handle_unless_failed(handle, none);
     }
     if (!started) {
         Py_DECREF(handle);
@@ -521,12 +524,7 @@ start_inline(Lane *l, PyObject *entry, PyObject *run, PyObject *record, int watc
                                                            NULL) : NULL;
     Py_XDECREF(value);
     Py_DECREF(started);
-    if (!settled) {
-        Py_DECREF(handle);
-        return NULL;
-    }
-    Py_DECREF(settled);
-    return handle;
+    return handle_unless_failed(handle, settled);
 }
 
 /* A repeat of `entry` run inline, as _repeat runs one: blocking, its result, or NULL with the
