@@ -1,8 +1,10 @@
 /* Whether a collective call repeats a prepared one, in C: the same array objects, their layout
  * unchanged (data, shape, strides, dtype, writability), the same arguments. The same test as
- * PreparedCalls.find's Python (which stays as the fallback, and for anything that is not a plain
- * numpy array), at a fraction of its cost: reading an array's shape or strides from Python makes
- * a tuple each time, and every repeated call pays this test.
+ * PreparedCalls.find's Python (which stays as the fallback, and for anything that is neither a
+ * plain numpy array nor a torch tensor), at a fraction of its cost: reading an array's shape or
+ * strides from Python makes a tuple each time, and every repeated call pays this test. A
+ * tensor's form is read through its Python attributes, as prepared._form reads it (shape,
+ * dtype, stride(), data_ptr()), then compared here.
  *
  * Arrays are read through the head of numpy's PyArrayObject_fields, the layout numpy's own C
  * API macros read and so keeps frozen; prepared.py checks it against numpy's answers (layout())
@@ -37,7 +39,11 @@ typedef struct {                /* what an array must still be */
     Py_ssize_t strides[MAX_DIMS];
     PyObject *descr;            /* its dtype, held: compared by identity */
     int writable;               /* it must still be writable */
+    PyTypeObject *type;         /* NULL: a numpy array, read above; else a torch tensor's type, */
+    PyObject *shape, *stride, *ptr;  /* and its shape, stride() and data_ptr() (dtype: descr) */
 } Snapshot;
+
+static PyObject *s_shape, *s_dtype, *s_stride, *s_data_ptr;  /* a tensor's, interned */
 
 typedef struct {
     PyObject_HEAD
@@ -53,12 +59,39 @@ is_array(PyTypeObject *ndarray, PyObject *a)
     return Py_TYPE(a) == ndarray;  /* exactly: a subclass may override what is read here */
 }
 
+/* A tensor's form as prepared._form reads it: shape, dtype, stride(), data_ptr() (set_ can
+ * swap its storage under the same object). 0, or -1 with an error. */
+static int
+tensor_form(PyObject *a, PyObject **shape, PyObject **dtype, PyObject **stride, PyObject **ptr)
+{
+    *dtype = *stride = *ptr = NULL;
+    *shape = PyObject_GetAttr(a, s_shape);
+    *dtype = *shape ? PyObject_GetAttr(a, s_dtype) : NULL;
+    *stride = *dtype ? PyObject_CallMethodNoArgs(a, s_stride) : NULL;
+    *ptr = *stride ? PyObject_CallMethodNoArgs(a, s_data_ptr) : NULL;
+    if (*ptr)
+        return 0;
+    Py_CLEAR(*shape);
+    Py_CLEAR(*dtype);
+    Py_CLEAR(*stride);
+    return -1;
+}
+
 static int
 snapshot(Snapshot *s, PyTypeObject *ndarray, PyObject *a, int writable)
 {
-    if (!is_array(ndarray, a)) {
-        PyErr_SetString(PyExc_TypeError, "Match takes numpy arrays only");
-        return -1;
+    if (!is_array(ndarray, a)) {  /* a tensor (Python makes a Match only for these two) */
+        if (tensor_form(a, &s->shape, &s->descr, &s->stride, &s->ptr) < 0) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "Match takes numpy arrays and torch tensors, not %s",
+                         Py_TYPE(a)->tp_name);
+            return -1;
+        }
+        s->ref = PyWeakref_NewRef(a, NULL);
+        if (!s->ref)
+            return -1;
+        s->type = (PyTypeObject *)Py_NewRef(Py_TYPE(a));
+        return 0;               /* (a tensor has no writable flag: any is written) */
     }
     ArrayHead *h = (ArrayHead *)a;
     if (h->nd < 0 || h->nd > MAX_DIMS) {
@@ -94,10 +127,41 @@ refers_to(PyObject *ref, PyObject *a)
 #endif
 }
 
+/* Whether tensor `a` still has the form `s` holds (an error reading it: no, cleared; the
+ * Python way then meets it again and raises it). */
+static int
+tensor_unchanged(const Snapshot *s, PyObject *a)
+{
+    if (Py_TYPE(a) != s->type)
+        return 0;
+    PyObject *shape, *dtype, *stride, *ptr;
+    if (tensor_form(a, &shape, &dtype, &stride, &ptr) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = dtype == s->descr;
+    PyObject *now[3] = {shape, stride, ptr}, *then[3] = {s->shape, s->stride, s->ptr};
+    for (int i = 0; i < 3 && same > 0; i++)
+        same = PyObject_RichCompareBool(now[i], then[i], Py_EQ);
+    Py_DECREF(shape);
+    Py_DECREF(dtype);
+    Py_DECREF(stride);
+    Py_DECREF(ptr);
+    if (same < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    return same;
+}
+
 static int
 unchanged(const Snapshot *s, PyTypeObject *ndarray, PyObject *a)
 {
-    if (!refers_to(s->ref, a) || !is_array(ndarray, a))
+    if (!refers_to(s->ref, a))
+        return 0;
+    if (s->type)
+        return tensor_unchanged(s, a);
+    if (!is_array(ndarray, a))
         return 0;
     ArrayHead *h = (ArrayHead *)a;
     return h->data == s->data && h->nd == s->nd && h->descr == s->descr &&
@@ -128,10 +192,15 @@ match_matches(Match *m, PyObject *const *argv, Py_ssize_t argc)
 static void
 match_dealloc(Match *m)
 {
-    Py_XDECREF(m->x.ref);
-    Py_XDECREF(m->x.descr);
-    Py_XDECREF(m->out.ref);
-    Py_XDECREF(m->out.descr);
+    Snapshot *both[2] = {&m->x, &m->out};
+    for (int i = 0; i < 2; i++) {
+        Py_XDECREF(both[i]->ref);
+        Py_XDECREF(both[i]->descr);
+        Py_XDECREF(both[i]->type);
+        Py_XDECREF(both[i]->shape);
+        Py_XDECREF(both[i]->stride);
+        Py_XDECREF(both[i]->ptr);
+    }
     Py_XDECREF(m->args);
     Py_XDECREF(m->check);
     Py_XDECREF(m->ndarray);
@@ -181,7 +250,8 @@ static PyTypeObject MatchType = {
 /* ---- The lane: a repeated call from the front method straight to its run ----
  *
  * Communicator's front methods (all_reduce, ...) call lane.run(kind, x, out, args, check,
- * async_op). For a repeat on numpy arrays this does what prepared.PreparedCalls.find and
+ * async_op). For a repeat on numpy arrays or torch tensors this does what
+ * prepared.PreparedCalls.find and
  * Communicator._repeat do, guard for guard: find the entry (the Match test above); where the
  * call may run inline (nothing queued, the owning thread, not broken, not closed, not traced, no
  * async repeat out, the flight record extends; async, a run that starts inline or one the
@@ -191,7 +261,7 @@ static PyTypeObject MatchType = {
  * Communicator._complete, what a StartedHandle's wait and test and the next operation call;
  * lane.repeat(entry, async_op) is the same run for an entry already known (a persistent call).
  * Everything else is Python's: a failed guard goes to comm._repeat(entry, async_op); no entry,
- * or one only Python can test (a torch tensor's), to comm._lane_slow(kind, x, out, args, check,
+ * or one only Python can test (an array subclass's), to comm._lane_slow(kind, x, out, args, check,
  * async_op), the pure-Python lane; a blocking run that raises to comm._repeat_failed(entry,
  * record, err), an async one to comm._settle(started, err), which classify it.
  *
@@ -865,7 +935,8 @@ lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 static PyMethodDef lane_methods[] = {
     {"run", (PyCFunction)(void (*)(void))lane_call, METH_FASTCALL,
      "run(kind, x, out, args, check, async_op) -> the call's result (or Handle): a repeat on "
-     "numpy arrays runs (or starts) here; anything else goes to the communicator's Python."},
+     "numpy arrays or torch tensors runs (or starts) here; anything else goes to the "
+     "communicator's Python."},
     {"repeat", (PyCFunction)(void (*)(void))lane_repeat, METH_FASTCALL,
      "repeat(entry, async_op) -> Communicator._repeat(entry, async_op), inline in C where it "
      "may."},
@@ -900,7 +971,8 @@ intern_names(void)
         {&s_completion, "_completion"}, {&s_completing, "_completing"},
         {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_settle, "_settle"},
         {&s_run_callbacks, "run_callbacks"}, {&s_lean, "lean"}, {&s_watched, "_watched"},
-        {&s_watch, "_watch"},
+        {&s_watch, "_watch"}, {&s_shape, "shape"}, {&s_dtype, "dtype"}, {&s_stride, "stride"},
+        {&s_data_ptr, "data_ptr"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))

@@ -10,9 +10,9 @@ communicator). Each reuse re-checks, in a few
 hundred nanoseconds, what could have changed since: the very same array objects (a weak
 reference, so a new array at a recycled address never matches), their shape, dtype, strides
 and writability (a tensor's data pointer too: ``set_`` swaps storage under the same object), and
-every argument. For numpy arrays a compiled test (``_match``, built with the shared-memory run)
-does this in a fraction of the Python's time; the Python stays for tensors and installs without
-a C compiler.
+every argument. A compiled test (``_match``, built with the shared-memory run) does this in a
+fraction of the Python's time, for numpy arrays and torch tensors; the Python stays for
+installs without a C compiler (and array subclasses).
 The cross-rank agreement is not skipped: it runs inside the prepared run's own barrier.
 """
 from __future__ import annotations
@@ -72,11 +72,11 @@ class Prepared:
             (_nbytes(out) if out is not None else 0) if holds else 0
         """What it holds alive (``PREPARED_KEPT_BYTES``); nothing where ``holds`` is False: its
         arrays are registered memory, which the arena keeps until ``free`` anyway."""
-        match = _match_type() if type(x) is np.ndarray and \
-            (out is None or type(out) is np.ndarray) else None
+        match = _match_type() if _plain(x) and (out is None or _plain(out)) else None
         self.matches: Callable[[Any, Any, tuple[Any, ...], bool], bool] | None = \
             match(np.ndarray, x, out, args, check, x_written).matches if match else None
-        """``find``'s test in C (numpy arrays, the extension built), else None."""
+        """``find``'s test in C (numpy arrays and torch tensors, the extension built), else
+        None."""
 
     def __call__(self) -> Any:
         """Run it once (on whichever thread runs the communicator's operations) and return
@@ -200,6 +200,13 @@ def _form(a: Any) -> tuple[Any, ...]:
     if type(a) is np.ndarray:
         return (a.shape, a.dtype, a.strides)
     return (a.shape, a.dtype, a.stride(), a.data_ptr())
+
+
+def _plain(a: Any) -> bool:
+    """Whether the compiled test reads ``a``: a numpy array or a torch tensor, exactly (a
+    subclass may change what it reads)."""
+    t = type(a)
+    return t is np.ndarray or (t.__name__ == "Tensor" and t.__module__ == "torch")
 
 
 def _unchanged(a: Any, form: tuple[Any, ...], written: bool) -> bool:

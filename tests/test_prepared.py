@@ -285,8 +285,49 @@ def test_the_compiled_match_sees_every_change_the_python_test_sees():
         w.strides = (8, 4)
     assert mz(z, None, args, True)
     assert not mw(w, None, args, True)  # restrided in place
-    with pytest.raises(TypeError):
-        match(np.ndarray, [1.0], None, args, True, True)  # numpy arrays only
+    with pytest.raises(TypeError, match="numpy arrays and torch tensors"):
+        match(np.ndarray, [1.0], None, args, True, True)
+
+
+def test_the_compiled_match_sees_every_change_of_a_tensor_the_python_test_sees():
+    """A tensor's form as prepared._form reads it: the same object, shape, dtype, strides and
+    storage (``set_`` swaps it under the same object); a Parameter (a subclass) is left to
+    Python."""
+    import numpy as np
+
+    from topocoll.collectives import prepared
+
+    torch = pytest.importorskip("torch")
+    match = prepared._match_type()
+    if match is None:
+        pytest.skip("the compiled match is not built here (no C compiler at install)")
+    x, out, args = torch.zeros(8), torch.zeros(16), ("auto", False, None)
+    m = match(np.ndarray, x, out, args, True, True).matches
+    assert m(x, out, args, True) and m(x, out, ("auto", False, None), True)
+    assert not m(x, out, ("ring", False, None), True) and not m(x, out, args, False)
+    assert not m(x, None, args, True) and not m(x, out.clone(), args, True)
+    assert not m(x.clone(), out, args, True) and not m(x[:], out, args, True)  # other objects
+    assert not m(x.numpy(), out, args, True)  # the same memory, as numpy: another object
+    x.resize_(2, 4)
+    assert not m(x, out, args, True)  # reshaped in place
+    x.resize_(8)
+    assert m(x, out, args, True)
+    x.set_(torch.zeros(8))
+    assert not m(x, out, args, True)  # another storage under the same object
+    m = match(np.ndarray, x, out, args, True, True).matches
+    x.data = x.data.to(torch.float64)
+    assert not m(x, out, args, True)  # another dtype
+    y = torch.zeros(4, 4)
+    my = match(np.ndarray, y, None, args, True, True).matches
+    y.t_()
+    assert not my(y, None, args, True)  # restrided in place (same shape)
+    y.t_()
+    assert my(y, None, args, True)
+    w = torch.zeros(3)
+    mw = match(np.ndarray, w, torch.zeros(6), args, True, True).matches
+    assert not mw(w, np.zeros(6, np.float32), args, True)  # numpy where a tensor was
+    p = torch.nn.Parameter(torch.zeros(4))
+    assert not prepared._plain(p) and prepared._plain(w) and prepared._plain(np.zeros(1))
 
 
 def test_a_new_array_where_a_prepared_one_was_is_not_a_repeat():
