@@ -102,10 +102,12 @@ def valid_op(dtype: str, op: str) -> bool:
 class Memory:
     """Where a run's buffers live: fresh numpy arrays (``-R 0``), or registered memory from
     ``comm.alloc`` (``-R 1``/``2``, like nccl-tests' user-buffer registration), one block per role
-    reused by every case, so a sweep allocates (collectively) only when a larger size needs it."""
+    reused by every case, so a sweep allocates (collectively) only when a larger size needs it;
+    ``tensors``: topocoll's calls see them as torch tensors (``--tensors``)."""
 
-    def __init__(self, comm: collectives.Communicator, registered: bool) -> None:
-        self.comm, self.registered = comm, registered
+    def __init__(self, comm: collectives.Communicator, registered: bool,
+                 tensors: bool = False) -> None:
+        self.comm, self.registered, self.tensors = comm, registered, tensors
         self._blocks: dict[str, np.ndarray] = {}
 
     def get(self, role: str, nbytes: int) -> np.ndarray | None:
@@ -138,9 +140,10 @@ class Case:
         in_len = n * count if name in ("reduce_scatter", "all_to_all") else count
         out_len = n * count if name in ("all_gather", "all_to_all") else count
         memory = memory or Memory(comm, False)
-        self._in = _Array(dtype, in_len, memory.get("in", _Array.bytes_for(dtype, in_len)))
-        self._out = _Array(dtype, out_len, memory.get("out", _Array.bytes_for(dtype, out_len))) \
-            if mode == "oop" else self._in
+        self._in = _Array(dtype, in_len, memory.get("in", _Array.bytes_for(dtype, in_len)),
+                          memory.tensors)
+        self._out = _Array(dtype, out_len, memory.get("out", _Array.bytes_for(dtype, out_len)),
+                           memory.tensors) if mode == "oop" else self._in
         self.input_bytes = in_len * DTYPES[dtype].itemsize
         self._call = self._build()
 
@@ -331,9 +334,11 @@ def reduce_ranks(idx: np.ndarray, nranks: int, op: str) -> np.ndarray:
 
 
 class _Array:
-    """A buffer with guard bytes on both sides, and its user-facing view (torch for bfloat16)."""
+    """A buffer with guard bytes on both sides, and its user-facing view (torch for bfloat16, and
+    for every dtype where ``tensors``)."""
 
-    def __init__(self, dtype: str, length: int, memory: np.ndarray | None = None) -> None:
+    def __init__(self, dtype: str, length: int, memory: np.ndarray | None = None,
+                 tensors: bool = False) -> None:
         self.dtype = dtype
         self.storage = DTYPES[dtype]
         self.length = length
@@ -346,6 +351,10 @@ class _Array:
 
             whole = torch.from_numpy(self.backing.view(np.int16)).view(torch.bfloat16)
             self.user = whole[GUARD:GUARD + length]
+        elif tensors:
+            import torch
+
+            self.user = torch.from_numpy(self.view)
         self.reset()
 
     @staticmethod

@@ -91,7 +91,7 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
                            per_rank=opts.per_rank))
     total = len(combos) * opts.cycles * len(opts.sizes) * len(opts.algos) * opts.repeats
     rows, step = [], 0
-    memory = Memory(comm, opts.registered > 0)
+    memory = Memory(comm, opts.registered > 0, opts.tensors)
     baseline = MPIBaseline(comm) if BASELINE in opts.algos else None
     for dtype, op, root, cycle, size in ((d, o, r, c, s) for d, o, r in combos
                                          for c in range(opts.cycles) for s in opts.sizes):
@@ -255,6 +255,7 @@ def _params(opts: Options, comm: collectives.Communicator) -> str:
             f"registered buffers: {opts.registered} "
             f"{'fresh buffers: 1 ' if opts.fresh else ''}"
             f"{'wait each: 1 ' if opts.wait_each else ''}"
+            f"{'tensors: 1 ' if opts.tensors else ''}"
             f"agreement check: {check}")
 
 

@@ -6,6 +6,7 @@ communication and nothing can hang.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field
@@ -67,6 +68,7 @@ class Options:
     notes: list[str] = field(default_factory=list)  # printed on stderr by rank 0 (no-op flags)
     fresh: bool = False     # every timed call on new arrays (copies of the bench's buffers)
     wait_each: bool = False  # every call issued with async_op=True and waited before the next
+    tensors: bool = False   # topocoll's calls on torch tensors over the same memory
 
     def combos(self, nranks: int) -> list[tuple[str, str, int]]:
         """The (dtype, op, root) triples to sweep, skipping ops a dtype can't do (avg on ints)."""
@@ -110,6 +112,8 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
         raise UsageError(f"-N/--run_cycles must be at most {MAX_CYCLES}, got {ns.cycles}")
     if ns.blocking not in (0, 1):
         raise UsageError(f"-z/--blocking must be 0 or 1, got {ns.blocking}")
+    if ns.tensors and importlib.util.find_spec("torch") is None:
+        raise UsageError("--tensors needs torch (pip install torch)")
     if ns.wait_each and ns.agg > 1:
         raise UsageError("--wait-each times one call at a time: it does not take -m/--agg_iters "
                          f"{ns.agg}")
@@ -161,7 +165,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
                    ns.check, ops, dtypes, roots, bool(ns.blocking), ns.average, algos,
                    ns.json, ns.plot, ns.quiet, ns.repeats, ns.registered, ns.min_time / 1e3,
                    ns.agg, ns.cycles, ns.timeout or None, ns.csv, min_bw, ns.per_rank, notes,
-                   ns.fresh, ns.wait_each)
+                   ns.fresh, ns.wait_each, ns.tensors)
 
 
 def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
@@ -226,6 +230,9 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("--wait-each", action="store_true",
         help="issue every call with async_op=True and wait for it before the next (mpi4py: "
              "the I-call and Wait): what an async call's handle costs; compare with -z 1")
+    add("--tensors", action="store_true",
+        help="topocoll's calls take CPU torch tensors (torch.from_numpy over the same buffers) "
+             "where they take numpy arrays by default; mpi4py reads the same memory")
     add("--per-rank", action="store_true",
         help="add min/avg/max time over ranks to every mode's columns (OSU style)")
     add("--plot", metavar="PATH.png", help="plot busbw vs size, one line per algorithm")

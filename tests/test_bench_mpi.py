@@ -193,6 +193,16 @@ def test_wait_each_runs_async_calls_waited_one_by_one_beside_mpi4py(tmp_path):
                           ["-z", "1", "--wait-each"], "wait each: 1", "wait_each")
 
 
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_tensors_run_every_collective_on_torch_tensors_beside_mpi4py(tmp_path, blocking):
+    """--tensors: topocoll's calls take torch tensors over the bench's buffers, checked, beside
+    mpi4py reading the same memory; the header and the JSON say so."""
+    pytest.importorskip("torch")
+    _checked_side_by_side(tmp_path, ("all_reduce", "all_gather", "reduce_scatter", "broadcast",
+                                     "reduce", "all_to_all", "rotate", "sendrecv"),
+                          ["-z", blocking, "--tensors"], "tensors: 1", "tensors")
+
+
 def test_min_time_gives_small_messages_more_iterations(tmp_path):
     """--min-time: an 8-byte call takes microseconds, so 30 ms need far more than -n 2 iterations;
     every rank times the same count (the JSON row records it) and results stay right."""

@@ -394,3 +394,18 @@ def test_wait_each_issues_every_call_async_and_waits_for_it_before_the_next():
     events.clear()
     case.run(2, blocking=False)
     assert events == [("issue", True), ("issue", True), ("wait", 1), ("wait", 2)]
+
+
+def test_tensors_give_topocoll_torch_tensors_over_the_buffers_mpi4py_reads():
+    """--tensors: the user-facing buffer is a torch tensor sharing the numpy view's memory (so
+    mpi4py's baseline and the check read what topocoll wrote); off, a numpy array."""
+    torch = pytest.importorskip("torch")
+    from topocoll.bench.colls import _Array
+
+    assert parse("all_reduce", ["--tensors"]).tensors and not parse("all_reduce", []).tensors
+    a = _Array("float", 5, tensors=True)
+    assert type(a.user) is torch.Tensor and a.user.dtype == torch.float32
+    a.user[:] = 3
+    assert np.all(a.view == 3) and a.guard_damage() == 0
+    assert type(_Array("float", 5).user) is np.ndarray
+    assert _Array("bfloat16", 5, tensors=True).user.dtype == torch.bfloat16

@@ -193,7 +193,7 @@ SHELL_RUN: dict[str, Shell] = {
         ("-e 64M -f 2", "-e 1M -f 8"), ("-e 16M -f 4", "-e 1M -f 4"))),
     "docs/algorithms.md#sh0": Shell("sizes cut to 64-256 KiB: 16 MiB over emulated 12-24 MB/s "
                                     "links takes minutes", edits=(("-b 1M -e 16M", "-b 64K -e 256K"),)),
-    "docs/collectives.md#sh0": Shell("the reader's train.py: one 32-byte all_reduce", files={
+    "docs/collectives.md#sh1": Shell("the reader's train.py: one 32-byte all_reduce", files={
         "train.py": """
             import numpy as np
             from topocoll import collectives
