@@ -69,27 +69,26 @@ class MPIBackend(Backend):
         """Poll ``reqs`` until all complete (``statuses``, if given, then hold their statuses:
         the source of an any-source receive)."""
         reqs = list(reqs)
-
-        def test(rs: list[Any]) -> bool:
-            return bool(self._MPI.Request.Testall(rs, statuses))
-
-        def pending() -> str:
-            try:
-                names = [p for r, p in zip(reqs, peers) if r and not r.Test()] if peers else []
-            except self._MPI.Exception:
-                names = list(peers)
-            return ", ".join(names) or "the other ranks"
-
+        testall = self._MPI.Request.Testall
         try:
-            if not test(reqs):  # else done already (an eager message): no poll to set up
-                ctx.poll(lambda: test(reqs), pending, moves=True)
+            if not testall(reqs, statuses):  # else done already (an eager message): no poll
+                ctx.poll(lambda: bool(testall(reqs, statuses)),
+                         lambda: self._pending(reqs, peers), moves=True)
         except self._MPI.Exception as err:
             _keep(reqs)
             self._raise_truncated(err, ctx, statuses)
-            raise self._transport_error(err, ctx, pending()) from err
+            raise self._transport_error(err, ctx, self._pending(reqs, peers)) from err
         except BaseException:
             _keep(reqs)  # a timeout, ^C, ...: the transfers may still complete; keep their buffers
             raise
+
+    def _pending(self, reqs: list[Request], peers: Sequence[str]) -> str:
+        """Who ``wait`` still waits for: the peers of ``reqs`` not complete yet."""
+        try:
+            names = [p for r, p in zip(reqs, peers) if r and not r.Test()] if peers else []
+        except self._MPI.Exception:
+            names = list(peers)
+        return ", ".join(names) or "the other ranks"
 
     def test(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
              statuses: list[Any] | None = None) -> bool:
