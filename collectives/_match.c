@@ -251,19 +251,19 @@ static PyTypeObject MatchType = {
  *
  * Communicator's front methods (all_reduce, ...) call lane.run(kind, x, out, args, check,
  * async_op). For a repeat on numpy arrays or torch tensors this does what
- * prepared.PreparedCalls.find and
- * Communicator._repeat do, guard for guard: find the entry (the Match test above); where the
- * call may run inline (nothing queued, the owning thread, not broken, not closed, not traced, no
- * async repeat out, the flight record extends; async, a run that starts inline or one the
- * takeover watches, comm._watched), number it in the flight record, then run the prepared run's
- * go() and return the entry's result, or (async) start it, make its StartedHandle and poll once
- * (a watched run: no poll, comm._watch), as _repeat does. lane.complete(block, soon) is
- * Communicator._complete, what a StartedHandle's wait and test and the next operation call;
- * lane.repeat(entry, async_op) is the same run for an entry already known (a persistent call).
- * Everything else is Python's: a failed guard goes to comm._repeat(entry, async_op); no entry,
- * or one only Python can test (an array subclass's), to comm._lane_slow(kind, x, out, args, check,
- * async_op), the pure-Python lane; a blocking run that raises to comm._repeat_failed(entry,
- * record, err), an async one to comm._settle(started, err), which classify it.
+ * prepared.PreparedCalls.find and Communicator._repeat do, guard for guard: find the entry (the
+ * Match test above); where the call may run inline (nothing queued, the owning thread, not
+ * broken, not closed, not traced, no async repeat out, the flight record extends; async, a run
+ * that starts inline or one the takeover watches, comm._watched), number it in the flight
+ * record, then run the prepared run's go() and return the entry's result, or (async) start it,
+ * make its StartedHandle and poll once (a watched run: no poll, comm._watch), as _repeat does.
+ * lane.complete(block, soon) is Communicator._complete, what a StartedHandle's wait and test and
+ * the next operation call; lane.repeat(entry, async_op) is the same run for an entry already
+ * known (a persistent call). Everything else is Python's: a failed guard goes to
+ * comm._repeat(entry, async_op); no entry, or one only Python can test (an array subclass's), to
+ * comm._lane_slow(kind, x, out, args, check, async_op), the pure-Python lane; a blocking run
+ * that raises to comm._repeat_failed(entry, record, err), an async one to comm._settle(started,
+ * err), which classify it.
  *
  * What it reads, it reads the way Python's attribute lookup would find it, only directly: the
  * communicator's, executor's and flight recorder's attributes in their __dict__ (none of these
