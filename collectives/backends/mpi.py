@@ -51,7 +51,7 @@ class MPIBackend(Backend):
             # Untouched pages cost nothing; the arena lives until close().
             self._arena = SharedArena.allocate(self.coll)
             self._arena.peer_name = self.peer_name
-            self._arena.progress = drive_posted
+            self._arena.progress = self._drive_posted
 
     # -- point to point --
     def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
@@ -100,6 +100,14 @@ class MPIBackend(Backend):
             _keep(reqs)
             self._raise_truncated(err, ctx, statuses)
             raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
+
+    def _drive_posted(self) -> None:
+        """The arena's progress hook: one turn of MPI's progress engine where posted transfers
+        (or kept ones) are under way, a probe that takes nothing (no request of anyone's is
+        touched); called on every poll of an arena wait, so mpi4py is not imported here."""
+        if _POSTED[0] > 0 or _ORPHANED:
+            MPI = self._MPI
+            MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def posted(self, change: int) -> None:
         """Count user transfers posted to finish later (``change`` +1) or finished (-1):
@@ -284,18 +292,10 @@ _POSTED_LOCK = threading.Lock()
 _POSTED = [0]
 """User transfers posted to finish later (async send/recv, torch's isend/irecv) and not yet
 finished, in this process (``MPIBackend.posted``): while there are any, the shared-memory
-barrier's waits drive MPI's progress (``drive_posted``), which MPICH makes only inside its
-calls: a peer's send that needs this rank's posted receive would otherwise wait on it for as
-long as this rank waits on the peer."""
+barrier's waits drive MPI's progress (``MPIBackend._drive_posted``), which MPICH makes only
+inside its calls: a peer's send that needs this rank's posted receive would otherwise wait on
+it for as long as this rank waits on the peer."""
 
-
-def drive_posted() -> None:
-    """One turn of MPI's progress engine where posted transfers (or kept ones) are under way: a
-    probe that matches nothing it takes (no request of anyone's is touched)."""
-    if _POSTED[0] > 0 or _ORPHANED:
-        from mpi4py import MPI
-
-        MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
 
 _ORPHANED: list[Any] = []
