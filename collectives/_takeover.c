@@ -2,12 +2,12 @@
  *
  * A communicator that starts a call on its caller's thread whose later barriers need this rank
  * again marks its slot with the call's sequence number. A plain C thread looks at the slots every
- * period; a slot that holds the same number at two looks in a row, not marked again between
- * them, is reported once, by writing
- * (slot, number) to a pipe that takeover.py's Python thread reads. Looking costs the ranks nothing:
- * the thread never takes the GIL, where a Python thread waking every millisecond would take it
- * from the caller's thread each time (on a machine with more ranks than cores, a wait of the
- * scheduler's time slice). The thread sleeps on a condition while no slot is marked.
+ * period; a slot that holds the same number at two looks in a row, not marked again between them,
+ * is reported once, by writing (slot, number) to a pipe that takeover.py's Python thread reads.
+ * Looking costs the ranks nothing: the thread never takes the GIL, where a Python thread waking
+ * every millisecond would take it from the caller's thread each time (on a machine with more
+ * ranks than cores, a wait of the scheduler's time slice). The thread sleeps on a condition while
+ * no slot is marked.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
