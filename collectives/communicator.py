@@ -128,6 +128,11 @@ class Communicator:
                                 for kind in ("send to", "recv from"))
         """Send's and recv's names by peer, made once (an inline one's flight record extends the
         last while it names the same object)."""
+        self._p2p_peers = [(f"rank {q}",) for q in range(backend.size)]  # who a wait waits for
+        self._p2p_bounds = (backend.size, backend.tag_ub)  # valid peers and tags, read inline
+        self._p2p_ctx = OpContext("", None)
+        """The context of the inline send or recv under way (one at a time, on the owner
+        thread), reused as a prepared call's is: its deadline arms at its first wait."""
         watchdog.start()  # a wait stuck inside MPI ends the process (docs: Faults)
 
     # -- identity --
@@ -414,11 +419,11 @@ class Communicator:
         ``async_op=True`` the transfer starts at once and the handle completes it, as MPI's
         Isend does."""
         if self._p2p_inline(x, dst, tag):
-            name = self._p2p_names[0][dst]
             if not async_op:
-                return self._p2p_now(self._send, x, name, dst, tag, timeout)
+                return self._p2p_now(0, x, dst, tag, timeout)
             if self.backend.posts_receives:
-                return self._p2p_post("send", x, x.reshape(-1), name, dst, tag, timeout)
+                return self._p2p_post("send", x, x.reshape(-1), self._p2p_names[0][dst], dst,
+                                      tag, timeout)
         buf = as_buffer(x, "x")
         check_memory(buf, self.backend, "x")
         dst = self._peer(dst, "dst")
@@ -439,11 +444,11 @@ class Communicator:
         (blocking, before ``x`` is touched; async, on completion, ``x`` then undefined). With
         ``async_op=True`` the receive is posted at once, as MPI's Irecv is."""
         if self._p2p_inline(x, src, tag) and x.flags.writeable:
-            name = self._p2p_names[1][src]
             if not async_op:
-                return self._p2p_now(self._recv, x, name, src, tag, timeout)
+                return self._p2p_now(1, x, src, tag, timeout)
             if self.backend.posts_receives:
-                return self._p2p_post("recv", x, x.reshape(-1), name, src, tag, timeout)
+                return self._p2p_post("recv", x, x.reshape(-1), self._p2p_names[1][src], src,
+                                      tag, timeout)
         buf = as_buffer(x, "x")
         check_writable(buf, "x")
         check_memory(buf, self.backend, "x")
@@ -463,7 +468,7 @@ class Communicator:
         """The send itself (``flat``: ``user`` as a flat array), on whichever thread runs it."""
         b = self.backend
         try:
-            b.wait([b.isend(flat, dst, tag, channel="p2p")], ctx, (f"rank {dst}",))
+            b.wait([b.isend(flat, dst, tag, channel="p2p")], ctx, self._p2p_peers[dst])
         except CollectiveTimeoutError as err:
             self._timed_out_on_itself(err, dst)
             raise
@@ -482,7 +487,7 @@ class Communicator:
             b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
             raise MismatchError(f"{ctx.name}: message has {nbytes} bytes but x holds "
                                 f"{flat.nbytes} bytes ({flat.dtype.name}{list(user.shape)})")
-        b.wait([b.irecv(flat, src, tag, channel="p2p")], ctx, (f"rank {src}",))
+        b.wait([b.irecv(flat, src, tag, channel="p2p")], ctx, self._p2p_peers[src])
         return user
 
     def _timed_out_on_itself(self, err: CollectiveTimeoutError, peer: int) -> None:
@@ -531,21 +536,27 @@ class Communicator:
         repeated collective does (``_repeat``): a contiguous numpy array the backend carries,
         a peer and tag that need no conversion, and the communicator free (its owner thread,
         nothing queued or started, not broken, closed or traced). Else the general way."""
+        peers, tags = self._p2p_bounds
         return type(x) is np.ndarray and type(peer) is int and type(tag) is int and \
-            0 <= peer < self.size and 0 <= tag <= self.backend.tag_ub and self._host_p2p and \
+            0 <= peer < peers and 0 <= tag <= tags and self._host_p2p and \
             x.flags.c_contiguous and \
             self._started is None and not self._executor._pending and \
             self._broken is None and not self._closed and \
             threading.get_ident() == self._owner and not tracing()
 
-    def _p2p_now(self, move: Callable[..., Any], x: np.ndarray, name: str, peer: int, tag: int,
+    def _p2p_now(self, receives: int, x: np.ndarray, peer: int, tag: int,
                  timeout: float | None) -> Any:
-        """Run ``move`` (``_send`` or ``_recv``) on the calling thread, recorded in the flight
-        record as ``_repeat`` records a prepared call (a failure is classified as the general
-        path's are): no queue, closure or buffer wrapper, a few microseconds less per call."""
+        """Send ``x`` (``receives`` 0) or receive into it (1) on the calling thread, recorded in
+        the flight record as ``_repeat`` records a prepared call (a failure is classified as the
+        general path's are): no queue, closure or buffer wrapper, a few microseconds less per
+        call. ``x`` goes to the backend as it is (C-contiguous: its bytes are the message)."""
+        name = self._p2p_names[receives][peer]
         record = self._flight.issue_running(name)
+        ctx = self._p2p_ctx
+        ctx.name, ctx.deadline = name, None
+        ctx.timeout = self._limit if timeout is None else _positive(timeout)
         try:
-            result = move(x, x.reshape(-1), peer, tag, OpContext(name, self._timeout(timeout)))
+            result = (self._recv if receives else self._send)(x, x, peer, tag, ctx)
         except BaseException as err:  # noqa: BLE001 - classified by _failure
             self._inline_failed(name, record, err)
         record.running = 0  # done

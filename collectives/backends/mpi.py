@@ -32,6 +32,7 @@ class MPIBackend(Backend):
         from mpi4py import MPI
 
         self._MPI = MPI
+        self._byte = MPI.BYTE  # every transfer is raw bytes: [array, BYTE] (no view per call)
         self.parent = comm
         self._owns_parent = owns
         self.coll = comm.Dup()
@@ -57,12 +58,12 @@ class MPIBackend(Backend):
     def isend(self, buf: np.ndarray, dst: int, tag: int = 0, channel: str = "coll") -> Request:
         if _ORPHANED:
             _keep(())  # let go of the kept requests that completed since
-        return self._comm(channel).Isend(_bytes(buf), dst, tag)
+        return self._comm(channel).Isend([buf, self._byte], dst, tag)
 
     def irecv(self, buf: np.ndarray, src: int, tag: int = 0, channel: str = "coll") -> Request:
         if _ORPHANED:
             _keep(())
-        return self._comm(channel).Irecv(_bytes(buf), src, tag)
+        return self._comm(channel).Irecv([buf, self._byte], src, tag)
 
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
              statuses: list[Any] | None = None) -> None:
@@ -171,11 +172,11 @@ class MPIBackend(Backend):
             recv = kw["recv"].view(send.dtype)
             req = c.Ireduce_scatter([send, dt], [recv, dt], list(kw["counts"]), mop)
         elif name == "all_gather":
-            req = c.Iallgather(_bytes(kw["send"]), _bytes(kw["recv"]))
+            req = c.Iallgather([kw["send"], MPI.BYTE], [kw["recv"], MPI.BYTE])
         elif name == "broadcast":
-            req = c.Ibcast(_bytes(kw["buf"]), kw["root"])
+            req = c.Ibcast([kw["buf"], MPI.BYTE], kw["root"])
         elif name == "all_to_all":
-            send, recv = _bytes(kw["send"]), _bytes(kw["recv"])
+            send, recv = kw["send"], kw["recv"]
             sc, rc = list(kw["send_counts"]), list(kw["recv_counts"])
             sd, rd = list(np.cumsum([0] + sc[:-1])), list(np.cumsum([0] + rc[:-1]))
             req = c.Ialltoallv([send, (sc, sd), MPI.BYTE], [recv, (rc, rd), MPI.BYTE])
@@ -330,11 +331,6 @@ def _world_ranks(comm: Any) -> list[int] | None:
     if world == list(range(len(world))) or MPI.UNDEFINED in world:
         return None  # the world itself, or ranks outside COMM_WORLD (merged under torchrun)
     return world
-
-
-def _bytes(buf: np.ndarray) -> np.ndarray:
-    """The buffer as flat bytes, so data movement never depends on MPI knowing the dtype."""
-    return buf.reshape(-1).view(np.uint8)
 
 
 def _user_op(dtype: DType, op: str) -> Any:
