@@ -15,6 +15,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <sched.h>
 #include <string.h>
 #include <structmember.h>
 
@@ -29,7 +30,8 @@ typedef struct {                /* numpy's PyArrayObject_fields, as far as it is
     int flags;
 } ArrayHead;
 
-enum { WRITEABLE = 0x0400, MAX_DIMS = 64 };  /* NPY_ARRAY_WRITEABLE, NPY_MAXDIMS */
+enum { C_CONTIGUOUS = 0x0001, WRITEABLE = 0x0400, MAX_DIMS = 64 };
+                    /* NPY_ARRAY_C_CONTIGUOUS, NPY_ARRAY_WRITEABLE, NPY_MAXDIMS */
 
 typedef struct {                /* what an array must still be */
     PyObject *ref;              /* a weak reference to it (a new array at its address differs) */
@@ -837,6 +839,244 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
+/* ---- Point to point: a blocking send or recv on the calling thread ----
+ *
+ * lane.p2p(receives, x, peer, tag, async_op, timeout) is Communicator.send's (receives 0) and
+ * recv's (1) first step. Where Communicator._p2p_inline would run the call inline (a
+ * C-contiguous numpy array, writable to receive into; an int peer and tag in range; host
+ * memory; the same guards as a repeat's) and the backend hands over its raw objects
+ * (comm._p2p_raw: Backend.raw_p2p), it numbers the call in the flight record (extending the
+ * newest record where that is the same send or recv, else by FlightRecorder.issue_running) and
+ * makes the MPI calls that _send and _recv make through the backend, on mpi4py's objects
+ * directly: Isend; or Iprobe, Get_count and Irecv; then Test. Iprobe and
+ * Test poll a bounded while here (P2P_SPINS, yielding the core), so a transfer done by then
+ * (an eager send, a receive whose message comes in) never reaches Python. The rest
+ * goes on in Python: a call the lane doesn't take to comm._p2p_slow; one it began to
+ * comm._p2p_now with its record, and its posted request to wait for (or the error testing it
+ * raised), or without a request where a receive's message isn't in yet or has another size
+ * (Python probes again); a post that raised to comm._inline_failed, which classifies it as the
+ * Python path's failures are. */
+
+enum { P2P_SPINS = 256 };  /* polls after the first before Python waits (COMPILED_SPINS') */
+
+static PyObject *s_p2p_raw, *s_p2p_bounds, *s_p2p_names, *s_host_p2p, *s_p2p_slow, *s_p2p_now,
+    *s_inline_failed, *s_flight, *s_issue_running, *s_Isend, *s_Irecv, *s_Iprobe, *s_Test,
+    *s_Get_count, *s_nbytes;
+
+/* Whether `v` is an int with lo <= v <= hi (both ints; 0 where any is not one). */
+static int
+int_within(PyObject *v, long lo, PyObject *hi, long below)
+{
+    if (!PyLong_CheckExact(v) || !PyLong_CheckExact(hi))
+        return 0;
+    int over_v, over_hi;
+    long n = PyLong_AsLongAndOverflow(v, &over_v), top = PyLong_AsLongAndOverflow(hi, &over_hi);
+    if ((n == -1 || top == -1) && PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return !over_v && !over_hi && n >= lo && n <= top - below;
+}
+
+/* Communicator._p2p_inline's test: 1 where the lane takes the call (`*name` set, and
+ * `*record` where the flight recorder's newest record is this call's to extend, else NULL;
+ * both borrowed from the communicator's and the recorder's dicts), 0 where Python does, -1 on
+ * error. */
+static int
+p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyObject *tag,
+          PyObject **name, PyObject **record)
+{
+    if (!PyTuple_CheckExact(raw) || PyTuple_GET_SIZE(raw) != 5 ||
+            Py_TYPE(x) != (PyTypeObject *)PyTuple_GET_ITEM(raw, 0))
+        return 0;
+    int flags = ((ArrayHead *)x)->flags;
+    if (!(flags & C_CONTIGUOUS) || (receives && !(flags & WRITEABLE)))
+        return 0;
+    PyObject *bounds = PyDict_GetItemWithError(l->guards, s_p2p_bounds);  /* borrowed */
+    if (!bounds || !PyTuple_CheckExact(bounds) || PyTuple_GET_SIZE(bounds) != 2)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!int_within(peer, 0, PyTuple_GET_ITEM(bounds, 0), 1) ||
+            !int_within(tag, 0, PyTuple_GET_ITEM(bounds, 1), 0))
+        return 0;
+    PyObject *orphaned = PyTuple_GET_ITEM(raw, 4);
+    if (!PyList_CheckExact(orphaned) || PyList_GET_SIZE(orphaned) > 0)
+        return 0;               /* kept requests: isend/irecv let go of the completed first */
+    int t;
+    if ((t = item_true(l->guards, s_host_p2p)) != 1 || (t = inline_now(l)) != 1)
+        return t < 0 ? -1 : 0;
+    PyObject *names = PyDict_GetItemWithError(l->guards, s_p2p_names);  /* borrowed */
+    if (!names || !PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != 2)
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *by_peer = PyTuple_GET_ITEM(names, receives);
+    Py_ssize_t q = PyLong_AsSsize_t(peer);
+    if (!PyList_CheckExact(by_peer) || q >= PyList_GET_SIZE(by_peer))
+        return 0;
+    *name = PyList_GET_ITEM(by_peer, q);
+    *record = PyDict_GetItemWithError(l->flight, s_repeats);  /* issue_running's test */
+    if (!*record && PyErr_Occurred())
+        return -1;
+    if (*record && (Py_TYPE(*record) != l->repeats || SLOT(*record, l->at.r_what) != Py_None ||
+                    SLOT(*record, l->at.r_name) != *name))
+        *record = NULL;         /* not this call's: the recorder makes the next one */
+    return 1;
+}
+
+/* Hand the error a post raised to comm._inline_failed(name, record, err), which raises it
+ * classified; NULL. */
+static PyObject *
+p2p_post_failed(Lane *l, PyObject *name, PyObject *record)
+{
+    PyObject *err = caught();
+    PyObject *raised = PyObject_CallMethodObjArgs(l->comm, s_inline_failed, name, record, err,
+                                                  NULL);
+    Py_DECREF(err);
+    if (raised) {               /* it always raises */
+        Py_DECREF(raised);
+        PyErr_SetString(PyExc_SystemError, "_inline_failed returned");
+    }
+    return NULL;
+}
+
+/* Whether calling `method` of `obj` with `args` (nargs of them, obj first) returns true: 1, 0,
+ * -1 on error; polled up to P2P_SPINS more times while false, yielding the core in between
+ * (ranks may share it; the GIL is let go meanwhile), as OpContext.poll's spin does. */
+static int
+p2p_poll(PyObject *method, PyObject *const *args, size_t nargs)
+{
+    for (int i = 0;; i++) {
+        PyObject *r = PyObject_VectorcallMethod(method, args, nargs, NULL);
+        int ok = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+        if (ok != 0 || i == P2P_SPINS)
+            return ok;
+        Py_BEGIN_ALLOW_THREADS
+        sched_yield();
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* The call's result once its posted `req` (owned) is tested: done, `x` (recv) or None (send);
+ * else what comm._p2p_now returns, given the request and the test's error, if any. */
+static PyObject *
+p2p_finish(Lane *l, int receives, PyObject *const *argv, PyObject *record, PyObject *req)
+{
+    PyObject *test[1] = {req};
+    int ok = p2p_poll(s_Test, test, 1);
+    if (ok == 1) {
+        Py_DECREF(req);
+        set_slot(record, l->at.r_running, s_zero);
+        return Py_NewRef(receives ? argv[1] : Py_None);
+    }
+    PyObject *err = ok < 0 ? caught() : Py_NewRef(Py_None);
+    PyObject *call[9] = {l->comm, argv[0], argv[1], argv[2], argv[3], argv[5], record, req, err};
+    PyObject *result = PyObject_VectorcallMethod(s_p2p_now, call, 9, NULL);
+    Py_DECREF(err);
+    Py_DECREF(req);
+    return result;
+}
+
+/* `method` of `obj` called with [x, byte], peer, tag (Isend, Irecv). */
+static PyObject *
+p2p_post(PyObject *obj, PyObject *method, PyObject *x, PyObject *byte, PyObject *peer,
+         PyObject *tag)
+{
+    PyObject *msg = PyList_New(2);
+    if (!msg)
+        return NULL;
+    PyList_SET_ITEM(msg, 0, Py_NewRef(x));
+    PyList_SET_ITEM(msg, 1, Py_NewRef(byte));
+    PyObject *call[4] = {obj, msg, peer, tag};
+    PyObject *req = PyObject_VectorcallMethod(method, call, 4, NULL);
+    Py_DECREF(msg);
+    return req;
+}
+
+/* Whether the message that `status` (filled by Iprobe) describes has x's size: 1, 0, -1. */
+static int
+p2p_fits(PyObject *status, PyObject *byte, PyObject *x)
+{
+    PyObject *count = PyObject_CallMethodOneArg(status, s_Get_count, byte);
+    PyObject *nbytes = count ? PyObject_GetAttr(x, s_nbytes) : NULL;
+    int same = nbytes ? PyObject_RichCompareBool(count, nbytes, Py_EQ) : -1;
+    Py_XDECREF(count);
+    Py_XDECREF(nbytes);
+    return same;
+}
+
+/* The taken call, numbered in its flight `record` (held, as `name` is): posted, tested. */
+static PyObject *
+p2p_run(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *name,
+        PyObject *record)
+{
+    PyObject *x = argv[1], *peer = argv[2], *tag = argv[3];
+    PyObject *comm = PyTuple_GET_ITEM(raw, 1), *byte = PyTuple_GET_ITEM(raw, 2);
+    if (!receives) {
+        PyObject *req = p2p_post(comm, s_Isend, x, byte, peer, tag);
+        return req ? p2p_finish(l, 0, argv, record, req) : p2p_post_failed(l, name, record);
+    }
+    PyObject *status = PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, 3));
+    PyObject *call[4] = {comm, peer, tag, status};
+    int in = status ? p2p_poll(s_Iprobe, call, 4) : -1;
+    int fits = in == 1 ? p2p_fits(status, byte, x) : in;
+    Py_XDECREF(status);
+    if (fits < 0)
+        return p2p_post_failed(l, name, record);
+    if (!fits) {                /* not in yet, or another size: Python probes (and waits) */
+        PyObject *rest[9] = {l->comm, argv[0], x, peer, tag, argv[5], record, Py_None, Py_None};
+        return PyObject_VectorcallMethod(s_p2p_now, rest, 9, NULL);
+    }
+    PyObject *req = p2p_post(comm, s_Irecv, x, byte, peer, tag);
+    return req ? p2p_finish(l, 1, argv, record, req) : p2p_post_failed(l, name, record);
+}
+
+static PyObject *
+lane_p2p(Lane *l, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc != 6) {
+        PyErr_SetString(PyExc_TypeError, "p2p(receives, x, peer, tag, async_op, timeout)");
+        return NULL;
+    }
+    int receives = PyObject_IsTrue(argv[0]);
+    if (receives < 0)
+        return NULL;
+    PyObject *raw = PyDict_GetItemWithError(l->guards, s_p2p_raw);  /* borrowed */
+    if (!raw && PyErr_Occurred())
+        return NULL;
+    PyObject *name = NULL, *record = NULL;
+    int t = raw && argv[4] == Py_False ?
+        p2p_takes(l, raw, receives, argv[1], argv[2], argv[3], &name, &record) : 0;
+    if (t < 0)
+        return NULL;
+    if (!t) {
+        PyObject *call[7] = {l->comm, argv[0], argv[1], argv[2], argv[3], argv[4], argv[5]};
+        return PyObject_VectorcallMethod(s_p2p_slow, call, 7, NULL);
+    }
+    Py_INCREF(raw);             /* Python run below may replace what the dicts hold */
+    Py_INCREF(name);
+    if (record) {
+        Py_INCREF(record);
+        PyObject *seq = next_seq(l);
+        if (seq) {
+            set_slot(record, l->at.r_last, seq);
+            set_slot(record, l->at.r_running, seq);
+            Py_DECREF(seq);
+        }
+        else
+            Py_CLEAR(record);
+    }
+    else {
+        PyObject *flight = PyDict_GetItemWithError(l->guards, s_flight);  /* borrowed */
+        record = flight ? PyObject_CallMethodOneArg(flight, s_issue_running, name) : NULL;
+        if (!record && !PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a Communicator without _flight");
+    }
+    PyObject *result = record ? p2p_run(l, receives, argv, raw, name, record) : NULL;
+    Py_XDECREF(record);
+    Py_DECREF(name);
+    Py_DECREF(raw);
+    return result;
+}
+
 static int
 lane_traverse(Lane *l, visitproc visit, void *arg)
 {
@@ -943,6 +1183,10 @@ static PyMethodDef lane_methods[] = {
     {"complete", (PyCFunction)(void (*)(void))lane_complete, METH_FASTCALL,
      "complete(block, soon=False) -> whether no started repeat is left: "
      "Communicator._complete in C."},
+    {"p2p", (PyCFunction)(void (*)(void))lane_p2p, METH_FASTCALL,
+     "p2p(receives, x, peer, tag, async_op, timeout) -> Communicator.send's (receives 0) or "
+     "recv's result: a blocking one on a numpy array runs here; anything else goes to the "
+     "communicator's Python (_p2p_slow)."},
     {NULL},
 };
 
@@ -972,7 +1216,12 @@ intern_names(void)
         {&s_acquire, "acquire"}, {&s_release, "release"}, {&s_settle, "_settle"},
         {&s_run_callbacks, "run_callbacks"}, {&s_lean, "lean"}, {&s_watched, "_watched"},
         {&s_watch, "_watch"}, {&s_shape, "shape"}, {&s_dtype, "dtype"}, {&s_stride, "stride"},
-        {&s_data_ptr, "data_ptr"},
+        {&s_data_ptr, "data_ptr"}, {&s_p2p_raw, "_p2p_raw"}, {&s_p2p_bounds, "_p2p_bounds"},
+        {&s_p2p_names, "_p2p_names"}, {&s_host_p2p, "_host_p2p"}, {&s_p2p_slow, "_p2p_slow"},
+        {&s_p2p_now, "_p2p_now"}, {&s_inline_failed, "_inline_failed"}, {&s_flight, "_flight"},
+        {&s_issue_running, "issue_running"}, {&s_Isend, "Isend"},
+        {&s_Irecv, "Irecv"}, {&s_Iprobe, "Iprobe"}, {&s_Test, "Test"},
+        {&s_Get_count, "Get_count"}, {&s_nbytes, "nbytes"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))
@@ -980,8 +1229,9 @@ intern_names(void)
     return (s_zero = PyLong_FromLong(0)) ? 0 : -1;
 }
 
-/* layout(ndarray, a) -> (data, nd, shape, strides, descr, writeable), read as matches() reads
- * them: prepared.py compares this with numpy's own answers before trusting the layout. */
+/* layout(ndarray, a) -> (data, nd, shape, strides, descr, writeable, c_contiguous), read as
+ * matches() and the lane read them: prepared.py compares this with numpy's own answers before
+ * trusting the layout. */
 static PyObject *
 layout(PyObject *module, PyObject *args)
 {
@@ -1007,13 +1257,15 @@ layout(PyObject *module, PyObject *args)
         PyTuple_SET_ITEM(shape, i, PyLong_FromSsize_t(h->dimensions[i]));
         PyTuple_SET_ITEM(strides, i, PyLong_FromSsize_t(h->strides[i]));
     }
-    return Py_BuildValue("(niNNOO)", (Py_ssize_t)h->data, h->nd, shape, strides, h->descr,
-                         (h->flags & WRITEABLE) ? Py_True : Py_False);
+    return Py_BuildValue("(niNNOOO)", (Py_ssize_t)h->data, h->nd, shape, strides, h->descr,
+                         (h->flags & WRITEABLE) ? Py_True : Py_False,
+                         (h->flags & C_CONTIGUOUS) ? Py_True : Py_False);
 }
 
 static PyMethodDef module_methods[] = {
     {"layout", layout, METH_VARARGS,
-     "layout(ndarray, a) -> (data, nd, shape, strides, dtype, writeable) as read in C."},
+     "layout(ndarray, a) -> (data, nd, shape, strides, dtype, writeable, c_contiguous) as read "
+     "in C."},
     {NULL},
 };
 

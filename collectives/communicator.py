@@ -133,6 +133,12 @@ class Communicator:
         self._p2p_ctx = OpContext("", None)
         """The context of the inline send or recv under way (one at a time, on the owner
         thread), reused as a prepared call's is: its deadline arms at its first wait."""
+        raw = backend.raw_p2p()
+        self._p2p_raw = None if raw is None else (np.ndarray, *raw)
+        """What the compiled lane sends and receives with (``Backend.raw_p2p``, after the array
+        type it takes), or None: then send and recv take ``_p2p_slow`` only."""
+        self._p2p: Callable[..., Any] = self._p2p_slow if lane is None else lane.p2p
+        """send's and recv's way: ``_p2p_slow``'s answer, from C where compiled."""
         watchdog.start()  # a wait stuck inside MPI ends the process (docs: Faults)
 
     # -- identity --
@@ -418,76 +424,72 @@ class Communicator:
         """Send ``x`` to rank ``dst`` (matched by a ``recv`` there with the same tag). With
         ``async_op=True`` the transfer starts at once and the handle completes it, as MPI's
         Isend does."""
-        if self._p2p_inline(x, dst, tag):
-            if not async_op:
-                return self._p2p_now(0, x, dst, tag, timeout)
-            if self.backend.posts_receives:
-                return self._p2p_post("send", x, x.reshape(-1), self._p2p_names[0][dst], dst,
-                                      tag, timeout)
-        buf = as_buffer(x, "x")
-        check_memory(buf, self.backend, "x")
-        dst = self._peer(dst, "dst")
-        tag = self._tag(tag)
-        name = self._p2p_names[0][dst]
-        if async_op and self.backend.posts_receives:
-            return self._p2p_post("send", buf.user, buf.flat(), name, dst, tag, timeout,
-                                  queued=True)
-
-        def run() -> None:
-            self._send(buf.user, buf.flat(), dst, tag, OpContext(name, self._timeout(timeout)))
-
-        return self._submit(name, run, async_op)
+        return self._p2p(0, x, dst, tag, async_op, timeout)
 
     def recv(self, x: Any, src: int, tag: int = 0, async_op: bool = False,
              timeout: float | None = None) -> Any:
         """Receive from rank ``src`` into ``x``; a message of another size raises MismatchError
         (blocking, before ``x`` is touched; async, on completion, ``x`` then undefined). With
         ``async_op=True`` the receive is posted at once, as MPI's Irecv is."""
-        if self._p2p_inline(x, src, tag) and x.flags.writeable:
+        return self._p2p(1, x, src, tag, async_op, timeout)
+
+    def _p2p_slow(self, receives: int, x: Any, peer: Any, tag: Any, async_op: bool,
+                  timeout: float | None) -> Any:
+        """``send`` (``receives`` 0) or ``recv`` (1) in Python; the compiled lane's
+        (``_match.Lane.p2p``) way for whatever it doesn't run itself."""
+        if self._p2p_inline(x, peer, tag) and (not receives or x.flags.writeable):
             if not async_op:
-                return self._p2p_now(1, x, src, tag, timeout)
+                return self._p2p_now(receives, x, peer, tag, timeout)
             if self.backend.posts_receives:
-                return self._p2p_post("recv", x, x.reshape(-1), self._p2p_names[1][src], src,
-                                      tag, timeout)
+                return self._p2p_post(receives, x, x.reshape(-1), self._p2p_names[receives][peer],
+                                      peer, tag, timeout)
         buf = as_buffer(x, "x")
-        check_writable(buf, "x")
+        if receives:
+            check_writable(buf, "x")
         check_memory(buf, self.backend, "x")
-        src = self._peer(src, "src")
+        peer = self._peer(peer, "src" if receives else "dst")
         tag = self._tag(tag)
-        name = self._p2p_names[1][src]
+        name = self._p2p_names[receives][peer]
         if async_op and self.backend.posts_receives:
-            return self._p2p_post("recv", buf.user, buf.flat(), name, src, tag, timeout,
+            return self._p2p_post(receives, buf.user, buf.flat(), name, peer, tag, timeout,
                                   queued=True)
+        move = self._recv if receives else self._send
 
         def run() -> Any:
-            return self._recv(buf.user, buf.flat(), src, tag, OpContext(name, self._timeout(timeout)))
+            return move(buf.user, buf.flat(), peer, tag, OpContext(name, self._timeout(timeout)))
 
         return self._submit(name, run, async_op)
 
-    def _send(self, user: Any, flat: Any, dst: int, tag: int, ctx: OpContext) -> Any:
-        """The send itself (``flat``: ``user`` as a flat array), on whichever thread runs it."""
+    def _send(self, user: Any, flat: Any, dst: int, tag: int, ctx: OpContext,
+              req: Any = None) -> Any:
+        """The send itself (``flat``: ``user`` as a flat array), on whichever thread runs it;
+        ``req``: the send, posted already (the compiled lane's), to wait for."""
         b = self.backend
         try:
-            b.wait([b.isend(flat, dst, tag, channel="p2p")], ctx, self._p2p_peers[dst])
+            b.wait([req or b.isend(flat, dst, tag, channel="p2p")], ctx, self._p2p_peers[dst])
         except CollectiveTimeoutError as err:
             self._timed_out_on_itself(err, dst)
             raise
 
-    def _recv(self, user: Any, flat: Any, src: int, tag: int, ctx: OpContext) -> Any:
+    def _recv(self, user: Any, flat: Any, src: int, tag: int, ctx: OpContext,
+              req: Any = None) -> Any:
         """The receive itself: the message's size first (a mismatch consumes it, so the channel
-        stays in step, and raises), then the data into ``flat``; ``user`` is the result."""
+        stays in step, and raises), then the data into ``flat``; ``user`` is the result.
+        ``req``: the receive, posted already for a message of the right size, to wait for."""
         b = self.backend
-        try:
-            nbytes = b.probe_count(src, tag, ctx)
-        except CollectiveTimeoutError as err:
-            self._timed_out_on_itself(err, src)
-            raise
-        if nbytes != flat.nbytes:
-            junk = empty(nbytes, np.uint8, flat)  # consume it: the channel stays in step
-            b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
-            raise MismatchError(f"{ctx.name}: message has {nbytes} bytes but x holds "
-                                f"{flat.nbytes} bytes ({flat.dtype.name}{list(user.shape)})")
-        b.wait([b.irecv(flat, src, tag, channel="p2p")], ctx, self._p2p_peers[src])
+        if req is None:
+            try:
+                nbytes = b.probe_count(src, tag, ctx)
+            except CollectiveTimeoutError as err:
+                self._timed_out_on_itself(err, src)
+                raise
+            if nbytes != flat.nbytes:
+                junk = empty(nbytes, np.uint8, flat)  # consume it: the channel stays in step
+                b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
+                raise MismatchError(f"{ctx.name}: message has {nbytes} bytes but x holds "
+                                    f"{flat.nbytes} bytes ({flat.dtype.name}{list(user.shape)})")
+            req = b.irecv(flat, src, tag, channel="p2p")
+        b.wait([req], ctx, self._p2p_peers[src])
         return user
 
     def _timed_out_on_itself(self, err: CollectiveTimeoutError, peer: int) -> None:
@@ -501,8 +503,8 @@ class Communicator:
                 f"receive from itself posted before it (recv(..., async_op=True)), and a "
                 f"blocking recv from itself only by a send posted before it") from err
 
-    def _p2p_post(self, kind: str, user: Any, flat: np.ndarray, name: str, peer: int, tag: int,
-                  timeout: float | None, queued: bool = False) -> Posted:
+    def _p2p_post(self, receives: int, user: Any, flat: np.ndarray, name: str, peer: int,
+                  tag: int, timeout: float | None, queued: bool = False) -> Posted:
         """An async send or recv posted now on the calling thread, or (``queued``: calls may be
         queued ahead of it, or it isn't this thread's turn to say) by the progress thread in
         its turn; its handle completes the transfer (``p2p.Posted``)."""
@@ -511,13 +513,12 @@ class Communicator:
         b = self.backend
 
         def post(entry: FlightEntry) -> tuple[list[Any], FlightEntry]:
-            move = b.isend if kind == "send" else b.irecv
+            move = b.irecv if receives else b.isend
             reqs = [move(flat, peer, tag, channel="p2p")]
             b.posted(1)  # its handle counts it off (Posted._settle, or dropped: __del__)
             return reqs, entry
 
-        recv = kind == "recv"
-        expect = (flat.nbytes, f"{flat.dtype.name}{list(user.shape)}") if recv else None
+        expect = (flat.nbytes, f"{flat.dtype.name}{list(user.shape)}") if receives else None
         how: dict[str, Any] = {}
         if queued:
             how["posting"] = self._submit(name, post, True, ends_later=True)
@@ -528,8 +529,8 @@ class Communicator:
                 how["posted"] = post(entry)
             except BaseException as err:  # noqa: BLE001 - classified by _failure
                 self._raise_failure(name, err, entry)
-        return Posted(name, b, ctx, (f"rank {peer}",), user if recv else None, self._failure,
-                      expect, **how)
+        return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
+                      self._failure, expect, **how)
 
     def _p2p_inline(self, x: Any, peer: Any, tag: Any) -> bool:
         """Whether a blocking send or recv of ``x`` may run at once on the calling thread, as a
@@ -545,20 +546,26 @@ class Communicator:
             threading.get_ident() == self._owner and not tracing()
 
     def _p2p_now(self, receives: int, x: np.ndarray, peer: int, tag: int,
-                 timeout: float | None) -> Any:
+                 timeout: float | None, record: Repeats | None = None, req: Any = None,
+                 err: BaseException | None = None) -> Any:
         """Send ``x`` (``receives`` 0) or receive into it (1) on the calling thread, recorded in
         the flight record as ``_repeat`` records a prepared call (a failure is classified as the
         general path's are): no queue, closure or buffer wrapper, a few microseconds less per
-        call. ``x`` goes to the backend as it is (C-contiguous: its bytes are the message)."""
+        call. ``x`` goes to the backend as it is (C-contiguous: its bytes are the message).
+        The compiled lane hands over what it began: its ``record``, already extended, and the
+        transfer it posted (``req``), or the error its test of it raised (``err``)."""
         name = self._p2p_names[receives][peer]
-        record = self._flight.issue_running(name)
+        if record is None:
+            record = self._flight.issue_running(name)
         ctx = self._p2p_ctx
         ctx.name, ctx.deadline = name, None
         ctx.timeout = self._limit if timeout is None else _positive(timeout)
         try:
-            result = (self._recv if receives else self._send)(x, x, peer, tag, ctx)
-        except BaseException as err:  # noqa: BLE001 - classified by _failure
-            self._inline_failed(name, record, err)
+            if err is not None:
+                self.backend.failed(err, [req], ctx, self._p2p_peers[peer])
+            result = (self._recv if receives else self._send)(x, x, peer, tag, ctx, req)
+        except BaseException as error:  # noqa: BLE001 - classified by _failure
+            self._inline_failed(name, record, error)
         record.running = 0  # done
         return result
 

@@ -250,7 +250,8 @@ def _checked_match() -> Any:
     ro.flags.writeable = False
     for a in (np.zeros((3, 4), np.float32)[::2, 1:], ro, np.zeros(0, np.float64)):
         read = _match.layout(np.ndarray, a)
-        if read != (a.ctypes.data, a.ndim, a.shape, a.strides, a.dtype, a.flags.writeable) or \
+        if read != (a.ctypes.data, a.ndim, a.shape, a.strides, a.dtype, a.flags.writeable,
+                    a.flags.c_contiguous) or \
                 read[4] is not a.dtype:
             return None
     return _match.Match

@@ -7,7 +7,7 @@ on every rank before any data moves.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Sequence
 
 import numpy as np
 
@@ -50,6 +50,17 @@ class Backend(ABC):
     @abstractmethod
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = ()) -> None:
         """Wait for all ``reqs``; on ``ctx``'s deadline raise CollectiveTimeoutError naming peers."""
+
+    def failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
+               peers: Sequence[str] = ()) -> NoReturn:
+        """Raise what ``wait`` on ``reqs`` raises where testing them raised ``err``."""
+        raise err
+
+    def raw_p2p(self) -> tuple[Any, ...] | None:
+        """The transport's own objects for sending and receiving user messages without this
+        class's methods (the compiled lane's blocking send and recv), or None where there are
+        none. MPI's: (communicator, byte datatype, status type, kept requests)."""
+        return None
 
     def posted(self, change: int) -> None:
         """Count user transfers posted to finish later (+1) or finished (-1), where the

@@ -8,7 +8,7 @@ has handed to someone else. mpi4py's requests hold a reference to their buffers.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
@@ -75,13 +75,24 @@ class MPIBackend(Backend):
             if not testall(reqs, statuses):  # else done already (an eager message): no poll
                 ctx.poll(lambda: bool(testall(reqs, statuses)),
                          lambda: self._pending(reqs, peers), moves=True)
-        except self._MPI.Exception as err:
-            _keep(reqs)
+        except BaseException as err:
+            self.failed(err, reqs, ctx, peers, statuses)
+
+    def failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
+               peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
+        """Raise what ``wait`` raises where testing ``reqs`` raised ``err``: MPI's error as
+        MessageTruncated or TransportError, anything else (a timeout, ^C) as it is; the
+        requests are kept either way (they may still complete: their buffers stay theirs)."""
+        _keep(reqs)
+        if isinstance(err, self._MPI.Exception):
             self._raise_truncated(err, ctx, statuses)
-            raise self._transport_error(err, ctx, self._pending(reqs, peers)) from err
-        except BaseException:
-            _keep(reqs)  # a timeout, ^C, ...: the transfers may still complete; keep their buffers
-            raise
+            raise self._transport_error(err, ctx, self._pending(list(reqs), peers)) from err
+        raise err
+
+    def raw_p2p(self) -> tuple[Any, ...]:
+        """The user channel's mpi4py communicator, MPI.BYTE, MPI.Status and the kept requests
+        (``_ORPHANED``: while any are kept, the lane leaves the call to ``isend``/``irecv``)."""
+        return self.p2p, self._byte, self._MPI.Status, _ORPHANED
 
     def _pending(self, reqs: list[Request], peers: Sequence[str]) -> str:
         """Who ``wait`` still waits for: the peers of ``reqs`` not complete yet."""

@@ -9,6 +9,7 @@ import _common  # noqa: F401
 from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main
 
 import gc
+import os
 import time
 import weakref
 
@@ -18,7 +19,7 @@ from mpi4py import MPI
 from topocoll import collectives
 from topocoll.collectives import (CollectiveTimeoutError, CommunicatorBrokenError, MessageTruncated,
                                   MismatchError)
-from topocoll.collectives import faults
+from topocoll.collectives import faults, prepared
 from topocoll.collectives.flight import Repeats
 
 WORLD = MPI.COMM_WORLD
@@ -186,6 +187,54 @@ def blocking_calls_run_inline(c):
     assert ops == [f"send to rank {q}" if c.rank < q else f"recv from rank {q}"] * 5, ops
 
 
+def compiled_lane_takes_blocking_calls(c):
+    """Where the compiled lane is in use (not TOPOCOLL_SHM_COMPILED=0), a blocking send, and a
+    blocking recv whose message is in, run in C (white-box: neither reaches the Python way,
+    ``_p2p_slow`` or ``_p2p_now``), repeated or alternating, with exact data and one flight
+    record entry each; without it, send and recv are the Python way itself."""
+    compiled = os.environ.get("TOPOCOLL_SHM_COMPILED") != "0" and \
+        prepared._match_type() is not None
+    assert (c._p2p == c._p2p_slow) is not compiled, (c._p2p, compiled)
+    if not compiled:
+        return
+    q = partner(c)
+    low, high = q is not None and c.rank < q, q is not None and c.rank > q
+    python = []
+    c._p2p_slow = lambda *a: python.append(("slow", a[:1])) or type(c)._p2p_slow(c, *a)
+    c._p2p_now = lambda *a: python.append(("now", a[:1])) or type(c)._p2p_now(c, *a)
+    try:
+        sent = [np.arange(i, i + 6, dtype=np.float32) + c.rank for i in range(8)]
+        got = [np.zeros(6, np.float32) for _ in range(8)]
+        for sender in (low, high):  # one side sends all, then the other receives all
+            WORLD.Barrier()
+            for i in range(8 if sender else 0):
+                c.send(sent[i], dst=q, tag=5)
+            WORLD.Barrier()  # the messages are in before the receives
+            for i in range(8 if (low or high) and not sender else 0):
+                assert c.recv(got[i], src=q, tag=5) is got[i]
+        for i in range(8 if q is not None else 0):
+            assert np.array_equal(got[i], sent[i] - c.rank + q), (i, got[i])
+        pair = np.zeros(3, np.int64)
+        for i in range(6):  # alternating sends and receives: a new flight record each
+            if low:
+                c.send(np.full(3, i), dst=q, tag=6)
+            WORLD.Barrier()
+            if high:
+                c.recv(pair, src=q, tag=6)
+                c.send(pair * 10, dst=q, tag=6)
+            WORLD.Barrier()
+            if low:
+                c.recv(pair, src=q, tag=6)
+            assert q is None or np.all(pair == (10 * i if low else i)), (i, pair)
+    finally:
+        del c._p2p_slow, c._p2p_now
+    assert python == [], python
+    ops = [e["op"] for e in c.flight_record()[-12:]]
+    if q is not None:
+        mine = [f"send to rank {q}", f"recv from rank {q}"]
+        assert ops == (mine if low else mine[::-1]) * 6, ops
+
+
 def other_sizes_raise(c):
     """The receiver of a message of another size (larger or smaller) gets MismatchError naming
     both sizes; its buffer is left as it was; the next message arrives."""
@@ -293,7 +342,7 @@ def body():
     for check in (data_arrives_exact, async_exchanges_meet, posted_receives_progress_in_barriers,
                   posted_behind_queued_calls,
                   dropped_handles_keep_their_buffers, blocking_calls_run_inline,
-                  other_sizes_raise,
+                  compiled_lane_takes_blocking_calls, other_sizes_raise,
                   queued_calls_go_first, silent_peer_times_out, to_itself):
         check(c)
         c.barrier()
