@@ -508,29 +508,28 @@ class Communicator:
         """An async send or recv posted now on the calling thread, or (``queued``: calls may be
         queued ahead of it, or it isn't this thread's turn to say) by the progress thread in
         its turn; its handle completes the transfer (``p2p.Posted``)."""
-        ctx = OpContext(name, None)
-        ctx.timeout = self._timeout(timeout)  # armed at the handle's first wait
+        ctx = OpContext(name, None)  # armed at the handle's first wait
+        ctx.timeout = self._limit if timeout is None else _positive(timeout)
         b = self.backend
 
         def post(entry: FlightEntry) -> tuple[list[Any], FlightEntry]:
-            move = b.irecv if receives else b.isend
-            reqs = [move(flat, peer, tag, channel="p2p")]
+            reqs = [(b.irecv if receives else b.isend)(flat, peer, tag, channel="p2p")]
             b.posted(1)  # its handle counts it off (Posted._settle, or dropped: __del__)
             return reqs, entry
 
-        expect = (flat.nbytes, f"{flat.dtype.name}{list(user.shape)}") if receives else None
-        how: dict[str, Any] = {}
+        expect = (flat.nbytes, flat.dtype, user.shape) if receives else None
         if queued:
-            how["posting"] = self._submit(name, post, True, ends_later=True)
-        else:
-            entry = self._flight.issue(name)
-            entry.start()
-            try:
-                how["posted"] = post(entry)
-            except BaseException as err:  # noqa: BLE001 - classified by _failure
-                self._raise_failure(name, err, entry)
+            return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
+                          self._failure, expect,
+                          posting=self._submit(name, post, True, ends_later=True))
+        entry = self._flight.issue(name)
+        entry.start()
+        try:
+            posted = post(entry)
+        except BaseException as err:  # noqa: BLE001 - classified by _failure
+            self._raise_failure(name, err, entry)
         return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
-                      self._failure, expect, **how)
+                      self._failure, expect, posted)
 
     def _p2p_inline(self, x: Any, peer: Any, tag: Any) -> bool:
         """Whether a blocking send or recv of ``x`` may run at once on the calling thread, as a

@@ -24,7 +24,7 @@ class Posted(DrivenHandle):
     that waits for it (callbacks fire without anyone polling, as torch futures expect). Where
     calls were queued ahead of it, the progress thread posts it in its turn (``posting``, whose
     result is the requests and the flight entry). A receive whose message has another size
-    raises MismatchError naming both sizes (``expect``: the buffer's bytes and what it is);
+    raises MismatchError naming both sizes (``expect``: the buffer's bytes, dtype and shape);
     other failures are classified by ``failure``, as the general path's are."""
 
     __slots__ = ("name", "_backend", "_ctx", "_peers", "_result", "_failure", "_expect",
@@ -32,7 +32,7 @@ class Posted(DrivenHandle):
                  "_error", "_callbacks")
 
     def __init__(self, name: str, backend: Any, ctx: OpContext, peers: tuple[str, ...],
-                 result: Any, failure: Failure, expect: tuple[int, str] | None = None,
+                 result: Any, failure: Failure, expect: tuple[int, Any, Any] | None = None,
                  posted: tuple[list[Any], FlightEntry] | None = None,
                  posting: Handle | None = None) -> None:
         self.name = name
@@ -114,8 +114,7 @@ class Posted(DrivenHandle):
                 assert self._entry is not None  # posted: its flight entry came with it
                 if isinstance(err, MessageTruncated) and self._expect is not None:
                     err = MessageTruncated(f"{self.name}: message is larger than the "
-                                           f"{self._expect[0]} bytes x holds "
-                                           f"({self._expect[1]})")
+                                           f"{self._expect[0]} bytes x holds ({self._what()})")
                 self._settle(self._failure(self.name, err, self._entry))
                 return True
             assert self._entry is not None
@@ -130,11 +129,18 @@ class Posted(DrivenHandle):
         raised MessageTruncated already)."""
         if self._expect is None or self._statuses is None:
             return
-        nbytes, what = self._expect
+        nbytes = self._expect[0]
         got = self._backend.received_bytes(self._statuses[0])
         if got != nbytes:
             raise MismatchError(f"{self.name}: message has {got} bytes but x holds {nbytes} "
-                                f"bytes ({what})")
+                                f"bytes ({self._what()})")
+
+    def _what(self) -> str:
+        """The receive buffer as errors name it, e.g. ``int32[4]`` (made only for an error:
+        a dtype's name costs a microsecond or two)."""
+        assert self._expect is not None
+        _, dtype, shape = self._expect
+        return f"{dtype.name}{list(shape)}"
 
     def _settle(self, error: BaseException | None) -> None:
         if self._reqs is not None:

@@ -7,7 +7,6 @@ so a late write lands in memory that is still the request's and never in memory 
 has handed to someone else. mpi4py's requests hold a reference to their buffers."""
 from __future__ import annotations
 
-import threading
 from typing import Any, NoReturn, Sequence
 
 import numpy as np
@@ -117,15 +116,21 @@ class MPIBackend(Backend):
         """The arena's progress hook: one turn of MPI's progress engine where posted transfers
         (or kept ones) are under way, a probe that takes nothing (no request of anyone's is
         touched); called on every poll of an arena wait, so mpi4py is not imported here."""
-        if _POSTED[0] > 0 or _ORPHANED:
+        if _POSTED or _ORPHANED:
             MPI = self._MPI
             MPI.COMM_WORLD.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
 
     def posted(self, change: int) -> None:
         """Count user transfers posted to finish later (``change`` +1) or finished (-1):
-        ``_POSTED``, which the threads that post and finish them change under a lock."""
-        with _POSTED_LOCK:
-            _POSTED[0] += change
+        ``_POSTED``: one item each, appended and popped (each a single step under the GIL, so
+        the threads that post and finish them need no lock)."""
+        if change > 0:
+            _POSTED.append(None)
+            return
+        try:
+            _POSTED.pop()
+        except IndexError:  # never posted (a miscount): nothing to let go of
+            pass
 
     def orphan(self, reqs: Sequence[Request]) -> None:
         """Keep ``reqs`` (and so their buffers) alive until they complete: whoever posted them
@@ -300,8 +305,7 @@ class MPIBackend(Backend):
         return carrier, MPI.Op.Create(_user_op(dtype, base), commute=True)
 
 
-_POSTED_LOCK = threading.Lock()
-_POSTED = [0]
+_POSTED: list[None] = []
 """User transfers posted to finish later (async send/recv, torch's isend/irecv) and not yet
 finished, in this process (``MPIBackend.posted``): while there are any, the shared-memory
 barrier's waits drive MPI's progress (``MPIBackend._drive_posted``), which MPICH makes only
