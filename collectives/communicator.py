@@ -503,6 +503,19 @@ class Communicator:
                 f"receive from itself posted before it (recv(..., async_op=True)), and a "
                 f"blocking recv from itself only by a send posted before it") from err
 
+    def _failure_on_itself(self, receives: int, name: str, err: BaseException,
+                           entry: FlightEntry) -> BaseException:
+        """``_failure`` for an async send (``receives`` 0) or recv (1) to this very rank: a
+        timeout says that the peer is this rank and what would have met it."""
+        if isinstance(err, CollectiveTimeoutError):
+            other = "send to itself" if receives else "receive from itself"
+            hint = CollectiveTimeoutError(
+                f"{err}. Rank {self.rank} is this rank: an async {name.split()[0]} to or from "
+                f"itself completes once this rank posts the matching {other} (the same tag)")
+            hint.__cause__ = err
+            err = hint
+        return self._failure(name, err, entry)
+
     def _p2p_post(self, receives: int, user: Any, flat: np.ndarray, name: str, peer: int,
                   tag: int, timeout: float | None, queued: bool = False) -> Posted:
         """An async send or recv posted now on the calling thread, or (``queued``: calls may be
@@ -518,10 +531,11 @@ class Communicator:
             return reqs, entry
 
         expect = (flat.nbytes, flat.dtype, user.shape) if receives else None
+        failure = self._failure if peer != self.rank else \
+            functools.partial(self._failure_on_itself, receives)
         if queued:
             return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
-                          self._failure, expect,
-                          posting=self._submit(name, post, True, ends_later=True))
+                          failure, expect, posting=self._submit(name, post, True, ends_later=True))
         entry = self._flight.issue(name)
         entry.start()
         try:
@@ -529,7 +543,7 @@ class Communicator:
         except BaseException as err:  # noqa: BLE001 - classified by _failure
             self._raise_failure(name, err, entry)
         return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
-                      self._failure, expect, posted)
+                      failure, expect, posted)
 
     def _p2p_inline(self, x: Any, peer: Any, tag: Any) -> bool:
         """Whether a blocking send or recv of ``x`` may run at once on the calling thread, as a

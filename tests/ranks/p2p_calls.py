@@ -316,7 +316,8 @@ def silent_peer_times_out(c):
 def to_itself(c):
     """A rank sends to itself where the other half is posted first, async, as MPI allows; a
     blocking send (past the eager limit) or recv to itself with nothing posted times out saying
-    that the peer is this rank (not that it is dead or stuck), and within its timeout."""
+    that the peer is this rank (not that it is dead or stuck), and within its timeout; so does
+    an async one that nothing ever meets."""
     me = c.rank
     x, y = np.arange(5, dtype=np.float64) + me, np.zeros(5)
     h = c.recv(y, src=me, tag=3, async_op=True)
@@ -334,6 +335,15 @@ def to_itself(c):
         t0 = time.monotonic()
         expect_raises(CollectiveTimeoutError, call, f"{kind} ", f"rank {me}", "timed out",
                       "is this rank", "async_op=True")
+        assert time.monotonic() - t0 < 10
+    # Async, with nothing ever sent (or received) on that tag: the handle's timeout says so too.
+    for kind in ("send", "recv"):
+        d = collectives.init(timeout=30.0)
+        h = d.send(big, dst=me, tag=9, timeout=0.3, async_op=True) if kind == "send" else \
+            d.recv(y, src=me, tag=9, timeout=0.3, async_op=True)
+        t0 = time.monotonic()
+        expect_raises(CollectiveTimeoutError, h.wait, f"{kind} ", "timed out", "is this rank",
+                      "posts the matching " + ("receive" if kind == "send" else "send"))
         assert time.monotonic() - t0 < 10
 
 
