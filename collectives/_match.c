@@ -843,8 +843,9 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
  *
  * lane.p2p(receives, x, peer, tag, async_op, timeout) is Communicator.send's (receives 0) and
  * recv's (1) first step. Where Communicator._p2p_inline would run the call inline (a
- * C-contiguous numpy array, writable to receive into; an int peer and tag in range; host
- * memory; the same guards as a repeat's) and the backend hands over its raw objects
+ * C-contiguous numpy array, writable to receive into, not of Python objects; an int peer and
+ * tag in range; host memory; the same guards as a repeat's), the call has no timeout of its
+ * own (Python checks one) and the backend hands over its raw objects
  * (comm._p2p_raw: Backend.raw_p2p), it numbers the call in the flight record (extending the
  * newest record where that is the same send or recv, else by FlightRecorder.issue_running) and
  * makes the MPI calls that _send and _recv make through the backend, on mpi4py's objects
@@ -861,7 +862,7 @@ enum { P2P_SPINS = 256 };  /* polls after the first before Python waits (COMPILE
 
 static PyObject *s_p2p_raw, *s_p2p_bounds, *s_p2p_names, *s_host_p2p, *s_p2p_slow, *s_p2p_now,
     *s_inline_failed, *s_flight, *s_issue_running, *s_Isend, *s_Irecv, *s_Iprobe, *s_Test,
-    *s_Get_count, *s_nbytes;
+    *s_Get_count, *s_nbytes, *s_hasobject;
 
 /* Whether `v` is an int with lo <= v <= hi (both ints; 0 where any is not one). */
 static int
@@ -892,6 +893,11 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
     int flags = ((ArrayHead *)x)->flags;
     if (!(flags & C_CONTIGUOUS) || (receives && !(flags & WRITEABLE)))
         return 0;
+    PyObject *objects = PyObject_GetAttr(((ArrayHead *)x)->descr, s_hasobject);
+    int pointers = objects ? PyObject_IsTrue(objects) : -1;
+    Py_XDECREF(objects);
+    if (pointers != 0)          /* Python objects (their bytes are pointers): Python refuses */
+        return pointers < 0 ? -1 : 0;
     PyObject *bounds = PyDict_GetItemWithError(l->guards, s_p2p_bounds);  /* borrowed */
     if (!bounds || !PyTuple_CheckExact(bounds) || PyTuple_GET_SIZE(bounds) != 2)
         return PyErr_Occurred() ? -1 : 0;
@@ -1042,16 +1048,17 @@ lane_p2p(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     PyObject *raw = PyDict_GetItemWithError(l->guards, s_p2p_raw);  /* borrowed */
     if (!raw && PyErr_Occurred())
         return NULL;
+    Py_XINCREF(raw);            /* the guards and the run may run Python that replaces it */
     PyObject *name = NULL, *record = NULL;
-    int t = raw && argv[4] == Py_False ?
+    int t = raw && argv[4] == Py_False && argv[5] == Py_None ?
         p2p_takes(l, raw, receives, argv[1], argv[2], argv[3], &name, &record) : 0;
-    if (t < 0)
-        return NULL;
-    if (!t) {
+    if (t <= 0) {
+        Py_XDECREF(raw);
+        if (t < 0)
+            return NULL;
         PyObject *call[7] = {l->comm, argv[0], argv[1], argv[2], argv[3], argv[4], argv[5]};
         return PyObject_VectorcallMethod(s_p2p_slow, call, 7, NULL);
     }
-    Py_INCREF(raw);             /* Python run below may replace what the dicts hold */
     Py_INCREF(name);
     if (record) {
         Py_INCREF(record);
@@ -1221,7 +1228,7 @@ intern_names(void)
         {&s_p2p_now, "_p2p_now"}, {&s_inline_failed, "_inline_failed"}, {&s_flight, "_flight"},
         {&s_issue_running, "issue_running"}, {&s_Isend, "Isend"},
         {&s_Irecv, "Irecv"}, {&s_Iprobe, "Iprobe"}, {&s_Test, "Test"},
-        {&s_Get_count, "Get_count"}, {&s_nbytes, "nbytes"},
+        {&s_Get_count, "Get_count"}, {&s_nbytes, "nbytes"}, {&s_hasobject, "hasobject"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))

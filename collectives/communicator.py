@@ -466,7 +466,9 @@ class Communicator:
         ``req``: the send, posted already (the compiled lane's), to wait for."""
         b = self.backend
         try:
-            b.wait([req or b.isend(flat, dst, tag, channel="p2p")], ctx, self._p2p_peers[dst])
+            if req is None:
+                req = b.isend(flat, dst, tag, channel="p2p")
+            b.wait([req], ctx, self._p2p_peers[dst])
         except CollectiveTimeoutError as err:
             self._timed_out_on_itself(err, dst)
             raise
@@ -547,13 +549,14 @@ class Communicator:
 
     def _p2p_inline(self, x: Any, peer: Any, tag: Any) -> bool:
         """Whether a blocking send or recv of ``x`` may run at once on the calling thread, as a
-        repeated collective does (``_repeat``): a contiguous numpy array the backend carries,
-        a peer and tag that need no conversion, and the communicator free (its owner thread,
-        nothing queued or started, not broken, closed or traced). Else the general way."""
+        repeated collective does (``_repeat``): a contiguous numpy array the backend carries
+        (not of Python objects: their bytes are pointers), a peer and tag that need no
+        conversion, and the communicator free (its owner thread, nothing queued or started, not
+        broken, closed or traced). Else the general way."""
         peers, tags = self._p2p_bounds
         return type(x) is np.ndarray and type(peer) is int and type(tag) is int and \
             0 <= peer < peers and 0 <= tag <= tags and self._host_p2p and \
-            x.flags.c_contiguous and \
+            x.flags.c_contiguous and not x.dtype.hasobject and \
             self._started is None and not self._executor._pending and \
             self._broken is None and not self._closed and \
             threading.get_ident() == self._owner and not tracing()
@@ -567,12 +570,12 @@ class Communicator:
         call. ``x`` goes to the backend as it is (C-contiguous: its bytes are the message).
         The compiled lane hands over what it began: its ``record``, already extended, and the
         transfer it posted (``req``), or the error its test of it raised (``err``)."""
+        limit = self._limit if timeout is None else _positive(timeout)  # checked first
         name = self._p2p_names[receives][peer]
         if record is None:
             record = self._flight.issue_running(name)
         ctx = self._p2p_ctx
-        ctx.name, ctx.deadline = name, None
-        ctx.timeout = self._limit if timeout is None else _positive(timeout)
+        ctx.name, ctx.deadline, ctx.timeout = name, None, limit
         try:
             if err is not None:
                 self.backend.failed(err, [req], ctx, self._p2p_peers[peer])

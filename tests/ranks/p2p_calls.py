@@ -229,10 +229,15 @@ def compiled_lane_takes_blocking_calls(c):
     finally:
         del c._p2p_slow, c._p2p_now
     assert python == [], python
-    ops = [e["op"] for e in c.flight_record()[-12:]]
+    record = c.flight_record()
+    assert all(e["state"] == "done" for e in record), record
     if q is not None:
+        ops = [e["op"] for e in record[-12:]]
         mine = [f"send to rank {q}", f"recv from rank {q}"]
         assert ops == (mine if low else mine[::-1]) * 6, ops
+        runs = [e for e in c._flight._entries if isinstance(e, Repeats)][-14:]
+        assert [r.last - r.first for r in runs] == [7, 7] + [0] * 12, [vars(r) for r in runs]
+        assert all(r.running == 0 for r in runs), [vars(r) for r in runs]
 
 
 def other_sizes_raise(c):
@@ -277,6 +282,28 @@ def other_sizes_raise(c):
             raise AssertionError("a recv into a read-only array did not raise")
 
 
+def bad_arguments_are_refused(c):
+    """Arrays of Python objects (whose bytes are pointers) and a bad timeout are refused before
+    anything is sent or received, blocking or async, inline or not: TypeError / ValueError
+    naming them; the communicator stays usable and the flight record says nothing ran."""
+    me, x = c.rank, np.zeros(3)
+    objects = np.array([object(), None], dtype=object)
+    for async_op in (False, True):
+        expect_raises(TypeError, lambda: c.send(objects, dst=me, async_op=async_op),
+                      "Python objects")
+        expect_raises(TypeError, lambda: c.recv(np.empty(2, object), src=me, async_op=async_op),
+                      "Python objects")
+        for bad in (-1, 0, "1", True):
+            expect_raises(ValueError, lambda: c.send(x, dst=me, timeout=bad, async_op=async_op),
+                          "timeout must be a positive number")
+            expect_raises(ValueError, lambda: c.recv(x, src=me, timeout=bad, async_op=async_op),
+                          "timeout must be a positive number")
+    assert all(e["state"] != "running" for e in c.flight_record()), c.flight_record()
+    h = c.recv(x, src=me, tag=8, async_op=True)  # nothing of the above reached the channel
+    c.send(np.arange(3.0), dst=me, tag=8)
+    assert np.array_equal(h.wait(), np.arange(3.0)), x
+
+
 def queued_calls_go_first(c):
     """A blocking send issued behind queued async calls runs after them (the general way):
     the data of both arrives exact."""
@@ -295,6 +322,7 @@ def silent_peer_times_out(c):
     """A recv whose peer never sends, on a communicator of its own: CollectiveTimeoutError
     naming the operation and the peer within its timeout, then the communicator is broken."""
     d = collectives.init(timeout=30.0)
+    d.bind_thread()  # its calls run inline (in C where compiled), as on a communicator in use
     q = partner(d)
     if q is not None and d.rank > q:
         t0 = time.monotonic()
@@ -304,6 +332,7 @@ def silent_peer_times_out(c):
         expect_raises(CommunicatorBrokenError, lambda: d.send(np.ones(2), dst=q), "send")
     # Async: wait(timeout) only stops waiting; the operation's own limit fails it.
     e = collectives.init(timeout=30.0)
+    e.bind_thread()
     if q is not None and e.rank > q:
         h = e.recv(np.empty(2), src=q, timeout=0.5, async_op=True)
         expect_raises(CollectiveTimeoutError, lambda: h.wait(timeout=0.05), "not finished")
@@ -328,17 +357,24 @@ def to_itself(c):
     assert c.recv(y, src=me, tag=4) is y and np.array_equal(y, x), y
     h.wait()
     big = np.ones(1 << 18)  # 2 MiB: past the eager limit (a short message may go eagerly)
+    compiled = os.environ.get("TOPOCOLL_SHM_COMPILED") != "0" and \
+        prepared._match_type() is not None
     for kind in ("send", "recv"):
-        d = collectives.init(timeout=30.0)
-        call = (lambda: d.send(big, dst=me, timeout=0.3)) if kind == "send" else \
-            (lambda: d.recv(y, src=me, timeout=0.3))
+        d = collectives.init(timeout=0.3)  # the limit of its own: the compiled lane may take it
+        d.bind_thread()  # its calls run inline, as on a communicator in use
+        handed = []  # the compiled lane hands over a send it posted (its request) to wait for
+        d._p2p_now = lambda *a: handed.append(len(a) > 6 and a[6] is not None) or \
+            type(d)._p2p_now(d, *a)
+        call = (lambda: d.send(big, dst=me)) if kind == "send" else (lambda: d.recv(y, src=me))
         t0 = time.monotonic()
         expect_raises(CollectiveTimeoutError, call, f"{kind} ", f"rank {me}", "timed out",
                       "is this rank", "async_op=True")
         assert time.monotonic() - t0 < 10
+        assert handed == [compiled and kind == "send"], (kind, handed)
     # Async, with nothing ever sent (or received) on that tag: the handle's timeout says so too.
     for kind in ("send", "recv"):
         d = collectives.init(timeout=30.0)
+        d.bind_thread()  # posted at issue on this thread, not by the progress thread
         h = d.send(big, dst=me, tag=9, timeout=0.3, async_op=True) if kind == "send" else \
             d.recv(y, src=me, tag=9, timeout=0.3, async_op=True)
         t0 = time.monotonic()
@@ -353,7 +389,8 @@ def body():
                   posted_behind_queued_calls,
                   dropped_handles_keep_their_buffers, blocking_calls_run_inline,
                   compiled_lane_takes_blocking_calls, other_sizes_raise,
-                  queued_calls_go_first, silent_peer_times_out, to_itself):
+                  bad_arguments_are_refused, queued_calls_go_first, to_itself,
+                  silent_peer_times_out):
         check(c)
         c.barrier()
     WORLD.Barrier()
