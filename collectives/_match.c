@@ -839,7 +839,7 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
-/* ---- Point to point: a blocking send or recv on the calling thread ----
+/* ---- Point to point: a send or recv on the calling thread ----
  *
  * lane.p2p(receives, x, peer, tag, async_op, timeout) is Communicator.send's (receives 0) and
  * recv's (1) first step. Where Communicator._p2p_inline would run the call inline (a
@@ -856,13 +856,14 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
  * comm._p2p_now with its record, and its posted request to wait for (or the error testing it
  * raised), or without a request where a receive's message isn't in yet or has another size
  * (Python probes again); a post that raised to comm._inline_failed, which classifies it as the
- * Python path's failures are. */
+ * Python path's failures are. An async call (async_op=True) it posts the same way and hands the
+ * request to comm._p2p_post, which makes its flight entry and handle (p2p.Posted). */
 
 enum { P2P_SPINS = 256 };  /* polls after the first before Python waits (COMPILED_SPINS') */
 
 static PyObject *s_p2p_raw, *s_p2p_bounds, *s_p2p_names, *s_host_p2p, *s_p2p_slow, *s_p2p_now,
     *s_inline_failed, *s_flight, *s_issue_running, *s_Isend, *s_Irecv, *s_Iprobe, *s_Test,
-    *s_Get_count, *s_nbytes, *s_hasobject;
+    *s_Get_count, *s_nbytes, *s_hasobject, *s_p2p_post;
 
 /* Whether `v` is an int with lo <= v <= hi (both ints; 0 where any is not one). */
 static int
@@ -1035,6 +1036,22 @@ p2p_run(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *n
     return req ? p2p_finish(l, 1, argv, record, req) : p2p_post_failed(l, name, record);
 }
 
+/* An async call, posted here: its handle, made by comm._p2p_post from the request (or with the
+ * error posting raised, which it classifies). */
+static PyObject *
+p2p_start(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *name)
+{
+    PyObject *req = p2p_post(PyTuple_GET_ITEM(raw, 1), receives ? s_Irecv : s_Isend, argv[1],
+                             PyTuple_GET_ITEM(raw, 2), argv[2], argv[3]);
+    PyObject *err = req ? Py_NewRef(Py_None) : caught();
+    PyObject *call[11] = {l->comm, argv[0], argv[1], argv[1], name, argv[2], argv[3], Py_None,
+                          Py_False, req ? req : Py_None, err};
+    PyObject *handle = PyObject_VectorcallMethod(s_p2p_post, call, 11, NULL);
+    Py_XDECREF(req);
+    Py_DECREF(err);
+    return handle;
+}
+
 static PyObject *
 lane_p2p(Lane *l, PyObject *const *argv, Py_ssize_t argc)
 {
@@ -1050,7 +1067,8 @@ lane_p2p(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         return NULL;
     Py_XINCREF(raw);            /* the guards and the run may run Python that replaces it */
     PyObject *name = NULL, *record = NULL;
-    int t = raw && argv[4] == Py_False && argv[5] == Py_None ?
+    int async_op = argv[4] == Py_True;
+    int t = raw && (async_op || argv[4] == Py_False) && argv[5] == Py_None ?
         p2p_takes(l, raw, receives, argv[1], argv[2], argv[3], &name, &record) : 0;
     if (t <= 0) {
         Py_XDECREF(raw);
@@ -1060,6 +1078,12 @@ lane_p2p(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         return PyObject_VectorcallMethod(s_p2p_slow, call, 7, NULL);
     }
     Py_INCREF(name);
+    if (async_op) {
+        PyObject *handle = p2p_start(l, receives, argv, raw, name);
+        Py_DECREF(name);
+        Py_DECREF(raw);
+        return handle;
+    }
     if (record) {
         Py_INCREF(record);
         PyObject *seq = next_seq(l);
@@ -1192,8 +1216,8 @@ static PyMethodDef lane_methods[] = {
      "Communicator._complete in C."},
     {"p2p", (PyCFunction)(void (*)(void))lane_p2p, METH_FASTCALL,
      "p2p(receives, x, peer, tag, async_op, timeout) -> Communicator.send's (receives 0) or "
-     "recv's result: a blocking one on a numpy array runs here; anything else goes to the "
-     "communicator's Python (_p2p_slow)."},
+     "recv's result: one on a numpy array runs (blocking) or is posted (async) here; anything "
+     "else goes to the communicator's Python (_p2p_slow)."},
     {NULL},
 };
 
@@ -1229,6 +1253,7 @@ intern_names(void)
         {&s_issue_running, "issue_running"}, {&s_Isend, "Isend"},
         {&s_Irecv, "Irecv"}, {&s_Iprobe, "Iprobe"}, {&s_Test, "Test"},
         {&s_Get_count, "Get_count"}, {&s_nbytes, "nbytes"}, {&s_hasobject, "hasobject"},
+        {&s_p2p_post, "_p2p_post"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))

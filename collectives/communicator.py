@@ -519,16 +519,20 @@ class Communicator:
         return self._failure(name, err, entry)
 
     def _p2p_post(self, receives: int, user: Any, flat: np.ndarray, name: str, peer: int,
-                  tag: int, timeout: float | None, queued: bool = False) -> Posted:
+                  tag: int, timeout: float | None, queued: bool = False, req: Any = None,
+                  err: BaseException | None = None) -> Posted:
         """An async send or recv posted now on the calling thread, or (``queued``: calls may be
         queued ahead of it, or it isn't this thread's turn to say) by the progress thread in
-        its turn; its handle completes the transfer (``p2p.Posted``)."""
+        its turn; its handle completes the transfer (``p2p.Posted``). The compiled lane posts
+        on the calling thread itself and hands over the request (``req``), or the error
+        posting raised (``err``)."""
         ctx = OpContext(name, None)  # armed at the handle's first wait
         ctx.timeout = self._limit if timeout is None else _positive(timeout)
         b = self.backend
 
         def post(entry: FlightEntry) -> tuple[list[Any], FlightEntry]:
-            reqs = [(b.irecv if receives else b.isend)(flat, peer, tag, channel="p2p")]
+            reqs = [req if req is not None else
+                    (b.irecv if receives else b.isend)(flat, peer, tag, channel="p2p")]
             b.posted(1)  # its handle counts it off (Posted._settle, or dropped: __del__)
             return reqs, entry
 
@@ -541,9 +545,11 @@ class Communicator:
         entry = self._flight.issue(name)
         entry.start()
         try:
+            if err is not None:
+                raise err
             posted = post(entry)
-        except BaseException as err:  # noqa: BLE001 - classified by _failure
-            self._raise_failure(name, err, entry)
+        except BaseException as error:  # noqa: BLE001 - classified by _failure
+            self._raise_failure(name, error, entry)
         return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
                       failure, expect, posted)
 

@@ -189,9 +189,10 @@ def blocking_calls_run_inline(c):
 
 def compiled_lane_takes_blocking_calls(c):
     """Where the compiled lane is in use (not TOPOCOLL_SHM_COMPILED=0), a blocking send, and a
-    blocking recv whose message is in, run in C (white-box: neither reaches the Python way,
-    ``_p2p_slow`` or ``_p2p_now``), repeated or alternating, with exact data and one flight
-    record entry each; without it, send and recv are the Python way itself."""
+    blocking recv whose message is in, run in C, and async ones are posted there (white-box:
+    none reaches the Python way, ``_p2p_slow`` or ``_p2p_now``), repeated or alternating, with
+    exact data and one flight record entry each; without it, send and recv are the Python way
+    itself."""
     compiled = os.environ.get("TOPOCOLL_SHM_COMPILED") != "0" and \
         prepared._match_type() is not None
     assert (c._p2p == c._p2p_slow) is not compiled, (c._p2p, compiled)
@@ -214,6 +215,16 @@ def compiled_lane_takes_blocking_calls(c):
                 assert c.recv(got[i], src=q, tag=5) is got[i]
         for i in range(8 if q is not None else 0):
             assert np.array_equal(got[i], sent[i] - c.rank + q), (i, got[i])
+        folded = [(r.name, r.last - r.first, r.running) for r in c._flight._entries
+                  if isinstance(r, Repeats)][-2:]  # 8 sends, 8 receives: one record each
+        assert q is None or [f[1:] for f in folded] == [(7, 0), (7, 0)], folded
+        for i in range(4):  # async: posted in C, the handle made in Python (_p2p_post)
+            if q is not None:
+                mine, theirs = np.full(5, 10 * i + c.rank), np.zeros(5, np.int64)
+                hs = [c.send(mine, dst=q, tag=7, async_op=True),
+                      c.recv(theirs, src=q, tag=7, async_op=True)]
+                assert hs[1].wait() is theirs and hs[0].wait() is None
+                assert np.all(theirs == 10 * i + q), (i, theirs)
         pair = np.zeros(3, np.int64)
         for i in range(6):  # alternating sends and receives: a new flight record each
             if low:
@@ -235,9 +246,9 @@ def compiled_lane_takes_blocking_calls(c):
         ops = [e["op"] for e in record[-12:]]
         mine = [f"send to rank {q}", f"recv from rank {q}"]
         assert ops == (mine if low else mine[::-1]) * 6, ops
-        runs = [e for e in c._flight._entries if isinstance(e, Repeats)][-14:]
-        assert [r.last - r.first for r in runs] == [7, 7] + [0] * 12, [vars(r) for r in runs]
-        assert all(r.running == 0 for r in runs), [vars(r) for r in runs]
+        runs = [(r.last - r.first, r.running) for r in c._flight._entries
+                if isinstance(r, Repeats)][-12:]
+        assert runs == [(0, 0)] * 12, runs
 
 
 def other_sizes_raise(c):
