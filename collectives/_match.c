@@ -428,19 +428,19 @@ inline_now(Lane *l)
 
 static int complete_started(Lane *l, int block, int soon);
 
-/* The flight record this run extends (borrowed): FlightRecorder's newest, where it is this
- * entry's (issue_running's test); NULL without an error where a new record is needed, which
- * Python makes. */
+/* The flight record a run of the call `what`, `name` extends (borrowed): FlightRecorder's
+ * newest, where it is that call's (issue_running's test: the same objects); NULL where a new
+ * record is needed, which Python makes (with an error set only where reading failed). */
 static PyObject *
-extended_record(Lane *l, PyObject *entry)
+extended_record(Lane *l, PyObject *what, PyObject *name)
 {
     PyObject *record = PyDict_GetItemWithError(l->flight, s_repeats);  /* borrowed */
     if (!record || Py_TYPE(record) != l->repeats)
         return NULL;
-    PyObject *what = SLOT(record, l->at.r_what), *name = SLOT(record, l->at.r_name);
-    return what && name && what == SLOT(entry, l->at.what) && name == SLOT(entry, l->at.kind) ?
-        record : NULL;
+    PyObject *was = SLOT(record, l->at.r_what), *called = SLOT(record, l->at.r_name);
+    return was && called && was == what && called == name ? record : NULL;
 }
+
 
 /* The recorder's next sequence number, now its last (a new reference), or NULL. */
 static PyObject *
@@ -461,6 +461,20 @@ next_seq(Lane *l)
     return next;
 }
 
+/* Number the next run in `record` (issue_running's extension): its last, now running; -1 with
+ * an error. */
+static int
+extend_record(Lane *l, PyObject *record)
+{
+    PyObject *seq = next_seq(l);
+    if (!seq)
+        return -1;
+    set_slot(record, l->at.r_last, seq);
+    set_slot(record, l->at.r_running, seq);
+    Py_DECREF(seq);
+    return 0;
+}
+
 /* The exception being raised, taken out of the error indicator with its traceback, as an
  * `except BaseException as err` holds it (a new reference; never NULL). */
 static PyObject *
@@ -476,20 +490,21 @@ caught(void)
     return value ? value : PyObject_CallNoArgs(PyExc_SystemError);
 }
 
-/* Hand the exception that the run raised to comm._repeat_failed, which raises it classified. */
-static void
-repeat_failed(Lane *l, PyObject *entry, PyObject *record)
+/* Hand the exception being raised to comm.<method>(call, record, err), which raises it
+ * classified (_repeat_failed for a run, _inline_failed for a send or recv); NULL. */
+static PyObject *
+hand_failure(Lane *l, PyObject *method, PyObject *call, PyObject *record)
 {
     PyObject *value = caught();
     if (!value)
-        return;
-    PyObject *raised = PyObject_CallMethodObjArgs(l->comm, s_repeat_failed, entry, record,
-                                                  value, NULL);
+        return NULL;
+    PyObject *raised = PyObject_CallMethodObjArgs(l->comm, method, call, record, value, NULL);
     Py_DECREF(value);
     if (raised) {               /* it always raises */
         Py_DECREF(raised);
-        PyErr_SetString(PyExc_SystemError, "_repeat_failed returned");
+        PyErr_Format(PyExc_SystemError, "%U returned", method);
     }
+    return NULL;
 }
 
 /* Settle a started repeat that completed (Communicator._settle without an error, and
@@ -623,17 +638,14 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
     int ok = inline_now(l);
     if (ok == 2)                /* one is out: finish it if its peers arrive within the run's */
         ok = complete_started(l, 0, 1);  /* own spin (_complete_soon's first step), else Python */
-    PyObject *record = ok == 1 ? extended_record(l, entry) : NULL;
-    PyObject *seq = record ? next_seq(l) : NULL;
-    if (!seq) {
+    PyObject *record = ok == 1 ?
+        extended_record(l, SLOT(entry, l->at.what), SLOT(entry, l->at.kind)) : NULL;
+    if (!record || extend_record(l, record) < 0) {
         Py_DECREF(run);
         Py_DECREF(go);
         return NULL;
     }
     Py_INCREF(record);
-    set_slot(record, l->at.r_last, seq);
-    set_slot(record, l->at.r_running, seq);
-    Py_DECREF(seq);
     *ran = 1;
     PyObject *done = async_op ? start_inline(l, entry, run, record, watched) :
         PyObject_CallNoArgs(go);
@@ -644,7 +656,7 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
         return done;            /* the handle */
     }
     if (!done) {
-        repeat_failed(l, entry, record);
+        hand_failure(l, s_repeat_failed, entry, record);
         Py_DECREF(record);
         return NULL;
     }
@@ -919,29 +931,8 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
     if (!PyList_CheckExact(by_peer) || q >= PyList_GET_SIZE(by_peer))
         return 0;
     *name = PyList_GET_ITEM(by_peer, q);
-    *record = PyDict_GetItemWithError(l->flight, s_repeats);  /* issue_running's test */
-    if (!*record && PyErr_Occurred())
-        return -1;
-    if (*record && (Py_TYPE(*record) != l->repeats || SLOT(*record, l->at.r_what) != Py_None ||
-                    SLOT(*record, l->at.r_name) != *name))
-        *record = NULL;         /* not this call's: the recorder makes the next one */
-    return 1;
-}
-
-/* Hand the error a post raised to comm._inline_failed(name, record, err), which raises it
- * classified; NULL. */
-static PyObject *
-p2p_post_failed(Lane *l, PyObject *name, PyObject *record)
-{
-    PyObject *err = caught();
-    PyObject *raised = PyObject_CallMethodObjArgs(l->comm, s_inline_failed, name, record, err,
-                                                  NULL);
-    Py_DECREF(err);
-    if (raised) {               /* it always raises */
-        Py_DECREF(raised);
-        PyErr_SetString(PyExc_SystemError, "_inline_failed returned");
-    }
-    return NULL;
+    *record = extended_record(l, Py_None, *name);  /* else the recorder makes the next one */
+    return PyErr_Occurred() ? -1 : 1;
 }
 
 /* Whether calling `method` of `obj` with `args` (nargs of them, obj first) returns true: 1, 0,
@@ -1019,7 +1010,8 @@ p2p_run(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *n
     PyObject *comm = PyTuple_GET_ITEM(raw, 1), *byte = PyTuple_GET_ITEM(raw, 2);
     if (!receives) {
         PyObject *req = p2p_post(comm, s_Isend, x, byte, peer, tag);
-        return req ? p2p_finish(l, 0, argv, record, req) : p2p_post_failed(l, name, record);
+        return req ? p2p_finish(l, 0, argv, record, req) :
+            hand_failure(l, s_inline_failed, name, record);
     }
     PyObject *status = PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, 3));
     PyObject *call[4] = {comm, peer, tag, status};
@@ -1027,13 +1019,14 @@ p2p_run(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *n
     int fits = in == 1 ? p2p_fits(status, byte, x) : in;
     Py_XDECREF(status);
     if (fits < 0)
-        return p2p_post_failed(l, name, record);
+        return hand_failure(l, s_inline_failed, name, record);
     if (!fits) {                /* not in yet, or another size: Python probes (and waits) */
         PyObject *rest[9] = {l->comm, argv[0], x, peer, tag, argv[5], record, Py_None, Py_None};
         return PyObject_VectorcallMethod(s_p2p_now, rest, 9, NULL);
     }
     PyObject *req = p2p_post(comm, s_Irecv, x, byte, peer, tag);
-    return req ? p2p_finish(l, 1, argv, record, req) : p2p_post_failed(l, name, record);
+    return req ? p2p_finish(l, 1, argv, record, req) :
+        hand_failure(l, s_inline_failed, name, record);
 }
 
 /* An async call, posted here: its handle, made by comm._p2p_post from the request (or with the
@@ -1086,13 +1079,7 @@ lane_p2p(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     }
     if (record) {
         Py_INCREF(record);
-        PyObject *seq = next_seq(l);
-        if (seq) {
-            set_slot(record, l->at.r_last, seq);
-            set_slot(record, l->at.r_running, seq);
-            Py_DECREF(seq);
-        }
-        else
+        if (extend_record(l, record) < 0)
             Py_CLEAR(record);
     }
     else {

@@ -34,7 +34,7 @@ from .gpu import copyto, empty, empty_like, shares_memory
 from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
 from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
-from .p2p import Posted
+from .p2p import Posted, described
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, compiled_lane, \
     keepable
 
@@ -441,8 +441,8 @@ class Communicator:
             if not async_op:
                 return self._p2p_now(receives, x, peer, tag, timeout)
             if self.backend.posts_receives:
-                return self._p2p_post(receives, x, x.reshape(-1), self._p2p_names[receives][peer],
-                                      peer, tag, timeout)
+                return self._p2p_post(receives, x, x, self._p2p_names[receives][peer], peer,
+                                      tag, timeout)
         buf = as_buffer(x, "x")
         if receives:
             check_writable(buf, "x")
@@ -489,7 +489,7 @@ class Communicator:
                 junk = empty(nbytes, np.uint8, flat)  # consume it: the channel stays in step
                 b.wait([b.irecv(junk, src, tag, channel="p2p")], ctx)
                 raise MismatchError(f"{ctx.name}: message has {nbytes} bytes but x holds "
-                                    f"{flat.nbytes} bytes ({flat.dtype.name}{list(user.shape)})")
+                                    f"{flat.nbytes} bytes ({described(flat.dtype, user.shape)})")
             req = b.irecv(flat, src, tag, channel="p2p")
         b.wait([req], ctx, self._p2p_peers[src])
         return user
@@ -527,7 +527,7 @@ class Communicator:
         on the calling thread itself and hands over the request (``req``), or the error
         posting raised (``err``)."""
         ctx = OpContext(name, None)  # armed at the handle's first wait
-        ctx.timeout = self._limit if timeout is None else _positive(timeout)
+        ctx.timeout = self._timeout(timeout)
         b = self.backend
 
         def post(entry: FlightEntry) -> tuple[list[Any], FlightEntry]:
@@ -576,7 +576,7 @@ class Communicator:
         call. ``x`` goes to the backend as it is (C-contiguous: its bytes are the message).
         The compiled lane hands over what it began: its ``record``, already extended, and the
         transfer it posted (``req``), or the error its test of it raised (``err``)."""
-        limit = self._limit if timeout is None else _positive(timeout)  # checked first
+        limit = self._timeout(timeout)  # checked before anything is recorded or posted
         name = self._p2p_names[receives][peer]
         if record is None:
             record = self._flight.issue_running(name)
@@ -1220,7 +1220,8 @@ class Communicator:
         return int(tag)
 
     def _timeout(self, timeout: float | None) -> float:
-        return self.timeout if timeout is None else _positive(timeout)
+        """A call's limit: its own ``timeout=`` (checked), else the communicator's."""
+        return self._limit if timeout is None else _positive(timeout)
 
 
 class Persistent:

@@ -136,11 +136,10 @@ class Posted(DrivenHandle):
                                 f"bytes ({self._what()})")
 
     def _what(self) -> str:
-        """The receive buffer as errors name it, e.g. ``int32[4]`` (made only for an error:
-        a dtype's name costs a microsecond or two)."""
+        """The receive buffer as errors name it (made only for an error: a dtype's name costs
+        a microsecond or two)."""
         assert self._expect is not None
-        _, dtype, shape = self._expect
-        return f"{dtype.name}{list(shape)}"
+        return described(self._expect[1], self._expect[2])
 
     def _settle(self, error: BaseException | None) -> None:
         if self._reqs is not None:
@@ -150,6 +149,11 @@ class Posted(DrivenHandle):
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:
             fn(self)
+
+
+def described(dtype: Any, shape: Any) -> str:
+    """A receive buffer as size errors name it, e.g. ``int32[4]``."""
+    return f"{dtype.name}{list(shape)}"
 
 
 def _orphan_posted(backend: Any, posting: Handle) -> None:

@@ -313,7 +313,6 @@ inside its calls: a peer's send that needs this rank's posted receive would othe
 it for as long as this rank waits on the peer."""
 
 
-
 _ORPHANED: list[Any] = []
 """Requests abandoned by a failed wait that had not completed, kept (with their buffers) until
 they do: MPI may still write into their receive buffers when a late peer's data arrives."""
