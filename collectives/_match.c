@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <string.h>
 #include <structmember.h>
+#include <time.h>
 
 typedef struct {                /* numpy's PyArrayObject_fields, as far as it is read here */
     PyObject_HEAD
@@ -281,6 +282,10 @@ typedef struct {                /* offsets of the __slots__ read and written her
     Py_ssize_t go, start, complete, soon, starts_inline;   /* Run's */
     Py_ssize_t h_name, h_completion, h_done, h_claimed, h_result, h_error, h_callbacks;
                                                     /* StartedHandle's */
+    Py_ssize_t p_name, p_comm, p_backend, p_receives, p_peer, p_limit, p_ctx, p_result,
+        p_expect, p_statuses, p_reqs, p_entry, p_posting, p_driving, p_driver, p_done, p_error,
+        p_callbacks;                                /* p2p.Posted's */
+    Py_ssize_t e_seq, e_name, e_what, e_state, e_issued, e_started, e_ended;  /* FlightEntry's */
 } Offsets;
 
 typedef struct {
@@ -292,6 +297,10 @@ typedef struct {
     PyObject *flight;           /* its FlightRecorder's __dict__ (_seq, _repeats) */
     PyObject *state;            /* log's flags (trace) */
     PyTypeObject *prepared, *repeats, *run, *handle;   /* the classes whose slots are read */
+    PyTypeObject *posted, *entry;   /* p2p.Posted and FlightEntry, made here for async p2p */
+    PyObject *settling;         /* p2p.SETTLING: the lock over every Posted's outcome */
+    PyObject *new_lock;         /* threading.Lock: a Posted's driving lock */
+    PyObject *driver;           /* this lane's p2p_drive (bound), made at the first post */
     Offsets at;
 } Lane;
 
@@ -872,10 +881,15 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
  * request to comm._p2p_post, which makes its flight entry and handle (p2p.Posted). */
 
 enum { P2P_SPINS = 256 };  /* polls after the first before Python waits (COMPILED_SPINS') */
+enum {                      /* comm._p2p_raw: the array type, then Backend.raw_p2p()'s */
+    RAW_NDARRAY, RAW_COMM, RAW_BYTE, RAW_STATUS, RAW_ORPHANED, RAW_POSTED, RAW_REQUEST, RAW_SIZE
+};
 
 static PyObject *s_p2p_raw, *s_p2p_bounds, *s_p2p_names, *s_host_p2p, *s_p2p_slow, *s_p2p_now,
     *s_inline_failed, *s_flight, *s_issue_running, *s_Isend, *s_Irecv, *s_Iprobe, *s_Test,
-    *s_Get_count, *s_nbytes, *s_hasobject, *s_p2p_post;
+    *s_Get_count, *s_nbytes, *s_hasobject, *s_p2p_post, *s_entries, *s_append, *s_Testall,
+    *s_limit, *s_backend, *s_running, *s_done, *s_test_failed, *s_finished, *s_drive_py,
+    *s_p2p_drive;
 
 /* Whether `v` is an int with lo <= v <= hi (both ints; 0 where any is not one). */
 static int
@@ -900,8 +914,8 @@ static int
 p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyObject *tag,
           PyObject **name, PyObject **record)
 {
-    if (!PyTuple_CheckExact(raw) || PyTuple_GET_SIZE(raw) != 5 ||
-            Py_TYPE(x) != (PyTypeObject *)PyTuple_GET_ITEM(raw, 0))
+    if (!PyTuple_CheckExact(raw) || PyTuple_GET_SIZE(raw) != RAW_SIZE ||
+            Py_TYPE(x) != (PyTypeObject *)PyTuple_GET_ITEM(raw, RAW_NDARRAY))
         return 0;
     int flags = ((ArrayHead *)x)->flags;
     if (!(flags & C_CONTIGUOUS) || (receives && !(flags & WRITEABLE)))
@@ -917,7 +931,7 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
     if (!int_within(peer, 0, PyTuple_GET_ITEM(bounds, 0), 1) ||
             !int_within(tag, 0, PyTuple_GET_ITEM(bounds, 1), 0))
         return 0;
-    PyObject *orphaned = PyTuple_GET_ITEM(raw, 4);
+    PyObject *orphaned = PyTuple_GET_ITEM(raw, RAW_ORPHANED);
     if (!PyList_CheckExact(orphaned) || PyList_GET_SIZE(orphaned) > 0)
         return 0;               /* kept requests: isend/irecv let go of the completed first */
     int t;
@@ -1007,13 +1021,13 @@ p2p_run(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *n
         PyObject *record)
 {
     PyObject *x = argv[1], *peer = argv[2], *tag = argv[3];
-    PyObject *comm = PyTuple_GET_ITEM(raw, 1), *byte = PyTuple_GET_ITEM(raw, 2);
+    PyObject *comm = PyTuple_GET_ITEM(raw, RAW_COMM), *byte = PyTuple_GET_ITEM(raw, RAW_BYTE);
     if (!receives) {
         PyObject *req = p2p_post(comm, s_Isend, x, byte, peer, tag);
         return req ? p2p_finish(l, 0, argv, record, req) :
             hand_failure(l, s_inline_failed, name, record);
     }
-    PyObject *status = PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, 3));
+    PyObject *status = PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, RAW_STATUS));
     PyObject *call[4] = {comm, peer, tag, status};
     int in = status ? p2p_poll(s_Iprobe, call, 4) : -1;
     int fits = in == 1 ? p2p_fits(status, byte, x) : in;
@@ -1029,20 +1043,334 @@ p2p_run(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *n
         hand_failure(l, s_inline_failed, name, record);
 }
 
-/* An async call, posted here: its handle, made by comm._p2p_post from the request (or with the
- * error posting raised, which it classifies). */
+/* time.monotonic(): CLOCK_MONOTONIC, the clock Python's reads on Linux. */
+static double
+monotonic(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* FlightRecorder.issue(name) and the entry's start(), as one: a new FlightEntry, running, the
+ * recorder's newest (a new reference), or NULL. */
+static PyObject *
+issue_started(Lane *l, PyObject *name)
+{
+    PyObject *entries = PyDict_GetItemWithError(l->flight, s_entries);  /* borrowed */
+    if (!entries) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a FlightRecorder without _entries");
+        return NULL;
+    }
+    Py_INCREF(entries);
+    PyObject *seq = next_seq(l);
+    PyObject *entry = seq ? l->entry->tp_alloc(l->entry, 0) : NULL;  /* object.__new__ */
+    PyObject *now = entry ? PyFloat_FromDouble(monotonic()) : NULL;
+    if (now) {
+        Offsets *at = &l->at;
+        set_slot(entry, at->e_seq, seq);
+        set_slot(entry, at->e_name, name);
+        set_slot(entry, at->e_what, Py_None);
+        set_slot(entry, at->e_state, s_running);
+        set_slot(entry, at->e_issued, now);
+        set_slot(entry, at->e_started, now);
+        set_slot(entry, at->e_ended, Py_None);
+    }
+    PyObject *added = now && PyDict_SetItem(l->flight, s_repeats, Py_None) == 0 ?
+        PyObject_CallMethodOneArg(entries, s_append, entry) : NULL;
+    Py_XDECREF(seq);
+    Py_XDECREF(now);
+    Py_DECREF(entries);
+    if (!added) {
+        Py_XDECREF(entry);
+        return NULL;
+    }
+    Py_DECREF(added);
+    return entry;
+}
+
+/* The Posted handle of the async send or recv whose request `req` (borrowed) was just posted,
+ * as comm._p2p_post makes it (its flight entry, running; counted in the backend's posted
+ * transfers); its driver is this lane's p2p_drive. NULL with an error. */
+static PyObject *
+p2p_handle(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *name,
+           PyObject *req)
+{
+    Offsets *at = &l->at;
+    PyObject *x = argv[1];
+    if (!l->driver && !(l->driver = PyObject_GetAttr((PyObject *)l, s_p2p_drive)))
+        return NULL;
+    PyObject *backend = PyDict_GetItemWithError(l->guards, s_backend);  /* borrowed */
+    PyObject *limit = backend ? PyDict_GetItemWithError(l->guards, s_limit) : NULL;
+    if (!limit) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a communicator without backend or _limit");
+        return NULL;
+    }
+    PyObject *h = l->posted->tp_alloc(l->posted, 0);  /* object.__new__ */
+    if (!h)
+        return NULL;
+    set_slot(h, at->p_done, Py_True);  /* first: dropped on an error below, __del__ keeps out */
+    PyObject *expect = Py_NewRef(Py_None), *statuses = Py_NewRef(Py_None);
+    if (receives) {
+        Py_DECREF(expect);
+        Py_DECREF(statuses);
+        PyObject *nbytes = PyObject_GetAttr(x, s_nbytes), *shape = PyObject_GetAttr(x, s_shape);
+        PyObject *status = PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, RAW_STATUS));
+        expect = nbytes && shape ? PyTuple_Pack(3, nbytes, ((ArrayHead *)x)->descr, shape) : NULL;
+        statuses = status ? PyList_New(1) : NULL;
+        if (statuses)
+            PyList_SET_ITEM(statuses, 0, Py_NewRef(status));
+        Py_XDECREF(nbytes);
+        Py_XDECREF(shape);
+        Py_XDECREF(status);
+    }
+    PyObject *reqs = PyList_New(1), *callbacks = PyList_New(0);
+    if (reqs)
+        PyList_SET_ITEM(reqs, 0, Py_NewRef(req));
+    PyObject *lock = reqs && callbacks && expect && statuses ?
+        PyObject_CallNoArgs(l->new_lock) : NULL;
+    PyObject *entry = lock ? issue_started(l, name) : NULL;
+    PyObject *counted = entry ?
+        PyObject_CallMethodOneArg(PyTuple_GET_ITEM(raw, RAW_POSTED), s_append, Py_None) : NULL;
+    if (counted) {              /* posted (counted), now in the handle's care */
+        set_slot(h, at->p_name, name);
+        set_slot(h, at->p_comm, l->comm);
+        set_slot(h, at->p_backend, backend);
+        set_slot(h, at->p_receives, argv[0]);
+        set_slot(h, at->p_peer, argv[2]);
+        set_slot(h, at->p_limit, limit);
+        set_slot(h, at->p_ctx, Py_None);
+        set_slot(h, at->p_result, receives ? x : Py_None);
+        set_slot(h, at->p_expect, expect);
+        set_slot(h, at->p_statuses, statuses);
+        set_slot(h, at->p_reqs, reqs);
+        set_slot(h, at->p_entry, entry);
+        set_slot(h, at->p_posting, Py_None);
+        set_slot(h, at->p_driving, lock);
+        set_slot(h, at->p_driver, l->driver);
+        set_slot(h, at->p_error, Py_None);
+        set_slot(h, at->p_callbacks, callbacks);
+        set_slot(h, at->p_done, Py_False);
+        Py_DECREF(counted);
+    }
+    Py_XDECREF(expect);
+    Py_XDECREF(statuses);
+    Py_XDECREF(reqs);
+    Py_XDECREF(callbacks);
+    Py_XDECREF(lock);
+    Py_XDECREF(entry);
+    if (!counted)
+        Py_CLEAR(h);
+    return h;
+}
+
+/* An async call, posted here: its handle (p2p_handle), or, where posting raised, what
+ * comm._p2p_post makes of the error (it classifies and raises it). Should making the handle
+ * fail, the request is kept (the backend's kept requests) with its buffer until it completes. */
 static PyObject *
 p2p_start(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *name)
 {
-    PyObject *req = p2p_post(PyTuple_GET_ITEM(raw, 1), receives ? s_Irecv : s_Isend, argv[1],
-                             PyTuple_GET_ITEM(raw, 2), argv[2], argv[3]);
-    PyObject *err = req ? Py_NewRef(Py_None) : caught();
+    PyObject *req = p2p_post(PyTuple_GET_ITEM(raw, RAW_COMM), receives ? s_Irecv : s_Isend,
+                             argv[1], PyTuple_GET_ITEM(raw, RAW_BYTE), argv[2], argv[3]);
+    if (req) {
+        PyObject *handle = p2p_handle(l, receives, argv, raw, name, req);
+        if (!handle) {
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb);
+            if (PyList_Append(PyTuple_GET_ITEM(raw, RAW_ORPHANED), req) < 0)
+                PyErr_Clear();  /* (the first error stands) */
+            PyErr_Restore(et, ev, etb);
+        }
+        Py_DECREF(req);
+        return handle;
+    }
+    PyObject *err = caught();
     PyObject *call[11] = {l->comm, argv[0], argv[1], argv[1], name, argv[2], argv[3], Py_None,
-                          Py_False, req ? req : Py_None, err};
+                          Py_False, Py_None, err};
     PyObject *handle = PyObject_VectorcallMethod(s_p2p_post, call, 11, NULL);
-    Py_XDECREF(req);
     Py_DECREF(err);
     return handle;
+}
+
+/* handle._drive_py(block): Python's way to drive a Posted handle. */
+static PyObject *
+drive_py(PyObject *h, int block)
+{
+    return PyObject_CallMethodOneArg(h, s_drive_py, block ? Py_True : Py_False);
+}
+
+/* Settle a Posted handle whose transfer completed, as Posted._finished does where the
+ * message had the right size: its flight entry done, counted off, its outcome set under
+ * SETTLING; the done-callbacks to run (a new reference, maybe empty), or NULL. */
+static PyObject *
+p2p_settle_done(Lane *l, PyObject *h, PyObject *raw)
+{
+    Offsets *at = &l->at;
+    PyObject *entry = SLOT(h, at->p_entry), *now = PyFloat_FromDouble(monotonic());
+    if (!now)
+        return NULL;
+    if (entry && Py_TYPE(entry) == l->entry) {
+        set_slot(entry, at->e_state, s_done);
+        set_slot(entry, at->e_ended, now);
+    }
+    Py_DECREF(now);
+    PyObject *posted = PyTuple_GET_ITEM(raw, RAW_POSTED);  /* backend.posted(-1) */
+    Py_ssize_t n = PyList_Check(posted) ? PyList_GET_SIZE(posted) : 0;
+    if (n > 0 && PyList_SetSlice(posted, n - 1, n, NULL) < 0)
+        return NULL;
+    PyObject *got = PyObject_CallMethodNoArgs(l->settling, s_acquire);
+    if (!got)
+        return NULL;
+    Py_DECREF(got);
+    PyObject *callbacks = Py_XNewRef(SLOT(h, at->p_callbacks));
+    PyObject *none_yet = PyList_New(0);
+    if (none_yet) {
+        set_slot(h, at->p_error, Py_None);
+        set_slot(h, at->p_done, Py_True);
+        set_slot(h, at->p_callbacks, none_yet);
+        Py_DECREF(none_yet);
+    }
+    PyObject *released = PyObject_CallMethodNoArgs(l->settling, s_release);
+    if (!none_yet || !released || !callbacks) {
+        if (!callbacks && !PyErr_Occurred())
+            PyErr_SetString(PyExc_SystemError, "a Posted handle without _callbacks");
+        Py_XDECREF(released);
+        Py_XDECREF(callbacks);
+        return NULL;
+    }
+    Py_DECREF(released);
+    return callbacks;
+}
+
+/* The driven part of p2p_drive, `lock` (the handle's driving lock) held: test the transfer
+ * (blocking: poll P2P_SPINS times more) and settle it where done; 1 done (settled), 0 not
+ * done (the lock still held: the caller lets go), -1 error. The done-callbacks to run go to
+ * *callbacks. */
+static int
+p2p_drive_held(Lane *l, PyObject *h, PyObject *raw, int block, PyObject **callbacks)
+{
+    Offsets *at = &l->at;
+    if (SLOT(h, at->p_done) == Py_True)
+        return 1;
+    PyObject *reqs = Py_XNewRef(SLOT(h, at->p_reqs)), *stats = Py_XNewRef(SLOT(h, at->p_statuses));
+    if (!reqs || !stats) {
+        Py_XDECREF(reqs);
+        Py_XDECREF(stats);
+        PyErr_SetString(PyExc_SystemError, "a Posted handle without _reqs or _statuses");
+        return -1;
+    }
+    PyObject *call[3] = {PyTuple_GET_ITEM(raw, RAW_REQUEST), reqs, stats};
+    int ok;
+    if (block)
+        ok = p2p_poll(s_Testall, call, 3);
+    else {
+        PyObject *r = PyObject_VectorcallMethod(s_Testall, call, 3, NULL);
+        ok = r ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+    }
+    int result = ok;
+    if (ok < 0) {               /* MPI's error: classified and settled by Python */
+        PyObject *value = caught();
+        PyObject *r = PyObject_CallMethodOneArg(h, s_test_failed, value);
+        Py_DECREF(value);
+        result = r ? 1 : -1;
+        Py_XDECREF(r);
+    }
+    else if (ok == 1) {
+        PyObject *expect = SLOT(h, at->p_expect);
+        int fits = 1;
+        if (expect && expect != Py_None) {  /* a receive: the message's size, as _finished */
+            fits = -1;
+            if (PyTuple_Check(expect) && PyTuple_GET_SIZE(expect) == 3 && PyList_Check(stats) &&
+                    PyList_GET_SIZE(stats) == 1) {
+                PyObject *count = PyObject_CallMethodOneArg(
+                    PyList_GET_ITEM(stats, 0), s_Get_count, PyTuple_GET_ITEM(raw, RAW_BYTE));
+                fits = count ? PyObject_RichCompareBool(count, PyTuple_GET_ITEM(expect, 0),
+                                                        Py_EQ) : -1;
+                Py_XDECREF(count);
+            }
+            else
+                PyErr_SetString(PyExc_SystemError, "a Posted receive without its expect");
+        }
+        if (fits == 1)
+            result = (*callbacks = p2p_settle_done(l, h, raw)) ? 1 : -1;
+        else if (fits == 0) {   /* another size: Python's MismatchError */
+            PyObject *r = PyObject_CallMethodNoArgs(h, s_finished);
+            result = r ? 1 : -1;
+            Py_XDECREF(r);
+        }
+        else
+            result = -1;
+    }
+    Py_DECREF(reqs);
+    Py_DECREF(stats);
+    return result;
+}
+
+/* p2p_drive(handle, block) -> whether the Posted handle's transfer is done: Posted._drive_py
+ * in C for a handle this lane posted, as far as it goes without waiting long (what is left,
+ * Python's: a post queued behind other calls, a wait past P2P_SPINS polls, with its timeout). */
+static PyObject *
+lane_p2p_drive(Lane *l, PyObject *const *argv, Py_ssize_t argc)
+{
+    if (argc != 2) {
+        PyErr_SetString(PyExc_TypeError, "p2p_drive(handle, block)");
+        return NULL;
+    }
+    PyObject *h = argv[0];
+    int block = PyObject_IsTrue(argv[1]);
+    if (block < 0)
+        return NULL;
+    if (Py_TYPE(h) != l->posted)
+        return drive_py(h, block);
+    if (SLOT(h, l->at.p_done) == Py_True)
+        Py_RETURN_TRUE;
+    PyObject *raw = PyDict_GetItemWithError(l->guards, s_p2p_raw);  /* borrowed */
+    PyObject *lock = SLOT(h, l->at.p_driving);
+    if (!raw || !PyTuple_CheckExact(raw) || PyTuple_GET_SIZE(raw) != RAW_SIZE || !lock ||
+            SLOT(h, l->at.p_posting) != Py_None)
+        return PyErr_Occurred() ? NULL : drive_py(h, block);
+    Py_INCREF(raw);
+    Py_INCREF(lock);
+    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    int held = got ? got == Py_True : -1;
+    Py_XDECREF(got);
+    PyObject *callbacks = NULL;
+    int done = held == 1 ? p2p_drive_held(l, h, raw, block, &callbacks) : held;
+    if (held == 1) {
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);  /* let go whatever happened */
+        PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+        if (!released) {
+            Py_XDECREF(et);
+            Py_XDECREF(ev);
+            Py_XDECREF(etb);
+            done = -1;
+        } else {
+            Py_DECREF(released);
+            PyErr_Restore(et, ev, etb);
+        }
+    }
+    Py_DECREF(lock);
+    Py_DECREF(raw);
+    if (done == 0)              /* not done (or another thread drives it): Python waits */
+        return block ? drive_py(h, 1) : Py_NewRef(Py_False);
+    if (done < 0) {
+        Py_XDECREF(callbacks);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; callbacks && i < PyList_GET_SIZE(callbacks); i++) {
+        PyObject *r = PyObject_CallOneArg(PyList_GET_ITEM(callbacks, i), h);
+        if (!r) {
+            Py_DECREF(callbacks);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    Py_XDECREF(callbacks);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *
@@ -1108,6 +1436,11 @@ lane_traverse(Lane *l, visitproc visit, void *arg)
     Py_VISIT(l->repeats);
     Py_VISIT(l->run);
     Py_VISIT(l->handle);
+    Py_VISIT(l->posted);
+    Py_VISIT(l->entry);
+    Py_VISIT(l->settling);
+    Py_VISIT(l->new_lock);
+    Py_VISIT(l->driver);
     return 0;
 }
 
@@ -1124,6 +1457,11 @@ lane_clear(Lane *l)
     Py_CLEAR(l->repeats);
     Py_CLEAR(l->run);
     Py_CLEAR(l->handle);
+    Py_CLEAR(l->posted);
+    Py_CLEAR(l->entry);
+    Py_CLEAR(l->settling);
+    Py_CLEAR(l->new_lock);
+    Py_CLEAR(l->driver);
     return 0;
 }
 
@@ -1159,16 +1497,43 @@ lane_offsets(Lane *l)
         (at->h_claimed = slot_offset(l->handle, "_claimed")) < 0 ||
         (at->h_result = slot_offset(l->handle, "_result")) < 0 ||
         (at->h_error = slot_offset(l->handle, "_error")) < 0 ||
-        (at->h_callbacks = slot_offset(l->handle, "_callbacks")) < 0 ? -1 : 0;
+        (at->h_callbacks = slot_offset(l->handle, "_callbacks")) < 0 ||
+        (at->p_name = slot_offset(l->posted, "name")) < 0 ||
+        (at->p_comm = slot_offset(l->posted, "_comm")) < 0 ||
+        (at->p_backend = slot_offset(l->posted, "_backend")) < 0 ||
+        (at->p_receives = slot_offset(l->posted, "_receives")) < 0 ||
+        (at->p_peer = slot_offset(l->posted, "_peer")) < 0 ||
+        (at->p_limit = slot_offset(l->posted, "_limit")) < 0 ||
+        (at->p_ctx = slot_offset(l->posted, "_ctx")) < 0 ||
+        (at->p_result = slot_offset(l->posted, "_result")) < 0 ||
+        (at->p_expect = slot_offset(l->posted, "_expect")) < 0 ||
+        (at->p_statuses = slot_offset(l->posted, "_statuses")) < 0 ||
+        (at->p_reqs = slot_offset(l->posted, "_reqs")) < 0 ||
+        (at->p_entry = slot_offset(l->posted, "_entry")) < 0 ||
+        (at->p_posting = slot_offset(l->posted, "_posting")) < 0 ||
+        (at->p_driving = slot_offset(l->posted, "_driving")) < 0 ||
+        (at->p_driver = slot_offset(l->posted, "_driver")) < 0 ||
+        (at->p_done = slot_offset(l->posted, "_done")) < 0 ||
+        (at->p_error = slot_offset(l->posted, "_error")) < 0 ||
+        (at->p_callbacks = slot_offset(l->posted, "_callbacks")) < 0 ||
+        (at->e_seq = slot_offset(l->entry, "seq")) < 0 ||
+        (at->e_name = slot_offset(l->entry, "name")) < 0 ||
+        (at->e_what = slot_offset(l->entry, "what")) < 0 ||
+        (at->e_state = slot_offset(l->entry, "state")) < 0 ||
+        (at->e_issued = slot_offset(l->entry, "issued")) < 0 ||
+        (at->e_started = slot_offset(l->entry, "started")) < 0 ||
+        (at->e_ended = slot_offset(l->entry, "ended")) < 0 ? -1 : 0;
 }
 
 static PyObject *
 lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
     PyObject *comm, *by_kind, *executor, *flight, *state, *prepared, *repeats, *run, *handle;
-    if (!PyArg_ParseTuple(args, "OO!OOO!O!O!O!O!", &comm, &PyDict_Type, &by_kind, &executor,
-                          &flight, &PyDict_Type, &state, &PyType_Type, &prepared, &PyType_Type,
-                          &repeats, &PyType_Type, &run, &PyType_Type, &handle))
+    PyObject *posted, *entry, *settling, *new_lock;
+    if (!PyArg_ParseTuple(args, "OO!OOO!O!O!O!O!(O!O!OO)", &comm, &PyDict_Type, &by_kind,
+                          &executor, &flight, &PyDict_Type, &state, &PyType_Type, &prepared,
+                          &PyType_Type, &repeats, &PyType_Type, &run, &PyType_Type, &handle,
+                          &PyType_Type, &posted, &PyType_Type, &entry, &settling, &new_lock))
         return NULL;
     Lane *l = (Lane *)type->tp_alloc(type, 0);
     if (!l)
@@ -1180,6 +1545,10 @@ lane_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
     l->repeats = (PyTypeObject *)Py_NewRef(repeats);
     l->run = (PyTypeObject *)Py_NewRef(run);
     l->handle = (PyTypeObject *)Py_NewRef(handle);
+    l->posted = (PyTypeObject *)Py_NewRef(posted);
+    l->entry = (PyTypeObject *)Py_NewRef(entry);
+    l->settling = Py_NewRef(settling);
+    l->new_lock = Py_NewRef(new_lock);
     l->guards = PyObject_GenericGetDict(comm, NULL);
     l->executor = l->guards ? PyObject_GenericGetDict(executor, NULL) : NULL;
     l->flight = l->executor ? PyObject_GenericGetDict(flight, NULL) : NULL;
@@ -1205,6 +1574,9 @@ static PyMethodDef lane_methods[] = {
      "p2p(receives, x, peer, tag, async_op, timeout) -> Communicator.send's (receives 0) or "
      "recv's result: one on a numpy array runs (blocking) or is posted (async) here; anything "
      "else goes to the communicator's Python (_p2p_slow)."},
+    {"p2p_drive", (PyCFunction)(void (*)(void))lane_p2p_drive, METH_FASTCALL,
+     "p2p_drive(handle, block) -> whether the async send's or recv's transfer is done: "
+     "Posted._drive_py in C for a handle p2p posted (what waits long, Python's)."},
     {NULL},
 };
 
@@ -1212,7 +1584,8 @@ static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "topocoll.collectives._match.Lane",
     .tp_doc = "Lane(comm, by_kind, executor, flight, log_flags, Prepared, Repeats, Run, "
-              "StartedHandle): a communicator's way to its repeated calls (see _match.c)",
+              "StartedHandle, (Posted, FlightEntry, SETTLING, Lock)): a communicator's way to "
+              "its repeated calls and its send and recv (see _match.c)",
     .tp_basicsize = sizeof(Lane),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = lane_new,
@@ -1240,7 +1613,10 @@ intern_names(void)
         {&s_issue_running, "issue_running"}, {&s_Isend, "Isend"},
         {&s_Irecv, "Irecv"}, {&s_Iprobe, "Iprobe"}, {&s_Test, "Test"},
         {&s_Get_count, "Get_count"}, {&s_nbytes, "nbytes"}, {&s_hasobject, "hasobject"},
-        {&s_p2p_post, "_p2p_post"},
+        {&s_p2p_post, "_p2p_post"}, {&s_entries, "_entries"}, {&s_append, "append"},
+        {&s_Testall, "Testall"}, {&s_limit, "_limit"}, {&s_backend, "backend"},
+        {&s_running, "running"}, {&s_done, "done"}, {&s_test_failed, "_test_failed"},
+        {&s_finished, "_finished"}, {&s_drive_py, "_drive_py"}, {&s_p2p_drive, "p2p_drive"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!(*names[i].s = PyUnicode_InternFromString(names[i].name)))

@@ -505,11 +505,11 @@ class Communicator:
                 f"receive from itself posted before it (recv(..., async_op=True)), and a "
                 f"blocking recv from itself only by a send posted before it") from err
 
-    def _failure_on_itself(self, receives: int, name: str, err: BaseException,
-                           entry: FlightEntry) -> BaseException:
-        """``_failure`` for an async send (``receives`` 0) or recv (1) to this very rank: a
-        timeout says that the peer is this rank and what would have met it."""
-        if isinstance(err, CollectiveTimeoutError):
+    def _p2p_failure(self, receives: int, peer: int, name: str, err: BaseException,
+                     entry: FlightEntry) -> BaseException:
+        """``_failure`` for an async send (``receives`` 0) or recv (1) to ``peer``: to this very
+        rank, a timeout says that the peer is this rank and what would have met it."""
+        if isinstance(err, CollectiveTimeoutError) and peer == self.rank:
             other = "send to itself" if receives else "receive from itself"
             hint = CollectiveTimeoutError(
                 f"{err}. Rank {self.rank} is this rank: an async {name.split()[0]} to or from "
@@ -524,10 +524,9 @@ class Communicator:
         """An async send or recv posted now on the calling thread, or (``queued``: calls may be
         queued ahead of it, or it isn't this thread's turn to say) by the progress thread in
         its turn; its handle completes the transfer (``p2p.Posted``). The compiled lane posts
-        on the calling thread itself and hands over the request (``req``), or the error
-        posting raised (``err``)."""
-        ctx = OpContext(name, None)  # armed at the handle's first wait
-        ctx.timeout = self._timeout(timeout)
+        on the calling thread itself and makes the handle (``_match.Lane.p2p``); it hands over
+        here only a post that raised (``err``)."""
+        limit = self._timeout(timeout)  # the handle's context arms it at its first wait
         b = self.backend
 
         def post(entry: FlightEntry) -> tuple[list[Any], FlightEntry]:
@@ -537,11 +536,10 @@ class Communicator:
             return reqs, entry
 
         expect = (flat.nbytes, flat.dtype, user.shape) if receives else None
-        failure = self._failure if peer != self.rank else \
-            functools.partial(self._failure_on_itself, receives)
+        result = user if receives else None
         if queued:
-            return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
-                          failure, expect, posting=self._submit(name, post, True, ends_later=True))
+            return Posted(name, self, receives, peer, limit, result, expect,
+                          posting=self._submit(name, post, True, ends_later=True))
         entry = self._flight.issue(name)
         entry.start()
         try:
@@ -550,8 +548,7 @@ class Communicator:
             posted = post(entry)
         except BaseException as error:  # noqa: BLE001 - classified by _failure
             self._raise_failure(name, error, entry)
-        return Posted(name, b, ctx, self._p2p_peers[peer], user if receives else None,
-                      failure, expect, posted)
+        return Posted(name, self, receives, peer, limit, result, expect, posted)
 
     def _p2p_inline(self, x: Any, peer: Any, tag: Any) -> bool:
         """Whether a blocking send or recv of ``x`` may run at once on the calling thread, as a

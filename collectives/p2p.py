@@ -13,9 +13,9 @@ from .errors import MessageTruncated, MismatchError
 from .flight import FlightEntry
 from .handle import DrivenHandle, Handle
 
-Failure = Callable[[str, BaseException, FlightEntry], BaseException]
-"""``Communicator._failure``: what to raise for an operation's error (it breaks the communicator
-where the error may have left transfers in flight)."""
+SETTLING = threading.Lock()
+"""Guards every Posted handle's outcome and done-callbacks (held for a few steps at a time): one
+lock for all handles, so that a handle allocates only the lock its drivers take."""
 
 
 class Posted(DrivenHandle):
@@ -25,44 +25,62 @@ class Posted(DrivenHandle):
     calls were queued ahead of it, the progress thread posts it in its turn (``posting``, whose
     result is the requests and the flight entry). A receive whose message has another size
     raises MismatchError naming both sizes (``expect``: the buffer's bytes, dtype and shape);
-    other failures are classified by ``failure``, as the general path's are."""
+    other failures are classified by the communicator (``Communicator._p2p_failure``), as the
+    general path's are. The compiled lane makes the handles of the calls it posts itself, slot
+    by slot, with its own ``drive`` (``_match.Lane.p2p_drive``) as ``_driver``; Python's is
+    ``_drive_py``."""
 
-    __slots__ = ("name", "_backend", "_ctx", "_peers", "_result", "_failure", "_expect",
-                 "_statuses", "_reqs", "_entry", "_posting", "_driving", "_state", "_done",
-                 "_error", "_callbacks")
+    __slots__ = ("name", "_comm", "_backend", "_receives", "_peer", "_limit", "_ctx", "_result",
+                 "_expect", "_statuses", "_reqs", "_entry", "_posting", "_driving", "_driver",
+                 "_done", "_error", "_callbacks")
 
-    def __init__(self, name: str, backend: Any, ctx: OpContext, peers: tuple[str, ...],
-                 result: Any, failure: Failure, expect: tuple[int, Any, Any] | None = None,
+    def __init__(self, name: str, comm: Any, receives: int, peer: int, limit: float,
+                 result: Any, expect: tuple[int, Any, Any] | None = None,
                  posted: tuple[list[Any], FlightEntry] | None = None,
                  posting: Handle | None = None) -> None:
+        self._done = True  # (nothing to keep, should __init__ fail below)
         self.name = name
-        self._backend, self._ctx, self._peers = backend, ctx, peers
-        self._result, self._failure, self._expect = result, failure, expect
-        self._statuses = [backend.recv_status()] if expect is not None else None
+        self._comm, self._backend = comm, comm.backend
+        self._receives, self._peer, self._limit = receives, peer, limit
+        self._ctx: OpContext | None = None
+        self._result, self._expect = result, expect
+        self._statuses = [self._backend.recv_status()] if expect is not None else None
         self._reqs: list[Any] | None = None
         self._entry: FlightEntry | None = None
         if posted is not None:
             self._reqs, self._entry = posted
         self._posting = posting
         self._driving = threading.Lock()  # one thread drives the transfer at a time
-        self._state = threading.Lock()    # guards the outcome and the callbacks
-        self._done = False
+        self._driver: Callable[[Posted, bool], bool] = Posted._drive_py
         self._error: BaseException | None = None
         self._callbacks: list[Callable[[Any], None]] = []
+        self._done = False
 
     @property
     def done(self) -> bool:
         """True once the operation finished (testing, without waiting, whether it has)."""
-        return self._done or self._drive(False)
+        return self._done or self._driver(self, False)
 
     def test(self) -> bool:
         """Non-blocking: whether the operation has finished."""
-        return self.done
+        return self._done or self._driver(self, False)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Complete the transfer (waiting for the peer) and return the received array (None for
+        a send), or raise its error; with ``timeout``, a CollectiveTimeoutError once that many
+        seconds passed (the transfer itself stays bound by the communicator's timeout)."""
+        if not self._done:
+            if timeout is not None:
+                return DrivenHandle.wait(self, timeout)
+            self._driver(self, True)
+        if self._error is not None:
+            raise self._error
+        return self._result
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         """Call ``fn(handle)`` once done (at once if already done), from the finishing thread;
         the first callback starts a thread that waits for the transfer."""
-        with self._state:
+        with SETTLING:
             if not self._done:
                 self._callbacks.append(fn)
                 if len(self._callbacks) == 1:
@@ -87,7 +105,11 @@ class Posted(DrivenHandle):
             self._posting.add_done_callback(lambda h: _orphan_posted(backend, h))
 
     def _drive(self, block: bool) -> bool:
-        """Make progress: wait for the queued post, then test (``block``: wait for) the
+        """Make progress (``block``: until done); whether it is done."""
+        return self._driver(self, block)
+
+    def _drive_py(self, block: bool) -> bool:
+        """``_drive`` in Python: wait for the queued post, then test (``block``: wait for) the
         transfer; settle the outcome once done. Whether it is done."""
         if not self._driving.acquire(block):
             return False  # another thread drives it: its outcome is coming
@@ -105,35 +127,58 @@ class Posted(DrivenHandle):
                 self._posting = None
             try:
                 b = self._backend
-                if not b.test(self._reqs, self._ctx, self._peers, self._statuses):
+                ctx, peers = self._context(), self._comm._p2p_peers[self._peer]
+                if not b.test(self._reqs, ctx, peers, self._statuses):
                     if not block:
                         return False
-                    b.wait(self._reqs, self._ctx, self._peers, self._statuses)
-                self._check_size()
+                    b.wait(self._reqs, ctx, peers, self._statuses)
             except BaseException as err:  # noqa: BLE001 - classified as the general path does
-                assert self._entry is not None  # posted: its flight entry came with it
-                if isinstance(err, MessageTruncated) and self._expect is not None:
-                    err = MessageTruncated(f"{self.name}: message is larger than the "
-                                           f"{self._expect[0]} bytes x holds ({self._what()})")
-                self._settle(self._failure(self.name, err, self._entry))
+                self._failed(err)
                 return True
-            assert self._entry is not None
-            self._entry.end("done")
-            self._settle(None)
+            self._finished()
             return True
         finally:
             self._driving.release()
 
-    def _check_size(self) -> None:
-        """A receive: MismatchError unless the message filled the buffer exactly (a larger one
-        raised MessageTruncated already)."""
-        if self._expect is None or self._statuses is None:
-            return
-        nbytes = self._expect[0]
-        got = self._backend.received_bytes(self._statuses[0])
-        if got != nbytes:
-            raise MismatchError(f"{self.name}: message has {got} bytes but x holds {nbytes} "
-                                f"bytes ({self._what()})")
+    def _context(self) -> OpContext:
+        """The transfer's context (made at its first wait, whose deadline it then bounds)."""
+        ctx = self._ctx
+        if ctx is None:
+            ctx = self._ctx = OpContext(self.name, None)
+            ctx.timeout = self._limit
+        return ctx
+
+    def _finished(self) -> None:
+        """The transfer completed: a receive's message must have filled the buffer exactly (a
+        larger one raised MessageTruncated already); settle the outcome."""
+        if self._expect is not None and self._statuses is not None:
+            nbytes = self._expect[0]
+            got = self._backend.received_bytes(self._statuses[0])
+            if got != nbytes:
+                return self._failed(MismatchError(
+                    f"{self.name}: message has {got} bytes but x holds {nbytes} bytes "
+                    f"({self._what()})"))
+        assert self._entry is not None  # posted: its flight entry came with it
+        self._entry.end("done")
+        self._settle(None)
+
+    def _failed(self, err: BaseException) -> None:
+        """Settle the transfer failed by ``err``, classified by the communicator."""
+        assert self._entry is not None  # posted: its flight entry came with it
+        if isinstance(err, MessageTruncated) and self._expect is not None:
+            err = MessageTruncated(f"{self.name}: message is larger than the "
+                                   f"{self._expect[0]} bytes x holds ({self._what()})")
+        self._settle(self._comm._p2p_failure(self._receives, self._peer, self.name, err,
+                                             self._entry))
+
+    def _test_failed(self, err: BaseException) -> None:
+        """The compiled driver's test raised ``err`` (MPI's error): settle what ``_drive_py``
+        settles where the backend's test raises it."""
+        try:
+            self._backend.failed(err, self._reqs, self._context(),
+                                 self._comm._p2p_peers[self._peer], self._statuses)
+        except BaseException as raised:  # noqa: BLE001 - classified as the general path does
+            self._failed(raised)
 
     def _what(self) -> str:
         """The receive buffer as errors name it (made only for an error: a dtype's name costs
@@ -144,7 +189,7 @@ class Posted(DrivenHandle):
     def _settle(self, error: BaseException | None) -> None:
         if self._reqs is not None:
             self._backend.posted(-1)  # posted (counted by the post), now finished
-        with self._state:
+        with SETTLING:
             self._error, self._done = error, True
             callbacks, self._callbacks = self._callbacks, []
         for fn in callbacks:

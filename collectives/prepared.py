@@ -26,9 +26,10 @@ import numpy as np
 from .algorithms.compiled import turned_off
 from .algorithms.shm import Run
 from .handle import DrivenHandle
-from .flight import Repeats
+from .flight import FlightEntry, Repeats
 from .log import flags
 from .one_off import Rebound, Templates
+from .p2p import SETTLING, Posted
 
 PREPARED_MAX_BYTES = 4 << 20
 """Largest plain input a call is kept for (its output may be up to 16 times that: an
@@ -238,7 +239,7 @@ def compiled_lane(comm: Any, calls: PreparedCalls, executor: Any, flight: Any) -
     from . import _match  # type: ignore[attr-defined]  # built: _match_type checked it
 
     return _match.Lane(comm, calls.by_kind, executor, flight, flags(), Prepared, Repeats, Run,
-                       StartedHandle)
+                       StartedHandle, (Posted, FlightEntry, SETTLING, threading.Lock))
 
 
 def _checked_match() -> Any:

@@ -686,8 +686,26 @@ def test_the_compiled_lane_refuses_classes_it_cannot_read():
 
     class Loose:  # the names, but as class attributes, not slots
         matches = lean = result = kind = what = name = last = running = go = None
+        seq = state = issued = started = ended = None  # FlightEntry's
+        _comm = _backend = _receives = _peer = _limit = _ctx = _result = _expect = None
+        _statuses = _reqs = _entry = _posting = _driving = _driver = _done = None  # Posted's
+        _error = _callbacks = None
 
     from topocoll.collectives import _match
 
+    import threading
+
+    from topocoll.collectives.algorithms.shm import Run
+    from topocoll.collectives.flight import FlightEntry, Repeats
+    from topocoll.collectives.p2p import SETTLING, Posted
+
+    kit = (Posted, FlightEntry, SETTLING, threading.Lock)
     with pytest.raises(TypeError, match="not a slot"):
-        _match.Lane(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, Loose, Loose, Loose, Loose)
+        _match.Lane(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, Loose, Loose, Loose, Loose, kit)
+    # the async send's and recv's handle and flight entry, which the lane makes slot by slot
+    kinds = (prepared.Prepared, Repeats, Run, prepared.StartedHandle)
+    for loose in ((Loose, FlightEntry, SETTLING, threading.Lock),
+                  (Posted, Loose, SETTLING, threading.Lock)):
+        with pytest.raises(TypeError, match="not a slot"):
+            _match.Lane(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, *kinds, loose)
+    _match.Lane(_LaneComm(), {}, _LaneComm(), _LaneComm(), {}, *kinds, kit)  # these it reads

@@ -59,7 +59,8 @@ class Backend(ABC):
     def raw_p2p(self) -> tuple[Any, ...] | None:
         """The transport's own objects for sending and receiving user messages without this
         class's methods (the compiled lane's blocking send and recv), or None where there are
-        none. MPI's: (communicator, byte datatype, status type, kept requests)."""
+        none. MPI's: (communicator, byte datatype, status type, kept requests, posted requests'
+        count, request type)."""
         return None
 
     def posted(self, change: int) -> None:

@@ -89,9 +89,11 @@ class MPIBackend(Backend):
         raise err
 
     def raw_p2p(self) -> tuple[Any, ...]:
-        """The user channel's mpi4py communicator, MPI.BYTE, MPI.Status and the kept requests
-        (``_ORPHANED``: while any are kept, the lane leaves the call to ``isend``/``irecv``)."""
-        return self.p2p, self._byte, self._MPI.Status, _ORPHANED
+        """The user channel's mpi4py communicator, MPI.BYTE, MPI.Status, the kept requests
+        (``_ORPHANED``: while any are kept, the lane leaves the call to ``isend``/``irecv``),
+        the posted ones' count (``_POSTED``, as ``posted`` keeps it) and MPI.Request (whose
+        ``Testall`` drives an async one's handle)."""
+        return self.p2p, self._byte, self._MPI.Status, _ORPHANED, _POSTED, self._MPI.Request
 
     def _pending(self, reqs: list[Request], peers: Sequence[str]) -> str:
         """Who ``wait`` still waits for: the peers of ``reqs`` not complete yet."""

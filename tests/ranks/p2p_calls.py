@@ -20,9 +20,17 @@ from topocoll import collectives
 from topocoll.collectives import (CollectiveTimeoutError, CommunicatorBrokenError, MessageTruncated,
                                   MismatchError)
 from topocoll.collectives import faults, prepared
+from topocoll.collectives.backends import mpi
 from topocoll.collectives.flight import Repeats
+from topocoll.collectives.p2p import Posted
 
 WORLD = MPI.COMM_WORLD
+drive_py = Posted._drive_py  # Python's way to drive an async one (the compiled lane has its own)
+
+
+def lane_drive(c):
+    """The compiled lane's driver of the async sends and receives it posts, or None."""
+    return getattr(getattr(c._lane, "__self__", None), "p2p_drive", None)
 
 
 def partner(c):
@@ -218,13 +226,22 @@ def compiled_lane_takes_blocking_calls(c):
         folded = [(r.name, r.last - r.first, r.running) for r in c._flight._entries
                   if isinstance(r, Repeats)][-2:]  # 8 sends, 8 receives: one record each
         assert q is None or [f[1:] for f in folded] == [(7, 0), (7, 0)], folded
-        for i in range(4):  # async: posted in C, the handle made in Python (_p2p_post)
+        driven = []  # async: posted, handled and (where the message is in) waited for in C
+        Posted._drive_py = lambda h, block: driven.append(block) or drive_py(h, block)
+        for i in range(4):
+            hs = []
             if q is not None:
                 mine, theirs = np.full(5, 10 * i + c.rank), np.zeros(5, np.int64)
                 hs = [c.send(mine, dst=q, tag=7, async_op=True),
                       c.recv(theirs, src=q, tag=7, async_op=True)]
+            assert all(h._driver == lane_drive(c) for h in hs), hs[0]._driver
+            WORLD.Barrier()  # both messages are in (eager) before the waits
+            if hs:
                 assert hs[1].wait() is theirs and hs[0].wait() is None
                 assert np.all(theirs == 10 * i + q), (i, theirs)
+                assert hs[0].done and hs[1].test() and hs[1].exception() is None
+        Posted._drive_py = drive_py
+        assert driven == [], driven
         pair = np.zeros(3, np.int64)
         for i in range(6):  # alternating sends and receives: a new flight record each
             if low:
@@ -239,6 +256,7 @@ def compiled_lane_takes_blocking_calls(c):
             assert q is None or np.all(pair == (10 * i if low else i)), (i, pair)
     finally:
         del c._p2p_slow, c._p2p_now
+        Posted._drive_py = drive_py
     assert python == [], python
     record = c.flight_record()
     assert all(e["state"] == "done" for e in record), record
@@ -353,6 +371,62 @@ def silent_peer_times_out(c):
     WORLD.Barrier()
 
 
+def compiled_async_times_out(c):
+    """An async send or recv the compiled lane posted and drives (no timeout of its own, under
+    the communicator's) times out as Python's does: ``wait(timeout=)`` only stops waiting, the
+    transfer's own limit fails it naming the operation and the peer (to itself: saying so),
+    and breaks the communicator. Each timed-out transfer stays posted, kept by the backend
+    (whose kept requests send every later call the Python way), so each is then met through MPI
+    directly and let go, and the next check starts with none kept."""
+    if lane_drive(c) is None:
+        return
+    me, big, q = c.rank, np.ones(1 << 18), partner(c)  # 2 MiB: past the eager limit
+
+    def let_go(met):
+        met()
+        deadline = time.monotonic() + 20
+        while mpi._ORPHANED and time.monotonic() < deadline:
+            mpi._keep(())  # drops the kept requests that completed
+        assert not mpi._ORPHANED, mpi._ORPHANED
+
+    let_go(lambda: None)  # earlier checks' dropped handles completed long ago
+    for kind in ("send", "recv"):
+        d = collectives.init(timeout=0.3)
+        d.bind_thread()
+        y = np.zeros_like(big)
+        h = d.send(big, dst=me, tag=9, async_op=True) if kind == "send" else \
+            d.recv(y, src=me, tag=9, async_op=True)
+        assert h._driver == lane_drive(d), h._driver
+        expect_raises(CollectiveTimeoutError, lambda: h.wait(timeout=0.01), "not finished")
+        assert not h.done and not h.test()
+        t0 = time.monotonic()
+        expect_raises(CollectiveTimeoutError, h.wait, f"{kind} ", "timed out", "is this rank",
+                      "posts the matching " + ("receive" if kind == "send" else "send"))
+        assert time.monotonic() - t0 < 10 and h.done
+        assert isinstance(h.exception(), CollectiveTimeoutError)
+        expect_raises(CommunicatorBrokenError, lambda: d.send(big, dst=me), "send")
+        p2p = d.backend.p2p  # the transfer is still posted: meet it, then let it go
+        let_go((lambda: p2p.Recv([np.empty_like(big), MPI.BYTE], me, 9)) if kind == "send" else
+               (lambda: p2p.Send([big, MPI.BYTE], me, 9)))
+        assert np.all(y == (1.0 if kind == "recv" else 0.0))
+    f = collectives.init(timeout=0.5)  # a peer that never sends
+    f.bind_thread()
+    if q is not None and f.rank > q:
+        h = f.recv(np.empty(2), src=q, async_op=True)
+        assert h._driver == lane_drive(f), h._driver
+        t0 = time.monotonic()
+        expect_raises(CollectiveTimeoutError, h.wait, f"recv from rank {q}", "timed out",
+                      f"rank {q}")
+        assert time.monotonic() - t0 < 10
+        expect_raises(CommunicatorBrokenError, lambda: f.recv(np.empty(2), src=q), "recv")
+    WORLD.Barrier()
+    if q is not None and f.rank < q:
+        f.backend.p2p.Send([np.empty(2), MPI.BYTE], q, 0)
+    if q is not None and f.rank > q:
+        let_go(lambda: None)
+    WORLD.Barrier()
+
+
 def to_itself(c):
     """A rank sends to itself where the other half is posted first, async, as MPI allows; a
     blocking send (past the eager limit) or recv to itself with nothing posted times out saying
@@ -400,7 +474,8 @@ def body():
                   posted_behind_queued_calls,
                   dropped_handles_keep_their_buffers, blocking_calls_run_inline,
                   compiled_lane_takes_blocking_calls, other_sizes_raise,
-                  bad_arguments_are_refused, queued_calls_go_first, to_itself,
+                  bad_arguments_are_refused, queued_calls_go_first, compiled_async_times_out,
+                  to_itself,
                   silent_peer_times_out):
         check(c)
         c.barrier()
