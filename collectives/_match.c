@@ -437,6 +437,25 @@ inline_now(Lane *l)
 
 static int complete_started(Lane *l, int block, int soon);
 
+/* lock.release(), keeping the error being raised, if any (release's own error replaces it):
+ * 0, or -1 with an error. */
+static int
+release_keeping_error(PyObject *lock)
+{
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    if (!released) {
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(etb);
+        return -1;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(et, ev, etb);
+    return 0;
+}
+
 /* The flight record a run of the call `what`, `name` extends (borrowed): FlightRecorder's
  * newest, where it is that call's (issue_running's test: the same objects); NULL where a new
  * record is needed, which Python makes (with an error set only where reading failed). */
@@ -816,20 +835,10 @@ complete_started(Lane *l, int block, int soon)
     Py_XDECREF(value);
     if (callbacks)
         result = 1;
-unlock:;
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);  /* release whatever happened */
-    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
-    Py_DECREF(lock);
-    if (!released) {
-        Py_XDECREF(et);
-        Py_XDECREF(ev);
-        Py_XDECREF(etb);
+unlock:
+    if (release_keeping_error(lock) < 0)  /* release whatever happened */
         result = -1;
-    } else {
-        Py_DECREF(released);
-        PyErr_Restore(et, ev, etb);
-    }
+    Py_DECREF(lock);
     int some = result == 1 && callbacks && callbacks != Py_None ? PyObject_IsTrue(callbacks) : 0;
     if (some < 0)
         result = -1;
@@ -1339,20 +1348,8 @@ lane_p2p_drive(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     Py_XDECREF(got);
     PyObject *callbacks = NULL;
     int done = held == 1 ? p2p_drive_held(l, h, raw, block, &callbacks) : held;
-    if (held == 1) {
-        PyObject *et, *ev, *etb;
-        PyErr_Fetch(&et, &ev, &etb);  /* let go whatever happened */
-        PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
-        if (!released) {
-            Py_XDECREF(et);
-            Py_XDECREF(ev);
-            Py_XDECREF(etb);
-            done = -1;
-        } else {
-            Py_DECREF(released);
-            PyErr_Restore(et, ev, etb);
-        }
-    }
+    if (held == 1 && release_keeping_error(lock) < 0)  /* let go whatever happened */
+        done = -1;
     Py_DECREF(lock);
     Py_DECREF(raw);
     if (done == 0)              /* not done (or another thread drives it): Python waits */
