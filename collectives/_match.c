@@ -886,8 +886,12 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
  * comm._p2p_now with its record, and its posted request to wait for (or the error testing it
  * raised), or without a request where a receive's message isn't in yet or has another size
  * (Python probes again); a post that raised to comm._inline_failed, which classifies it as the
- * Python path's failures are. An async call (async_op=True) it posts the same way and hands the
- * request to comm._p2p_post, which makes its flight entry and handle (p2p.Posted). */
+ * Python path's failures are. An async call (async_op=True) it posts the same way and makes its
+ * handle (p2p.Posted, slot by slot) and flight entry itself; the handle's waits and tests come
+ * back to p2p_drive, which completes the transfer as Posted._drive_py does, up to P2P_SPINS
+ * polls (a longer wait, with its timeout, is Python's); a post that raised goes to
+ * comm._p2p_post. Before taking a call it lets go of the backend's kept requests that completed
+ * (prune_kept), as isend/irecv do. */
 
 enum { P2P_SPINS = 256 };  /* polls after the first before Python waits (COMPILED_SPINS') */
 enum {                      /* comm._p2p_raw: the array type, then Backend.raw_p2p()'s */
@@ -913,6 +917,46 @@ int_within(PyObject *v, long lo, PyObject *hi, long below)
         return 0;
     }
     return !over_v && !over_hi && n >= lo && n <= top - below;
+}
+
+/* Let go of the backend's kept requests (its _ORPHANED: dropped handles' and timed-out
+ * transfers') that completed since, as mpi._keep(()) does before each isend/irecv: each is
+ * tested (which also drives MPI's progress for it) and, done or failed in MPI (MPI is then done
+ * with its buffer), taken out of the list. One that never completes (its peer is gone) stays,
+ * tested at every call. 0, or -1 with an error. */
+static int
+prune_kept(PyObject *kept)
+{
+    if (PyList_GET_SIZE(kept) == 0)
+        return 0;
+    PyObject *snapshot = PyList_GetSlice(kept, 0, PY_SSIZE_T_MAX);  /* Test may run Python */
+    if (!snapshot)
+        return -1;
+    int result = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(snapshot) && result == 0; i++) {
+        PyObject *r = PyList_GET_ITEM(snapshot, i);
+        PyObject *t = PyObject_CallMethodNoArgs(r, s_Test);
+        int done = t ? PyObject_IsTrue(t) : 1;
+        Py_XDECREF(t);
+        if (!t) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {  /* ^C and the like stand */
+                result = -1;
+                break;
+            }
+            PyErr_Clear();      /* completed in error (mpi4py's Exception) */
+        }
+        if (done < 0) {
+            result = -1;
+            break;
+        }
+        for (Py_ssize_t j = 0; done && j < PyList_GET_SIZE(kept); j++)
+            if (PyList_GET_ITEM(kept, j) == r) {  /* the live list: others may have added */
+                result = PyList_SetSlice(kept, j, j + 1, NULL);
+                break;
+            }
+    }
+    Py_DECREF(snapshot);
+    return result;
 }
 
 /* Communicator._p2p_inline's test: 1 where the lane takes the call (`*name` set, and
@@ -941,11 +985,13 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
             !int_within(tag, 0, PyTuple_GET_ITEM(bounds, 1), 0))
         return 0;
     PyObject *orphaned = PyTuple_GET_ITEM(raw, RAW_ORPHANED);
-    if (!PyList_CheckExact(orphaned) || PyList_GET_SIZE(orphaned) > 0)
-        return 0;               /* kept requests: isend/irecv let go of the completed first */
+    if (!PyList_CheckExact(orphaned))
+        return 0;
     int t;
     if ((t = item_true(l->guards, s_host_p2p)) != 1 || (t = inline_now(l)) != 1)
         return t < 0 ? -1 : 0;
+    if (prune_kept(orphaned) < 0)  /* as isend/irecv do first */
+        return -1;
     PyObject *names = PyDict_GetItemWithError(l->guards, s_p2p_names);  /* borrowed */
     if (!names || !PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != 2)
         return PyErr_Occurred() ? -1 : 0;

@@ -90,8 +90,8 @@ class MPIBackend(Backend):
 
     def raw_p2p(self) -> tuple[Any, ...]:
         """The user channel's mpi4py communicator, MPI.BYTE, MPI.Status, the kept requests
-        (``_ORPHANED``: while any are kept, the lane leaves the call to ``isend``/``irecv``),
-        the posted ones' count (``_POSTED``, as ``posted`` keeps it) and MPI.Request (whose
+        (``_ORPHANED``: the lane lets go of the completed ones first, as ``isend``/``irecv``
+        do), the posted ones' count (``_POSTED``, as ``posted`` keeps it) and MPI.Request (whose
         ``Testall`` drives an async one's handle)."""
         return self.p2p, self._byte, self._MPI.Status, _ORPHANED, _POSTED, self._MPI.Request
 

@@ -375,9 +375,9 @@ def compiled_async_times_out(c):
     """An async send or recv the compiled lane posted and drives (no timeout of its own, under
     the communicator's) times out as Python's does: ``wait(timeout=)`` only stops waiting, the
     transfer's own limit fails it naming the operation and the peer (to itself: saying so),
-    and breaks the communicator. Each timed-out transfer stays posted, kept by the backend
-    (whose kept requests send every later call the Python way), so each is then met through MPI
-    directly and let go, and the next check starts with none kept."""
+    and breaks the communicator. Each timed-out transfer stays posted, kept by the backend;
+    while it is, calls on other communicators still take the compiled way. Each is then met
+    through MPI directly and let go, and the next check starts with none kept."""
     if lane_drive(c) is None:
         return
     me, big, q = c.rank, np.ones(1 << 18), partner(c)  # 2 MiB: past the eager limit
@@ -405,6 +405,18 @@ def compiled_async_times_out(c):
         assert time.monotonic() - t0 < 10 and h.done
         assert isinstance(h.exception(), CollectiveTimeoutError)
         expect_raises(CommunicatorBrokenError, lambda: d.send(big, dst=me), "send")
+        # The timed-out transfer is kept (it may still complete); calls on another
+        # communicator still take the compiled way, blocking and async.
+        assert mpi._ORPHANED, "the timed-out transfer is not kept"
+        g = collectives.init()
+        g.bind_thread()
+        python = []
+        g._p2p_slow = lambda *a: python.append(a[:1]) or type(g)._p2p_slow(g, *a)
+        got = np.zeros(3)
+        h = g.recv(got, src=me, tag=1, async_op=True)
+        g.send(np.arange(3.0), dst=me, tag=1)
+        assert h._driver == lane_drive(g) and h.wait() is got and python == [], python
+        assert np.array_equal(got, np.arange(3.0)) and mpi._ORPHANED
         p2p = d.backend.p2p  # the transfer is still posted: meet it, then let it go
         let_go((lambda: p2p.Recv([np.empty_like(big), MPI.BYTE], me, 9)) if kind == "send" else
                (lambda: p2p.Send([big, MPI.BYTE], me, 9)))
