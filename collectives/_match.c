@@ -895,7 +895,8 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
 
 enum { P2P_SPINS = 256 };  /* polls after the first before Python waits (COMPILED_SPINS') */
 enum {                      /* comm._p2p_raw: the array type, then Backend.raw_p2p()'s */
-    RAW_NDARRAY, RAW_COMM, RAW_BYTE, RAW_STATUS, RAW_ORPHANED, RAW_POSTED, RAW_REQUEST, RAW_SIZE
+    RAW_NDARRAY, RAW_COMM, RAW_BYTE, RAW_STATUS, RAW_ORPHANED, RAW_POSTED, RAW_REQUEST,
+    RAW_MPI_ERROR, RAW_SIZE
 };
 
 static PyObject *s_p2p_raw, *s_p2p_bounds, *s_p2p_names, *s_host_p2p, *s_p2p_slow, *s_p2p_now,
@@ -922,10 +923,11 @@ int_within(PyObject *v, long lo, PyObject *hi, long below)
 /* Let go of the backend's kept requests (its _ORPHANED: dropped handles' and timed-out
  * transfers') that completed since, as mpi._keep(()) does before each isend/irecv: each is
  * tested (which also drives MPI's progress for it) and, done or failed in MPI (MPI is then done
- * with its buffer), taken out of the list. One that never completes (its peer is gone) stays,
- * tested at every call. 0, or -1 with an error. */
+ * with its buffer: `mpi_error`, MPI.Exception; any other error stands), taken out of the
+ * list. One that never completes (its peer is gone) stays, tested at every call. 0, or -1
+ * with an error. */
 static int
-prune_kept(PyObject *kept)
+prune_kept(PyObject *kept, PyObject *mpi_error)
 {
     if (PyList_GET_SIZE(kept) == 0)
         return 0;
@@ -939,11 +941,11 @@ prune_kept(PyObject *kept)
         int done = t ? PyObject_IsTrue(t) : 1;
         Py_XDECREF(t);
         if (!t) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) {  /* ^C and the like stand */
+            if (!PyErr_ExceptionMatches(mpi_error)) {  /* ^C and the like stand */
                 result = -1;
                 break;
             }
-            PyErr_Clear();      /* completed in error (mpi4py's Exception) */
+            PyErr_Clear();      /* completed in error (MPI.Exception) */
         }
         if (done < 0) {
             result = -1;
@@ -987,11 +989,11 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
     PyObject *orphaned = PyTuple_GET_ITEM(raw, RAW_ORPHANED);
     if (!PyList_CheckExact(orphaned))
         return 0;
+    if (prune_kept(orphaned, PyTuple_GET_ITEM(raw, RAW_MPI_ERROR)) < 0)
+        return -1;              /* (first, as isend/irecv: its tests let go of the GIL) */
     int t;
     if ((t = item_true(l->guards, s_host_p2p)) != 1 || (t = inline_now(l)) != 1)
         return t < 0 ? -1 : 0;
-    if (prune_kept(orphaned) < 0)  /* as isend/irecv do first */
-        return -1;
     PyObject *names = PyDict_GetItemWithError(l->guards, s_p2p_names);  /* borrowed */
     if (!names || !PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != 2)
         return PyErr_Occurred() ? -1 : 0;
@@ -1156,23 +1158,28 @@ p2p_handle(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject
     PyObject *x = argv[1];
     if (!l->driver && !(l->driver = PyObject_GetAttr((PyObject *)l, s_p2p_drive)))
         return NULL;
-    PyObject *backend = PyDict_GetItemWithError(l->guards, s_backend);  /* borrowed */
-    PyObject *limit = backend ? PyDict_GetItemWithError(l->guards, s_limit) : NULL;
-    if (!limit) {
+    PyObject *backend = Py_XNewRef(PyDict_GetItemWithError(l->guards, s_backend));
+    PyObject *limit = backend ? Py_XNewRef(PyDict_GetItemWithError(l->guards, s_limit)) : NULL;
+    if (!limit) {               /* (both held: what follows may run Python that replaces them) */
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_SystemError, "a communicator without backend or _limit");
+        Py_XDECREF(backend);
         return NULL;
     }
     PyObject *h = l->posted->tp_alloc(l->posted, 0);  /* object.__new__ */
-    if (!h)
+    if (!h) {
+        Py_DECREF(backend);
+        Py_DECREF(limit);
         return NULL;
+    }
     set_slot(h, at->p_done, Py_True);  /* first: dropped on an error below, __del__ keeps out */
     PyObject *expect = Py_NewRef(Py_None), *statuses = Py_NewRef(Py_None);
     if (receives) {
         Py_DECREF(expect);
         Py_DECREF(statuses);
-        PyObject *nbytes = PyObject_GetAttr(x, s_nbytes), *shape = PyObject_GetAttr(x, s_shape);
-        PyObject *status = PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, RAW_STATUS));
+        PyObject *nbytes = PyObject_GetAttr(x, s_nbytes);
+        PyObject *shape = nbytes ? PyObject_GetAttr(x, s_shape) : NULL;
+        PyObject *status = shape ? PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, RAW_STATUS)) : NULL;
         expect = nbytes && shape ? PyTuple_Pack(3, nbytes, ((ArrayHead *)x)->descr, shape) : NULL;
         statuses = status ? PyList_New(1) : NULL;
         if (statuses)
@@ -1216,6 +1223,8 @@ p2p_handle(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject
     Py_XDECREF(callbacks);
     Py_XDECREF(lock);
     Py_XDECREF(entry);
+    Py_DECREF(backend);
+    Py_DECREF(limit);
     if (!counted)
         Py_CLEAR(h);
     return h;
@@ -1257,15 +1266,27 @@ drive_py(PyObject *h, int block)
 }
 
 /* Settle a Posted handle whose transfer completed, as Posted._finished does where the
- * message had the right size: its flight entry done, counted off, its outcome set under
- * SETTLING; the done-callbacks to run (a new reference, maybe empty), or NULL. */
+ * message had the right size: under SETTLING its outcome set, its flight entry done, counted
+ * off; the done-callbacks to run (a new reference, maybe empty), or NULL (nothing changed where
+ * SETTLING couldn't be taken). */
 static PyObject *
 p2p_settle_done(Lane *l, PyObject *h, PyObject *raw)
 {
     Offsets *at = &l->at;
-    PyObject *entry = SLOT(h, at->p_entry), *now = PyFloat_FromDouble(monotonic());
-    if (!now)
+    PyObject *now = PyFloat_FromDouble(monotonic()), *none_yet = now ? PyList_New(0) : NULL;
+    PyObject *got = none_yet ? PyObject_CallMethodNoArgs(l->settling, s_acquire) : NULL;
+    if (!got) {
+        Py_XDECREF(now);
+        Py_XDECREF(none_yet);
         return NULL;
+    }
+    Py_DECREF(got);
+    PyObject *callbacks = Py_XNewRef(SLOT(h, at->p_callbacks));
+    set_slot(h, at->p_error, Py_None);
+    set_slot(h, at->p_done, Py_True);
+    set_slot(h, at->p_callbacks, none_yet);
+    Py_DECREF(none_yet);
+    PyObject *entry = SLOT(h, at->p_entry);
     if (entry && Py_TYPE(entry) == l->entry) {
         set_slot(entry, at->e_state, s_done);
         set_slot(entry, at->e_ended, now);
@@ -1273,29 +1294,15 @@ p2p_settle_done(Lane *l, PyObject *h, PyObject *raw)
     Py_DECREF(now);
     PyObject *posted = PyTuple_GET_ITEM(raw, RAW_POSTED);  /* backend.posted(-1) */
     Py_ssize_t n = PyList_Check(posted) ? PyList_GET_SIZE(posted) : 0;
-    if (n > 0 && PyList_SetSlice(posted, n - 1, n, NULL) < 0)
-        return NULL;
-    PyObject *got = PyObject_CallMethodNoArgs(l->settling, s_acquire);
-    if (!got)
-        return NULL;
-    Py_DECREF(got);
-    PyObject *callbacks = Py_XNewRef(SLOT(h, at->p_callbacks));
-    PyObject *none_yet = PyList_New(0);
-    if (none_yet) {
-        set_slot(h, at->p_error, Py_None);
-        set_slot(h, at->p_done, Py_True);
-        set_slot(h, at->p_callbacks, none_yet);
-        Py_DECREF(none_yet);
+    int ok = n == 0 || PyList_SetSlice(posted, n - 1, n, NULL) == 0;
+    if (!callbacks && ok) {
+        PyErr_SetString(PyExc_SystemError, "a Posted handle without _callbacks");
+        ok = 0;
     }
-    PyObject *released = PyObject_CallMethodNoArgs(l->settling, s_release);
-    if (!none_yet || !released || !callbacks) {
-        if (!callbacks && !PyErr_Occurred())
-            PyErr_SetString(PyExc_SystemError, "a Posted handle without _callbacks");
-        Py_XDECREF(released);
+    if (release_keeping_error(l->settling) < 0 || !ok) {
         Py_XDECREF(callbacks);
         return NULL;
     }
-    Py_DECREF(released);
     return callbacks;
 }
 
@@ -1516,6 +1523,22 @@ lane_dealloc(Lane *l)
     Py_TYPE(l)->tp_free((PyObject *)l);
 }
 
+/* Whether `type` declares exactly `count` slots (__slots__): the lane makes its objects slot
+ * by slot, so a slot added to the class must be added here too. 0, or -1 with an error. */
+static int
+slot_count(PyTypeObject *type, Py_ssize_t count)
+{
+    PyObject *slots = PyObject_GetAttrString((PyObject *)type, "__slots__");
+    Py_ssize_t n = slots ? PyObject_Length(slots) : -1;
+    Py_XDECREF(slots);
+    if (n == count)
+        return 0;
+    if (n >= 0)
+        PyErr_Format(PyExc_TypeError, "%s has %zd slots, the compiled lane makes %zd",
+                     type->tp_name, n, count);
+    return -1;
+}
+
 static int
 lane_offsets(Lane *l)
 {
@@ -1565,7 +1588,8 @@ lane_offsets(Lane *l)
         (at->e_state = slot_offset(l->entry, "state")) < 0 ||
         (at->e_issued = slot_offset(l->entry, "issued")) < 0 ||
         (at->e_started = slot_offset(l->entry, "started")) < 0 ||
-        (at->e_ended = slot_offset(l->entry, "ended")) < 0 ? -1 : 0;
+        (at->e_ended = slot_offset(l->entry, "ended")) < 0 ||
+        slot_count(l->posted, 18) < 0 || slot_count(l->entry, 7) < 0 ? -1 : 0;
 }
 
 static PyObject *

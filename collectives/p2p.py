@@ -81,13 +81,15 @@ class Posted(DrivenHandle):
         """Call ``fn(handle)`` once done (at once if already done), from the finishing thread;
         the first callback starts a thread that waits for the transfer."""
         with SETTLING:
-            if not self._done:
+            done = self._done
+            if not done:
                 self._callbacks.append(fn)
-                if len(self._callbacks) == 1:
-                    threading.Thread(target=self._drive, args=(True,), daemon=True,
-                                     name=f"topocoll-{self.name}").start()
-                return
-        fn(self)
+                first = len(self._callbacks) == 1
+        if done:
+            fn(self)
+        elif first:  # started outside SETTLING, which every handle's settling takes
+            threading.Thread(target=self._drive, args=(True,), daemon=True,
+                             name=f"topocoll-{self.name}").start()
 
     def __repr__(self) -> str:
         return f"<Posted {self.name} {'done' if self._done else 'pending'}>"
@@ -172,11 +174,12 @@ class Posted(DrivenHandle):
                                              self._entry))
 
     def _test_failed(self, err: BaseException) -> None:
-        """The compiled driver's test raised ``err`` (MPI's error): settle what ``_drive_py``
-        settles where the backend's test raises it."""
+        """The compiled driver's test raised ``err``: settle what ``_drive_py`` settles where
+        the backend's test raises it (``Backend.test_failed``)."""
+        assert self._reqs is not None  # the compiled lane's handles are posted
         try:
-            self._backend.failed(err, self._reqs, self._context(),
-                                 self._comm._p2p_peers[self._peer], self._statuses)
+            self._backend.test_failed(err, self._reqs, self._context(),
+                                      self._comm._p2p_peers[self._peer], self._statuses)
         except BaseException as raised:  # noqa: BLE001 - classified as the general path does
             self._failed(raised)
 

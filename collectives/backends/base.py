@@ -56,6 +56,11 @@ class Backend(ABC):
         """Raise what ``wait`` on ``reqs`` raises where testing them raised ``err``."""
         raise err
 
+    def test_failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
+                    peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
+        """Raise what ``test`` on ``reqs`` raises where testing them raised ``err``."""
+        raise err
+
     def raw_p2p(self) -> tuple[Any, ...] | None:
         """The transport's own objects for sending and receiving user messages without this
         class's methods (the compiled lane's blocking send and recv), or None where there are

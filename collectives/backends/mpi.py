@@ -91,9 +91,10 @@ class MPIBackend(Backend):
     def raw_p2p(self) -> tuple[Any, ...]:
         """The user channel's mpi4py communicator, MPI.BYTE, MPI.Status, the kept requests
         (``_ORPHANED``: the lane lets go of the completed ones first, as ``isend``/``irecv``
-        do), the posted ones' count (``_POSTED``, as ``posted`` keeps it) and MPI.Request (whose
-        ``Testall`` drives an async one's handle)."""
-        return self.p2p, self._byte, self._MPI.Status, _ORPHANED, _POSTED, self._MPI.Request
+        do), the posted ones' count (``_POSTED``, as ``posted`` keeps it), MPI.Request (whose
+        ``Testall`` drives an async one's handle) and MPI.Exception (MPI's errors)."""
+        return (self.p2p, self._byte, self._MPI.Status, _ORPHANED, _POSTED, self._MPI.Request,
+                self._MPI.Exception)
 
     def _pending(self, reqs: list[Request], peers: Sequence[str]) -> str:
         """Who ``wait`` still waits for: the peers of ``reqs`` not complete yet."""
@@ -110,9 +111,18 @@ class MPIBackend(Backend):
         try:
             return bool(self._MPI.Request.Testall(list(reqs), statuses))
         except self._MPI.Exception as err:
-            _keep(reqs)
-            self._raise_truncated(err, ctx, statuses)
-            raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
+            self.test_failed(err, reqs, ctx, peers, statuses)
+
+    def test_failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
+                    peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
+        """Raise what ``test`` raises where testing ``reqs`` raised ``err``: MPI's error as
+        MessageTruncated or TransportError naming ``peers`` (the requests kept: they may still
+        complete), anything else as it is."""
+        if not isinstance(err, self._MPI.Exception):
+            raise err
+        _keep(reqs)
+        self._raise_truncated(err, ctx, statuses)
+        raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
 
     def _drive_posted(self) -> None:
         """The arena's progress hook: one turn of MPI's progress engine where posted transfers
