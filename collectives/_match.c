@@ -1007,16 +1007,17 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
 }
 
 /* Whether calling `method` of `obj` with `args` (nargs of them, obj first) returns true: 1, 0,
- * -1 on error; polled up to P2P_SPINS more times while false, yielding the core in between
- * (ranks may share it; the GIL is let go meanwhile), as OpContext.poll's spin does. */
+ * -1 on error; polled up to `spins` more times while false (P2P_SPINS, or 0: once), yielding
+ * the core in between (ranks may share it; the GIL is let go meanwhile), as OpContext.poll's
+ * spin does. */
 static int
-p2p_poll(PyObject *method, PyObject *const *args, size_t nargs)
+p2p_poll(PyObject *method, PyObject *const *args, size_t nargs, int spins)
 {
     for (int i = 0;; i++) {
         PyObject *r = PyObject_VectorcallMethod(method, args, nargs, NULL);
         int ok = r ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
-        if (ok != 0 || i == P2P_SPINS)
+        if (ok != 0 || i == spins)
             return ok;
         Py_BEGIN_ALLOW_THREADS
         sched_yield();
@@ -1030,7 +1031,7 @@ static PyObject *
 p2p_finish(Lane *l, int receives, PyObject *const *argv, PyObject *record, PyObject *req)
 {
     PyObject *test[1] = {req};
-    int ok = p2p_poll(s_Test, test, 1);
+    int ok = p2p_poll(s_Test, test, 1, P2P_SPINS);
     if (ok == 1) {
         Py_DECREF(req);
         set_slot(record, l->at.r_running, s_zero);
@@ -1086,7 +1087,7 @@ p2p_run(Lane *l, int receives, PyObject *const *argv, PyObject *raw, PyObject *n
     }
     PyObject *status = PyObject_CallNoArgs(PyTuple_GET_ITEM(raw, RAW_STATUS));
     PyObject *call[4] = {comm, peer, tag, status};
-    int in = status ? p2p_poll(s_Iprobe, call, 4) : -1;
+    int in = status ? p2p_poll(s_Iprobe, call, 4, P2P_SPINS) : -1;
     int fits = in == 1 ? p2p_fits(status, byte, x) : in;
     Py_XDECREF(status);
     if (fits < 0)
@@ -1324,14 +1325,7 @@ p2p_drive_held(Lane *l, PyObject *h, PyObject *raw, int block, PyObject **callba
         return -1;
     }
     PyObject *call[3] = {PyTuple_GET_ITEM(raw, RAW_REQUEST), reqs, stats};
-    int ok;
-    if (block)
-        ok = p2p_poll(s_Testall, call, 3);
-    else {
-        PyObject *r = PyObject_VectorcallMethod(s_Testall, call, 3, NULL);
-        ok = r ? PyObject_IsTrue(r) : -1;
-        Py_XDECREF(r);
-    }
+    int ok = p2p_poll(s_Testall, call, 3, block ? P2P_SPINS : 0);
     int result = ok;
     if (ok < 0) {               /* MPI's error: classified and settled by Python */
         PyObject *value = caught();

@@ -65,7 +65,7 @@ class Backend(ABC):
         """The transport's own objects for sending and receiving user messages without this
         class's methods (the compiled lane's blocking send and recv), or None where there are
         none. MPI's: (communicator, byte datatype, status type, kept requests, posted requests'
-        count, request type)."""
+        count, request type, MPI's exception type)."""
         return None
 
     def posted(self, change: int) -> None:
