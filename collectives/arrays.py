@@ -135,11 +135,8 @@ def check_writable(buf: Buffer, name: str) -> None:
 
 
 def check_memory(buf: Buffer, backend: Any, name: str) -> None:
-    """Raise TypeError, before any communication, if ``backend`` can't carry ``buf``'s memory."""
-    accepts = getattr(backend, "memories", ("host",))
-    if buf.memory not in accepts:
-        raise TypeError(f"{name} is a GPU array on {buf.where} but the {backend.name} backend "
-                        f"takes host arrays; use collectives.init(backend='nccl') for GPU arrays")
+    """Raise TypeError, before any communication, if ``buf`` is a GPU array on another GPU than
+    ``backend``'s (one that carries GPU memory; others stage it: collectives/staging.py)."""
     device = getattr(backend, "device", None)
     if buf.memory == "cuda" and device is not None and buf.device != device:
         raise TypeError(f"{name} is on {buf.where} but this communicator's GPU is cuda:{device}; "

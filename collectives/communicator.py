@@ -35,6 +35,7 @@ from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
 from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
 from .p2p import Posted, described
+from .staging import StagedReceive, stage, staged, writes_send
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, compiled_lane, \
     keepable
 
@@ -446,6 +447,8 @@ class Communicator:
         buf = as_buffer(x, "x")
         if receives:
             check_writable(buf, "x")
+        if staged(buf, self.backend):
+            return self._p2p_staged(receives, buf, peer, tag, async_op, timeout)
         check_memory(buf, self.backend, "x")
         peer = self._peer(peer, "src" if receives else "dst")
         tag = self._tag(tag)
@@ -459,6 +462,21 @@ class Communicator:
             return move(buf.user, buf.flat(), peer, tag, OpContext(name, self._timeout(timeout)))
 
         return self._submit(name, run, async_op)
+
+    def _p2p_staged(self, receives: int, buf: Buffer, peer: Any, tag: Any, async_op: bool,
+                    timeout: float | None) -> Any:
+        """Send or receive a GPU array over a host-only backend (``staging``): a host copy
+        goes, or comes and is copied into the array; an async receive's copy runs when its
+        handle completes."""
+        host = np.empty(buf.flat().size, np.dtype(buf.flat().dtype))
+        if not receives:
+            copyto(host, buf.flat())
+            return self._p2p(0, host, peer, tag, async_op, timeout)
+        got = self._p2p(1, host, peer, tag, async_op, timeout)
+        if not async_op:
+            copyto(buf.flat(), host)
+            return buf.user
+        return StagedReceive(got, lambda: copyto(buf.flat(), host), buf.user)
 
     def _send(self, user: Any, flat: Any, dst: int, tag: int, ctx: OpContext,
               req: Any = None) -> Any:
@@ -668,8 +686,10 @@ class Communicator:
         A communicator belongs to the first thread that issues an operation on it; a call from
         any other thread (but the communicator's own progress thread, where done-callbacks run)
         raises CollectiveError (a RuntimeError), because ranks could pair one thread's call with another's. Call
-        this from the new thread once the old one no longer uses the communicator."""
-        self._owner = threading.get_ident()
+        this from the new thread once the old one no longer uses the communicator. From the
+        communicator's own progress thread it changes nothing (that thread may always issue)."""
+        if not self._executor.on_worker():
+            self._owner = threading.get_ident()
 
     @property
     def broken(self) -> str | None:
@@ -710,7 +730,13 @@ class Communicator:
         """Resolve the algorithm, then run agreement + algorithm inline or on the progress thread.
         ``keep``: the caller's ``out`` and arguments, to keep the call prepared for repeats."""
         kind = call.kind
-        check_memory(buf, self.backend, "x")
+        host_copies = staged(buf, self.backend)  # a GPU array over MPI: copied to the host
+        if host_copies:
+            call, copy_in, copy_out = stage(call, copy_in, copy_out,
+                                            writes_send(kind, self.rank, call.root))
+            keep = None  # its copies run at every call: nothing to prepare
+        else:
+            check_memory(buf, self.backend, "x")
         chosen = self.algorithm_for(kind, buf.nbytes, algo)
         algorithm = select.ALGORITHMS[kind][chosen]
         call.topology = self.topology
@@ -724,7 +750,7 @@ class Communicator:
 
         fused = (agree and runs and chosen in select.AGREES_IN_FIRST_BARRIER
                  and self.backend.arena_unavailable() is None)  # else shm raises before its gate
-        if copy_in is not None and chosen in select.READS_SOURCE:
+        if copy_in is not None and chosen in select.READS_SOURCE and not host_copies:
             call.source, copy_in = copy_in[1], None
         source = call.source  # a path that copies it into send clears it: every run resets it
         what = (call.dtype.name, call.send.size, chosen)

@@ -60,13 +60,22 @@ def empty_like(a: Any) -> Any:
 
 
 def copyto(dst: Any, src: Any) -> None:
-    """Copy ``src`` into ``dst`` (same shape, same memory kind); GPU copies finish before return."""
-    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+    """Copy ``src`` into ``dst`` (same shape), host or GPU either side (across: both contiguous);
+    GPU copies finish before return."""
+    host_dst, host_src = isinstance(dst, np.ndarray), isinstance(src, np.ndarray)
+    if host_dst and host_src:
         np.copyto(dst, src)
-        return
-    _require_same_kind(dst, src)
-    with local_work(dst):
-        array_module(dst).copyto(dst, src)
+    elif host_dst:  # GPU -> host, after the producer fences
+        if dst.size:
+            with local_work(src):
+                src.get(out=dst)
+    elif host_src:  # host -> GPU
+        if dst.size:
+            with local_work(dst):
+                dst.set(src)
+    else:
+        with local_work(dst):
+            array_module(dst).copyto(dst, src)
 
 
 def shares_memory(a: Any, b: Any) -> bool:
@@ -256,11 +265,6 @@ def _on_device(like: Any) -> Iterator[None]:
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(like.device.id):
         yield
-
-
-def _require_same_kind(a: Any, b: Any) -> None:
-    if isinstance(a, np.ndarray) != isinstance(b, np.ndarray):
-        raise TypeError("can't copy between host and GPU arrays here; both must be on the GPU")
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: Any, itemsize: int) -> bool:

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from topocoll.collectives.arrays import Buffer, as_buffer, check_memory
+from topocoll.collectives.call import Call
+from topocoll.collectives.staging import StagedReceive, stage, staged, writes_send
 from topocoll.collectives.backends import nccl
 from topocoll.collectives.dtypes import BFLOAT16, dtype_of_numpy
 from topocoll.collectives.gpu import (array_module, copyto, describe_cuda_array, empty, empty_like,
@@ -143,11 +145,12 @@ class _Backend:
         self.name, self.memories, self.device = name, memories, device
 
 
-def test_check_memory_names_backend_and_device():
+def test_gpu_arrays_are_staged_or_checked_for_their_device():
     gpu_buf = Buffer(None, np.empty(0), dtype_of_numpy(np.float32), "cupy", memory="cuda",
                      device=1)
-    with pytest.raises(TypeError, match="cuda:1 but the mpi backend takes host arrays.*nccl"):
-        check_memory(gpu_buf, _Backend("mpi", ("host",)), "x")
+    assert staged(gpu_buf, _Backend("mpi", ("host",)))  # copied through host memory
+    assert not staged(gpu_buf, _Backend("nccl", ("host", "cuda"), 1))
+    assert not staged(as_buffer(np.ones(3)), _Backend("mpi", ("host",)))
     with pytest.raises(TypeError, match="x is on cuda:1 but this communicator's GPU is cuda:0"):
         check_memory(gpu_buf, _Backend("nccl", ("host", "cuda"), 0), "x")
     check_memory(gpu_buf, _Backend("nccl", ("host", "cuda"), 1), "x")
@@ -175,3 +178,65 @@ def test_host_helpers_behave_like_numpy():
 def test_backend_selection_and_errors(n):
     out = run_ranks("nccl_select.py", n, timeout=120)
     assert out.count("selected") == n
+
+
+# -- staging GPU arrays through host memory (collectives/staging.py); numpy arrays stand in for
+#    the GPU ones: stage() only allocates host arrays and pairs them with the caller's --
+def test_stage_pairs_the_copies_around_each_kind_of_call():
+    f32 = dtype_of_numpy(np.float32)
+    x, out = np.arange(4, dtype=np.float32), np.zeros(4, np.float32)
+    call, cin, cout = stage(Call("all_reduce", f32, x), None, None, True)  # in place
+    assert call.send is not x and call.recv is None and call.send.dtype == np.float32
+    assert cin == (call.send, x) and cout == (x, call.send)
+    call, cin, cout = stage(Call("all_reduce", f32, out), (out, x), None, True)  # out=
+    assert cin == (call.send, x) and cout == (out, call.send)  # reads x, writes out
+    gathered = np.zeros(8, np.float32)
+    call, cin, cout = stage(Call("all_gather", f32, x, gathered), None, None, False)
+    assert call.recv.size == 8 and cin == (call.send, x) and cout == (gathered, call.recv)
+    temp = np.zeros(4, np.float32)  # an in-place rotate's temporary: the copy goes to x itself
+    call, cin, cout = stage(Call("rotate", f32, x, temp), None, (x, temp), False)
+    assert cout == (x, call.recv)
+    call, cin, cout = stage(Call("broadcast", f32, x, root=0), None, None, False)  # the root
+    assert cin == (call.send, x) and cout is None
+    assert [writes_send("broadcast", r, 0) for r in (0, 1)] == [False, True]
+    assert [writes_send("reduce", r, 1) for r in (0, 1)] == [False, True]
+    assert writes_send("all_reduce", 0, 0) and not writes_send("all_gather", 0, 0)
+
+
+class _Posted:
+    """A posted host receive, finished by hand (``arrive``), as StagedReceive sees one."""
+    name = "recv from rank 1"
+
+    def __init__(self, error=None):
+        self.arrived, self.error, self.callbacks = False, error, []
+
+    def test(self):
+        return self.arrived
+
+    def wait(self):
+        assert self.arrived, "StagedReceive waited on a receive that could not end"
+        if self.error is not None:
+            raise self.error
+
+    def add_done_callback(self, fn):
+        self.callbacks.append(fn)
+
+    def arrive(self):
+        self.arrived = True
+        for fn in self.callbacks:
+            fn(self)
+
+
+def test_staged_receive_copies_once_when_the_receive_ends():
+    copies, seen = [], []
+    posted = _Posted()
+    h = StagedReceive(posted, lambda: copies.append(1), "the GPU array")
+    h.add_done_callback(lambda handle: seen.append((handle, len(copies))))
+    assert not h.test() and not h.done and copies == []
+    posted.arrive()  # the callback copies first, then tells
+    assert seen == [(h, 1)] and h.done and h.wait() == "the GPU array" and copies == [1]
+    failing = StagedReceive(_Posted(ValueError("3 bytes, not 4")), lambda: copies.append(2), None)
+    failing._posted.arrive()
+    with pytest.raises(ValueError, match="3 bytes"):
+        failing.wait()
+    assert copies == [1] and failing.exception() is not None  # no copy after a failed receive

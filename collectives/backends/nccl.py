@@ -502,12 +502,17 @@ def _nccl_comm(host: MPIBackend, ctx: OpContext, device: int) -> Any:
     """One NCCL communicator over ``host``'s ranks: rank 0's unique id, broadcast over MPI."""
     from cupy.cuda import nccl
 
-    uid = np.zeros(128, np.int16)  # wide enough for a signed or unsigned char
+    # The id's 128 bytes, and how this CuPy gives them: bytes (CuPy 14) or a tuple of signed
+    # chars (older); the last slot says which, so every rank rebuilds what its constructor takes.
+    uid = np.zeros(129, np.int16)
     if host.rank == 0:
-        uid[:] = nccl.get_unique_id()
+        made = nccl.get_unique_id()
+        uid[:128] = np.frombuffer(made, np.uint8) if isinstance(made, bytes) else made
+        uid[128] = isinstance(made, bytes)
     host.native("broadcast", ctx, buf=uid, root=0)
+    given = bytes(uid[:128].astype(np.uint8)) if uid[128] else tuple(int(v) for v in uid[:128])
     try:
-        return nccl.NcclCommunicator(host.size, tuple(int(v) for v in uid), host.rank)
+        return nccl.NcclCommunicator(host.size, given, host.rank)
     except nccl.NcclError as err:
         raise CollectiveError(f"NCCL communicator set-up failed on rank {host.rank} "
                               f"(cuda:{device}): {err}; NCCL needs one GPU per rank") from err

@@ -9,7 +9,9 @@ Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_ga
 """
 from __future__ import annotations
 
+import functools
 import itertools
+import threading
 import time
 from datetime import timedelta
 from typing import Any, Sequence
@@ -56,9 +58,26 @@ def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGro
     return ProcessGroupTopocoll(comm, timeout, owns_mpi_comm=True)
 
 
+def follows_caller(method: Any) -> Any:
+    """An operation torch may issue from another thread than the last one did, one at a time:
+    DDP's reducer all-reduces CUDA gradients from autograd's device thread during backward, the
+    training loop calls from its own. The group's communicator follows the calling thread
+    (``Communicator.bind_thread``; the communicator's progress thread, where done-callbacks run,
+    keeps it where it is)."""
+    @functools.wraps(method)
+    def issued(self: Any, *args: Any, **kwargs: Any) -> Any:
+        me = threading.get_ident()
+        if me != self._issuer:
+            self._issuer = me
+            self.comm.bind_thread()
+        return method(self, *args, **kwargs)
+    return issued
+
+
 class ProcessGroupTopocoll(dist.ProcessGroup):
-    """torch ProcessGroup over ``comm``: CPU tensors always, CUDA tensors where ``comm`` runs the
-    NCCL backend (``collectives.init(backend="auto")`` picks it when every rank has a GPU)."""
+    """torch ProcessGroup over ``comm``: CPU tensors, and CUDA tensors over NCCL where ``comm``
+    runs it (``collectives.init(backend="auto")`` picks it when every rank has a GPU of its
+    own), else over MPI through host copies."""
 
     def __init__(self, comm: collectives.Communicator, timeout: float | None = None,
                  owns_mpi_comm: bool = False) -> None:
@@ -70,6 +89,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         # p2p channel: send/recv; coll channel: gather/scatter's messages, the shutdown agreement
         self._mpi = MPIBackend(comm.mpi_comm, shared_memory=False)
         self._closed = False
+        self._issuer: int | None = None  # the thread whose call came last (follows_caller)
         self._rooted_tags = itertools.count()
         self._group_name = ""
         self._group_desc = ""
@@ -106,6 +126,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return self._group_desc
 
     # -- reductions --
+    @follows_caller
     @rejected_together
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce one tensor in place with ``opts.reduceOp`` (a sparse COO tensor: SUM)."""
@@ -153,17 +174,18 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
         return self._work("allreduce (sparse)", [t], hs, post=post)
 
+    @follows_caller
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce several tensors in place, one Work for all."""
         def issue(i: int) -> Handle:
             t = tensors[i]
             _check(t, f"allreduce_coalesced tensors[{i}]")
-            self._on_gpu(t, "allreduce_coalesced")
             return self.comm.all_reduce(t, op=_op(opts), async_op=True)
 
         handles = self._each("allreduce_coalesced", len(tensors), issue)
         return self._work("allreduce_coalesced", tensors, handles)
 
+    @follows_caller
     @rejected_together
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Reduce one tensor into ``opts.rootRank``'s copy."""
@@ -171,6 +193,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         op, root = _op(opts), _root(opts, self.size())
         return self._work("reduce", [t], self._go(opts, self.comm.reduce, t, root=root, op=op))
 
+    @follows_caller
     @rejected_together
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Copy ``opts.rootRank``'s tensor into everyone's."""
@@ -179,6 +202,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return self._work("broadcast", [t], self._go(opts, self.comm.broadcast, t, root=root))
 
     # -- gathers --
+    @follows_caller
     @rejected_together
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors:
                   list[torch.Tensor], opts: Any = None) -> Work:
@@ -189,6 +213,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         hs = self._go(opts, self.comm.all_gather, t.view(-1), out=stage)
         return self._work("allgather", outs, hs, post=lambda: _unpack(stage, outs))
 
+    @follows_caller
     @rejected_together
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_list: list[torch.Tensor], opts: Any = None) -> Work:
@@ -215,6 +240,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         outs = [o for lst in output_lists for o in lst]
         return self._work("allgather_coalesced", outs, hs, post=lambda: _unpack(stage, outs))
 
+    @follows_caller
     @rejected_together
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> Work:
@@ -227,6 +253,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     _allgather_base = all_gather_single  # torch < 2.13
 
+    @follows_caller
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
                                     inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """Several ``all_gather_single`` as one Work."""
@@ -238,6 +265,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
     # the (lists, opts) form torch.distributed calls; not the (tensor, root, timeout) overload
+    @follows_caller
     def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
                input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Collect every rank's tensor into the root's list ``output_tensors[0]``."""
@@ -254,6 +282,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return RequestWork("gather", outs, self._mpi, reqs, self.timeout)
 
     # -- scatters --
+    @follows_caller
     @rejected_together
     def reduce_scatter(self, output_tensors: list[torch.Tensor],
                        input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
@@ -265,6 +294,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         hs = self._go(opts, self.comm.reduce_scatter, stage, out=out.view(-1), op=op)
         return self._work("reduce_scatter", [out], hs)
 
+    @follows_caller
     @rejected_together
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> Work:
@@ -278,6 +308,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single  # torch < 2.13
 
+    @follows_caller
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """Several ``reduce_scatter_single`` as one Work."""
@@ -289,6 +320,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     # the (lists, opts) form torch.distributed calls; not the (tensor, root, timeout) overload
+    @follows_caller
     def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """Give rank r element r of the root's list ``input_tensors[0]``."""
@@ -305,6 +337,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return RequestWork("scatter", [out], self._mpi, reqs, self.timeout)
 
     # -- all to all --
+    @follows_caller
     @rejected_together
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           output_split_sizes: Sequence[int] | None = None,
@@ -322,12 +355,12 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                                  f"{input.numel()} and {output.numel()} elements")
             hs = self._go(opts, self.comm.all_to_all, input.view(-1), out=output.view(-1))
             return self._work("all_to_all_single", [output], hs)
-        self._on_gpu(input, "all_to_all_single")
         h, unpack = self._all_to_all_uneven(output, input, output_split_sizes, input_split_sizes)
         return self._work("all_to_all_single", [output], [h], post=unpack)
 
     alltoall_base = all_to_all_single  # torch < 2.13
 
+    @follows_caller
     @rejected_together
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> Work:
@@ -338,7 +371,6 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                 raise ValueError(f"alltoall needs {p} {what} tensors (one per rank), got {len(ts)}")
             for i, t in enumerate(ts):
                 _check(t, f"alltoall {what}[{i}]", like=input_tensors[0])
-        self._on_gpu(input_tensors[0], "alltoall")
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         stage = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype,
                             device=flat_in.device)
@@ -352,11 +384,13 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         return self._work("alltoall", output_tensors, [h], post=post)
 
     # -- synchronisation and point to point --
+    @follows_caller
     @rejected_together
     def barrier(self, opts: Any = None) -> Work:
         """Wait until every rank reaches the barrier."""
         return self._work("barrier", [], self._go(opts, self.comm.barrier))
 
+    @follows_caller
     def monitored_barrier(self, timeout: timedelta | None = None,
                           wait_all_ranks: bool = False) -> None:
         """gloo's barrier that names the ranks that didn't come: every rank reports to rank 0,
@@ -419,14 +453,14 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         t = _one(tensors, "send")
         # CUDA tensors are staged through host memory: a send must never wait behind (or block)
         # the communicator's ordered queue, which NCCL point-to-point would need
-        host = t.detach().cpu() if self._on_gpu(t, "send") else t
+        host = t.detach().cpu() if _on_gpu(t) else t
         req = self._mpi.isend(_bytes(host), self._peer(dst, "dst"), _tag(tag), channel="p2p")
         return RequestWork(f"send to rank {dst}", [host], self._mpi, [req], self.timeout)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         """Start receiving one tensor from group rank ``src``."""
         t = _one(tensors, "recv")
-        staged = self._on_gpu(t, "recv")
+        staged = _on_gpu(t)
         host = torch.empty_like(t, device="cpu") if staged else t
         req = self._mpi.irecv(_bytes(host), self._peer(src, "src"), _tag(tag), channel="p2p")
         post = (lambda: t.copy_(host)) if staged else None
@@ -437,7 +471,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """``recv(src=None)``: receive one tensor from whichever rank sends first with ``tag``
         (MPI_ANY_SOURCE, as torch's MPI backend does); ``Work._source_rank()`` names it."""
         t = _one(tensors, "recv")
-        staged = self._on_gpu(t, "recv")
+        staged = _on_gpu(t)
         host = torch.empty_like(t, device="cpu") if staged else t
         req = self._mpi.irecv(_bytes(host), _MPI().ANY_SOURCE, _tag(tag), channel="p2p")
         post = (lambda: t.copy_(host)) if staged else None
@@ -496,9 +530,6 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def _go(self, opts: Any, method: Any, *args: Any, **kw: Any) -> list[Handle]:
         """Run a Communicator method: queued (its Handle) for async calls, inline for synchronous
         ones (torch >= 2.6 says which in ``opts.asyncOp``), which saves the thread hop."""
-        for a in (*args, *kw.values()):
-            if isinstance(a, torch.Tensor):
-                self._on_gpu(a, getattr(method, "__name__", "collective"))
         if getattr(opts, "asyncOp", True):
             return [method(*args, async_op=True, **kw)]
         self._now(method, *args, **kw)
@@ -567,23 +598,16 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
         return self.comm.all_to_all(send, out=recv, async_op=True), unpack
 
-    def _on_gpu(self, t: torch.Tensor, what: str) -> bool:
-        """Whether ``t`` is a CUDA tensor (then this group must run NCCL, else TypeError)."""
-        if t.device.type != "cuda":
-            return False
-        if "cuda" not in getattr(self.comm.backend, "memories", ("host",)):
-            from ..backends.nccl import unavailable_reason
-
-            why = unavailable_reason() or "not every rank of the group has a GPU of its own"
-            raise TypeError(f"{what}: tensor is on {t.device} but this topocoll group runs on MPI "
-                            f"(NCCL backend not in use: {why}); move the tensor to CPU or "
-                            f"install cupy-cuda12x and nvidia-nccl-cu12 (docs/nccl.md)")
-        return True
-
     def _peer(self, peer: int, what: str) -> int:
         if not isinstance(peer, int) or not 0 <= peer < self.size():
             raise ValueError(f"{what} {peer!r} is not a rank of this group (size {self.size()})")
         return peer
+
+
+def _on_gpu(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a CUDA tensor (which point-to-point stages through host memory itself; in
+    collectives, NCCL carries it where the group runs NCCL, else the communicator stages it)."""
+    return bool(t.device.type == "cuda")
 
 
 def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | None = None) -> None:
@@ -596,7 +620,7 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
                         f"{what.split()[0]}.to_dense()")
     if t.device.type not in DEVICES:
         raise TypeError(f"{what} is on {t.device}: the topocoll torch backend moves CPU tensors "
-                        f"(MPI, shared memory) and CUDA tensors (NCCL)")
+                        f"(MPI, shared memory) and CUDA tensors (NCCL, or MPI through host copies)")
     if like is not None and t.device != like.device:
         raise TypeError(f"{what} is on {t.device} but the input is on {like.device}")
     if not t.is_contiguous():

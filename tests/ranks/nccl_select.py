@@ -2,12 +2,16 @@
 import _common  # noqa: F401  (sets sys.path)
 from _common import rank_main
 
+from mpi4py import MPI
+
 from topocoll import collectives
-from topocoll.collectives.backends.nccl import unavailable_reason
+from topocoll.collectives.backends.nccl import nccl_missing
 
 
 def body():
-    reason = unavailable_reason()
+    # this process's reason (no cupy, GPU or NCCL), or its node's (more ranks than GPUs)
+    reasons = MPI.COMM_WORLD.allgather(nccl_missing(MPI.COMM_WORLD))
+    reason = next((why for why in reasons if why), None)
     c = collectives.init(timeout=30)
     want = "mpi" if reason else "nccl"
     assert c.backend.name.startswith(want), (c.backend.name, reason)

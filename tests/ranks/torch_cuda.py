@@ -1,7 +1,10 @@
-"""CUDA tensors through the "topocoll" torch backend (NCCL underneath) match CPU references, and
-DDP on CUDA trains like DDP on CPU gloo. Needs one GPU per rank (the test skips otherwise)."""
+"""CUDA tensors through the "topocoll" torch backend (argv[1]: the backend string given to
+init_process_group) match CPU references, and DDP on CUDA trains like DDP on CPU gloo. NCCL
+carries them where each rank has a GPU; ranks sharing one go over MPI through host copies."""
 import _common  # noqa: F401
 from _common import rank_main
+
+import sys
 
 import torch
 import torch.distributed as dist
@@ -59,9 +62,14 @@ def ddp_matches_gloo(r, gloo):
 
 
 def body():
-    dist.init_process_group("topocoll")
+    backend = sys.argv[1] if len(sys.argv) > 1 else "topocoll"
+    dist.init_process_group(backend)
     r, p = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(r % torch.cuda.device_count())
+    # torch takes a Python ProcessGroup for the whole group, whatever the device map says: the
+    # topocoll group serves CUDA tensors too, over the transport it chose (for the test)
+    pg = dist.distributed_c10d._get_default_group()
+    print(f"CUDA_TENSORS_OVER {pg.comm.backend.name}", flush=True)
     collectives_match(r, p)
     ddp_matches_gloo(r, dist.new_group(backend="gloo"))
     dist.destroy_process_group()
