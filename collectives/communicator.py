@@ -457,9 +457,10 @@ class Communicator:
             return self._p2p_post(receives, buf.user, buf.flat(), name, peer, tag, timeout,
                                   queued=True)
         move = self._recv if receives else self._send
+        limit = self._timeout(timeout)  # checked here: a bad one raises at the call, not later
 
         def run() -> Any:
-            return move(buf.user, buf.flat(), peer, tag, OpContext(name, self._timeout(timeout)))
+            return move(buf.user, buf.flat(), peer, tag, OpContext(name, limit))
 
         return self._submit(name, run, async_op)
 

@@ -197,8 +197,7 @@ def require_cupy(what: str) -> Any:
     try:
         import cupy
     except ImportError as err:
-        raise TypeError(f"{what}; GPU arrays need CuPy ({CUPY_HINT}) and "
-                        f"collectives.init(backend='nccl')") from err
+        raise TypeError(f"{what}; GPU arrays need CuPy ({CUPY_HINT})") from err
     return cupy
 
 

@@ -275,6 +275,19 @@ def test_cli_help_and_unknown_word():
     assert p.returncode == 0 and "--minbytes" in p.stdout
 
 
+def test_gpu_bench_parses_its_flags_without_a_gpu():
+    """``bench gpu`` (docs/nccl.md's table) needs CuPy and CUDA to run; its flags are checked
+    before either is imported."""
+    from topocoll.bench import gpu
+
+    args = gpu._parse(["--sizes", "8,4K,1M", "--algo", "native,ring", "--staged"])
+    assert args.sizes == [8, 4096, 1 << 20] and args.algo == ["native", "ring"] and args.staged
+    p = _bench("gpu", "--help")
+    assert p.returncode == 0 and "ProcessGroupNCCL" in p.stdout and "--staged" in p.stdout
+    p = _bench("gpu", "--repeats", "0")
+    assert p.returncode == 2 and "--repeats and --max-iters must be at least 1" in p.stderr
+
+
 def test_nccl_tests_habits_parse(monkeypatch):
     monkeypatch.delenv("NCCL_TESTS_MIN_BW", raising=False)
     o = parse("all_reduce", [])

@@ -241,7 +241,9 @@ SHELL_NOT_RUN: dict[str, str] = {
                            "(about an hour)",
     "docs/cluster.md#sh6": "runs the cluster test files, minutes, as root",
     "docs/cost-model.md#sh1": "needs root: a running namespaced cluster (its probe's links file)",
-    "docs/nccl.md#sh0": "needs one GPU per rank, CuPy and NCCL; tests/test_nccl_units.py runs "
+    "docs/nccl.md#sh0": "bench gpu needs a GPU, CuPy and torch with CUDA; its argument parsing "
+                        "runs without (topocoll bench gpu --help)",
+    "docs/nccl.md#sh1": "needs one GPU per rank, CuPy and NCCL; tests/test_nccl_units.py runs "
                         "the part that needs no GPU",
     "docs/paro.md#sh0": "the peak-memory benchmark (8 strategies and FSDP2 on 4 ranks) takes "
                         "minutes; tests/test_paro_peak.py checks what the page claims of it",

@@ -364,6 +364,15 @@ def bad_arguments_are_refused(c):
                           "timeout must be a positive number")
             expect_raises(ValueError, lambda: c.recv(x, src=me, timeout=bad, async_op=async_op),
                           "timeout must be a positive number")
+    posts, c.backend.posts_receives = c.backend.posts_receives, False
+    try:  # the queued way, a backend's that doesn't post receives at issue (NCCL's), too
+        for bad in (-1, "1"):
+            expect_raises(ValueError, lambda: c.send(x, dst=me, timeout=bad, async_op=True),
+                          "timeout must be a positive number")
+            expect_raises(ValueError, lambda: c.recv(x, src=me, timeout=bad, async_op=True),
+                          "timeout must be a positive number")
+    finally:
+        c.backend.posts_receives = posts
     assert all(e["state"] != "running" for e in c.flight_record()), c.flight_record()
     h = c.recv(x, src=me, tag=8, async_op=True)  # nothing of the above reached the channel
     c.send(np.arange(3.0), dst=me, tag=8)
