@@ -776,8 +776,9 @@ class Communicator:
             """The algorithm's prepared run of this call, or None (run it the general way);
             with ``twin``, of the same call on the arrays ``twin`` maps its arrays to."""
             preparer = select.PREPARERS.get(chosen)
-            if preparer is None or not (runs or agree) or copy_in is not None:
-                return None  # an empty call unchecked does nothing: no run to prepare
+            if preparer is None or not (runs or agree) or copy_in is not None or host_copies:
+                return None  # an empty call unchecked does nothing: no run to prepare; a
+                #              staged one's copies run at every call
             recv = call.recv
             if copy_out is not None:  # staged: an in-place rotate, which some runs don't need
                 if kind != "rotate" or chosen not in select.PREPARED_IN_PLACE:
@@ -862,7 +863,8 @@ class Communicator:
                 ctx = OpContext(f"{kind}_init", limit)
                 self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             self._submit(f"{kind}_init", agree, async_op=False)
-        return Persistent(self, entry, self._windows_of(buf.view, entry.result))
+        return Persistent(self, entry, self._windows_of(buf.view, entry.result),
+                          fenced=None if buf.memory == "host" else buf.user)
 
     def _windows_of(self, *arrays: Any) -> frozenset[int]:
         """The registered allocations (``alloc``'s windows) that ``arrays`` lie in."""
@@ -1264,10 +1266,11 @@ class Persistent:
     """
 
     def __init__(self, comm: Communicator, entry: Prepared,
-                 windows: frozenset[int] = frozenset()) -> None:
+                 windows: frozenset[int] = frozenset(), fenced: Any = None) -> None:
         self.comm = comm
         self.kind = entry.kind
         self._entry = entry
+        self._fenced = fenced  # a GPU input: each start fences the work queued before it
         self._pointer = _torch_pointer(entry.result)
         self._handle: Any = None
         self._windows = windows  # registered allocations its buffers lie in
@@ -1310,6 +1313,8 @@ class Persistent:
                 raise ValueError(f"persistent {self.kind}: its buffer was released by free() "
                                  f"since {self.kind}_init; prepare a new one on live memory")
             self._frees = self.comm._frees
+        if self._fenced is not None:  # as a call's own arrays are: read after what is queued
+            as_buffer(self._fenced, "x")  # on the producer stream now (records its fence)
 
     def __repr__(self) -> str:
         state = "idle" if self.test() else "active"

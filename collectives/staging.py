@@ -91,16 +91,29 @@ class StagedReceive(DrivenHandle):
         return f"<StagedReceive {self.name} {'done' if self._done else 'pending'}>"
 
     def _drive(self, block: bool) -> bool:
+        """Whether the receive and its copy finished (``block``: wait for both). The receive is
+        waited for outside ``_settling``: a done-callback, run by the receive's own driving
+        thread, copies through here too."""
         if self._done:
             return True
         if not block and not self._posted.test():
             return False
-        with self._settling:
+        error: BaseException | None = None
+        try:
+            self._posted.wait()
+        except BaseException as err:  # noqa: BLE001 - the handle's outcome
+            error = err
+        if not self._settling.acquire(block):
+            return False  # another thread is copying: not finished yet
+        try:
             if not self._done:
-                try:
-                    self._posted.wait()
-                    self._finish()
-                except BaseException as err:  # noqa: BLE001 - the handle's outcome
-                    self._error = err
+                if error is None:
+                    try:
+                        self._finish()
+                    except BaseException as err:  # noqa: BLE001 - the handle's outcome
+                        error = err
+                self._error = error
                 self._done = True
+        finally:
+            self._settling.release()
         return True

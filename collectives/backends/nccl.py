@@ -502,17 +502,20 @@ def _nccl_comm(host: MPIBackend, ctx: OpContext, device: int) -> Any:
     """One NCCL communicator over ``host``'s ranks: rank 0's unique id, broadcast over MPI."""
     from cupy.cuda import nccl
 
-    # The id's 128 bytes, and how this CuPy gives them: bytes (CuPy 14) or a tuple of signed
-    # chars (older); the last slot says which, so every rank rebuilds what its constructor takes.
-    uid = np.zeros(129, np.int16)
+    # The id's 128 bytes. CuPy 14 gives and takes them as bytes, older CuPy as a tuple of signed
+    # chars: each rank hands its own CuPy the form that CuPy's constructor takes.
+    uid = np.zeros(128, np.uint8)
     if host.rank == 0:
         made = nccl.get_unique_id()
-        uid[:128] = np.frombuffer(made, np.uint8) if isinstance(made, bytes) else made
-        uid[128] = isinstance(made, bytes)
+        uid[:] = np.frombuffer(made, np.uint8) if isinstance(made, bytes) else \
+            np.array(made, np.int64).astype(np.uint8)
     host.native("broadcast", ctx, buf=uid, root=0)
-    given = bytes(uid[:128].astype(np.uint8)) if uid[128] else tuple(int(v) for v in uid[:128])
     try:
-        return nccl.NcclCommunicator(host.size, given, host.rank)
+        try:
+            return nccl.NcclCommunicator(host.size, uid.tobytes(), host.rank)
+        except TypeError:  # older CuPy: the tuple
+            return nccl.NcclCommunicator(host.size, tuple(int(v) for v in uid.view(np.int8)),
+                                         host.rank)
     except nccl.NcclError as err:
         raise CollectiveError(f"NCCL communicator set-up failed on rank {host.rank} "
                               f"(cuda:{device}): {err}; NCCL needs one GPU per rank") from err

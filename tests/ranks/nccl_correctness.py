@@ -157,6 +157,19 @@ def check_p2p_and_async(c):
         assert h.wait() is x and np.all(host(x) == base + i * c.size)
 
 
+def check_persistent(c):
+    """A persistent all-reduce started after a fill queued on the caller's stream reads the fill
+    (each start fences the work queued before it), over NCCL and through host copies alike."""
+    x = dev(np.zeros(1 << 16, np.float32))
+    p = c.all_reduce_init(x)
+    for step in range(3):
+        x.fill_(step + c.rank) if KIND == "torch" else x.fill(step + c.rank)
+        p.start()
+        assert p.wait() is x
+        want = sum(step + r for r in range(c.size))
+        assert np.all(host(x) == want), f"persistent all_reduce step {step}: {host(x)[:4]}"
+
+
 def check_errors(c):
     x = dev(np.ones(4, np.float32))
     try:
@@ -220,6 +233,7 @@ def body():
     check_rooted(c)
     check_all_to_all_and_rotate(c)
     check_p2p_and_async(c)
+    check_persistent(c)
     check_errors(c)
     check_torch_bfloat16(c)
     sub = c.split(c.rank % 2)

@@ -10,6 +10,7 @@ from _common import NUMPY_DTYPES, expect_raises, rank_data, rank_main
 
 import gc
 import os
+import threading
 import time
 import weakref
 
@@ -23,6 +24,7 @@ from topocoll.collectives import faults, prepared
 from topocoll.collectives.backends import mpi
 from topocoll.collectives.flight import Repeats
 from topocoll.collectives.p2p import Posted
+from topocoll.collectives.staging import StagedReceive
 
 WORLD = MPI.COMM_WORLD
 drive_py = Posted._drive_py  # Python's way to drive an async one (the compiled lane has its own)
@@ -533,6 +535,33 @@ def to_itself(c):
         assert time.monotonic() - t0 < 10
 
 
+def staged_receive_waited_and_called_back(c):
+    """An async receive into a GPU array over MPI (``staging.StagedReceive``; here around a real
+    posted host receive, its copy a host copy): a done-callback, whose thread drives the
+    receive, and a waiter at once both end; the copy runs once, before the callback."""
+    me, host, copies, seen, got = c.rank, np.zeros(4), [], [], []
+    h = StagedReceive(c.recv(host, src=me, tag=11, async_op=True),
+                      lambda: copies.append(host.copy()), "the GPU array")
+    h.add_done_callback(lambda handle: seen.append(len(copies)))
+    time.sleep(0.2)  # the callback's thread is in the receive's wait now
+
+    def late_send():
+        time.sleep(0.3)
+        c.backend.isend(np.arange(4.0) + me, me, 11, channel="p2p").Wait()
+
+    sender = threading.Thread(target=late_send)
+    sender.start()
+    waiter = threading.Thread(target=lambda: got.append(h.wait()), daemon=True)
+    waiter.start()
+    waiter.join(20)
+    sender.join()
+    assert got == ["the GPU array"], "wait() on a staged receive with a done-callback hung"
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert seen == [1] and len(copies) == 1 and np.array_equal(copies[0], np.arange(4.0) + me)
+
+
 def body():
     c = collectives.init()
     for check in (data_arrives_exact, async_exchanges_meet, posted_receives_progress_in_barriers,
@@ -540,7 +569,7 @@ def body():
                   dropped_handles_keep_their_buffers, blocking_calls_run_inline,
                   compiled_lane_takes_blocking_calls, other_sizes_raise,
                   bad_arguments_are_refused, queued_calls_go_first, compiled_async_times_out,
-                  to_itself,
+                  to_itself, staged_receive_waited_and_called_back,
                   silent_peer_times_out):
         check(c)
         c.barrier()
