@@ -1405,13 +1405,14 @@ lane_p2p_drive(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         Py_XDECREF(callbacks);
         return NULL;
     }
-    for (Py_ssize_t i = 0; callbacks && i < PyList_GET_SIZE(callbacks); i++) {
-        PyObject *r = PyObject_CallOneArg(PyList_GET_ITEM(callbacks, i), h);
-        if (!r) {
-            Py_DECREF(callbacks);
+    if (callbacks && PyList_GET_SIZE(callbacks)) {  /* Posted.run_callbacks: each one's error
+                                                      * logged, the rest run */
+        PyObject *r = PyObject_CallMethodOneArg(h, s_run_callbacks, callbacks);
+        Py_DECREF(callbacks);
+        if (!r)
             return NULL;
-        }
         Py_DECREF(r);
+        Py_RETURN_TRUE;
     }
     Py_XDECREF(callbacks);
     Py_RETURN_TRUE;

@@ -7,10 +7,11 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .context import spin
 from .errors import CollectiveError, CollectiveTimeoutError
+from .log import logger
 
 EXIT_WAIT_SECONDS = 2.0
 """At interpreter exit, how long a progress thread may take to finish what is queued before it is
@@ -19,6 +20,18 @@ left behind (a hung operation must not hang the exit)."""
 HANDOFF_SPIN_SECONDS = 100e-6
 """How long a waiter (or the idle progress thread) polls before blocking: a thread woken from a
 blocking wait costs 10-20 us here, longer than most small collectives' remaining time."""
+
+
+def run_done_callbacks(handle: Any, callbacks: Iterable[Callable[[Any], None]]) -> None:
+    """Call each of ``callbacks`` with ``handle``. One that raises is logged and the rest still
+    run, as concurrent.futures does: a callback's error is not the operation's, and must not
+    reach whichever thread finished it (a waiter's ``wait``, or the progress thread, which would
+    die with every call queued behind it)."""
+    for fn in callbacks:
+        try:
+            fn(handle)
+        except Exception:  # noqa: BLE001 - logged: the caller's error, not the operation's
+            logger.exception("a done-callback of %s raised", handle.name)
 
 
 class Handle:
@@ -82,7 +95,7 @@ class Handle:
             if not self._event.is_set():
                 self._callbacks.append(fn)
                 return
-        fn(self)
+        run_done_callbacks(self, [fn])
 
     def __repr__(self) -> str:
         state = "done" if self.done else "pending"
@@ -94,8 +107,7 @@ class Handle:
         with self._lock:
             self._event.set()
             callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn(self)
+        run_done_callbacks(self, callbacks)
 
 
 class DrivenHandle:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from .context import OpContext
 from .errors import MessageTruncated, MismatchError
 from .flight import FlightEntry
-from .handle import DrivenHandle, Handle
+from .handle import DrivenHandle, Handle, run_done_callbacks
 
 SETTLING = threading.Lock()
 """Guards every Posted handle's outcome and done-callbacks (held for a few steps at a time): one
@@ -86,7 +86,7 @@ class Posted(DrivenHandle):
                 self._callbacks.append(fn)
                 first = len(self._callbacks) == 1
         if done:
-            fn(self)
+            run_done_callbacks(self, [fn])
         elif first:  # started outside SETTLING, which every handle's settling takes
             threading.Thread(target=self._drive, args=(True,), daemon=True,
                              name=f"topocoll-{self.name}").start()
@@ -195,8 +195,12 @@ class Posted(DrivenHandle):
         with SETTLING:
             self._error, self._done = error, True
             callbacks, self._callbacks = self._callbacks, []
-        for fn in callbacks:
-            fn(self)
+        self.run_callbacks(callbacks)
+
+    def run_callbacks(self, callbacks: list[Callable[[Any], None]]) -> None:
+        """Run the done-callbacks settling took (``handle.run_done_callbacks``; the compiled
+        driver's settle calls this too)."""
+        run_done_callbacks(self, callbacks)
 
 
 def described(dtype: Any, shape: Any) -> str:

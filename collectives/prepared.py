@@ -25,7 +25,7 @@ import numpy as np
 
 from .algorithms.compiled import turned_off
 from .algorithms.shm import Run
-from .handle import DrivenHandle
+from .handle import DrivenHandle, run_done_callbacks
 from .flight import FlightEntry, Repeats
 from .log import flags
 from .one_off import Rebound, Templates
@@ -333,7 +333,7 @@ class StartedHandle(DrivenHandle):
             def finished_then_fn() -> None:
                 if not self._done:
                     completion.finish(True)
-                fn(self)
+                run_done_callbacks(self, [fn])
 
             completion.call_after(finished_then_fn)
             return
@@ -347,7 +347,7 @@ class StartedHandle(DrivenHandle):
         finally:
             completion.lock.release()
         if done:
-            fn(self)
+            run_done_callbacks(self, [fn])
         elif first:  # one completion queued, however many callbacks
             self._completion.finish_later()
 
@@ -363,9 +363,8 @@ class StartedHandle(DrivenHandle):
         return callbacks
 
     def run_callbacks(self, callbacks: list[Callable[[Any], None]]) -> None:
-        """Run what ``settle`` returned."""
-        for fn in callbacks:
-            fn(self)
+        """Run what ``settle`` returned (``handle.run_done_callbacks``)."""
+        run_done_callbacks(self, callbacks)
 
     def __repr__(self) -> str:
         return f"<Handle {self.name} {'done' if self._done else 'started'}>"

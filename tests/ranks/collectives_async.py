@@ -1,4 +1,6 @@
-"""Async handles: issue order is completion order, compute overlaps, wait/test/done behave."""
+"""Async handles: issue order is completion order, compute overlaps, wait/test/done behave, and
+a done-callback's error stays the callback's."""
+import logging
 import time
 
 import _common  # noqa: F401
@@ -101,11 +103,59 @@ def from_callbacks(c):
     assert np.all(y == c.size)
 
 
+def raising_callbacks(c):
+    """A done-callback that raises is logged; the handle's other callbacks still run, its wait()
+    returns the result, and the calls queued behind it run (the error used to escape the thread
+    that finished the call: a waiter's wait() raised it, and the progress thread died with every
+    call queued behind it). Queued calls (each a new shape), a prepared async one, an async
+    receive posted at issue."""
+    logged = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            logged.append(record.getMessage())
+
+    log = logging.getLogger("topocoll")
+    handler = Collect()
+    log.addHandler(handler)
+    try:
+        ran = []
+
+        def bad(_handle):
+            raise ValueError("the user's callback failed")
+
+        x = np.ones(9)
+        c.all_reduce(x)
+        c.all_reduce(x)  # twice: the next one repeats a prepared call
+        handles = [c.all_gather(np.full(5 + i, float(i)), async_op=True) for i in range(3)]
+        handles.append(c.all_reduce(x, async_op=True))
+        me = np.zeros(3)
+        handles.append(c.recv(me, src=c.rank, tag=21, async_op=True))
+        for i, h in enumerate(handles):
+            h.add_done_callback(bad)
+            h.add_done_callback(lambda _h, i=i: ran.append(i))
+        c.send(np.arange(3.0), dst=c.rank, tag=21)
+        later = c.all_reduce(np.ones(7), async_op=True)
+        assert np.all(later.wait(timeout=60) == c.size)
+        for i, h in enumerate(handles[:3]):
+            assert np.all(h.wait(timeout=60) == np.full(c.size * (5 + i), float(i)))
+        assert handles[3].wait(timeout=60) is x and handles[4].wait(timeout=60) is me
+        assert np.all(me == np.arange(3.0))
+        deadline = time.monotonic() + 30
+        while len(ran) < len(handles) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert sorted(ran) == list(range(len(handles))), ran
+        assert sum("done-callback" in m for m in logged) == len(handles), logged
+    finally:
+        log.removeHandler(handler)
+
+
 def body():
     c = collectives.init(timeout=60)
     ordering(c)
     overlap(c)
     from_callbacks(c)
+    raising_callbacks(c)
     err = None
     h = c.all_reduce(np.ones(4, np.float32), async_op=True, op="sum")
     h.wait()
