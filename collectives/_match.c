@@ -1412,9 +1412,9 @@ lane_p2p_drive(Lane *l, PyObject *const *argv, Py_ssize_t argc)
         if (!r)
             return NULL;
         Py_DECREF(r);
-        Py_RETURN_TRUE;
     }
-    Py_XDECREF(callbacks);
+    else
+        Py_XDECREF(callbacks);
     Py_RETURN_TRUE;
 }
 

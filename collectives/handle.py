@@ -280,8 +280,12 @@ class Executor:
                     result, error = fn(), None
                 except BaseException as err:  # noqa: BLE001 - delivered to the waiter
                     result, error = None, err
-            handle._finish(result, error)
-            self._release()
+            try:
+                handle._finish(result, error)
+            except BaseException:  # noqa: BLE001 - a callback's SystemExit: this thread goes on
+                logger.exception("a done-callback of %s raised", handle.name)
+            finally:
+                self._release()
             del item, handle, fn, result, error  # don't keep the last operation's arrays alive
 
 
