@@ -35,9 +35,9 @@ from .handle import HANDOFF_SPIN_SECONDS, Executor
 from .log import TRACE, logger, tracing
 from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
 from .p2p import Posted, described
-from .staging import StagedReceive, stage, staged, writes_send
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, compiled_lane, \
     keepable
+from .staging import StagedReceive, stage, staged, writes_send
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
