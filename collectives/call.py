@@ -36,6 +36,12 @@ class Call:
         return self.send if self.source is None else self.source
 
 
+def writes_input(kind: str, root: int, rank: int) -> bool:
+    """Whether a call of ``kind`` working in place writes its result into its input on ``rank``:
+    every one but a broadcast's root and a reduce's other ranks."""
+    return not ((kind == "broadcast" and root == rank) or (kind == "reduce" and root != rank))
+
+
 def take_source(call: Call) -> None:
     """Copy an out-of-place input into ``send`` for a path that works in place only."""
     if call.source is not None:

@@ -23,7 +23,7 @@ from . import select, takeover, watchdog
 from .algorithms import hierarchy
 from .arrays import Buffer, as_buffer, check_memory, check_writable
 from .backends.base import Backend
-from .call import Call, split_bounds
+from .call import Call, split_bounds, writes_input
 from .context import OpContext, spin
 from .dtypes import check_reducible, parse_op
 from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError,
@@ -37,7 +37,7 @@ from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
 from .p2p import Posted, described
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, compiled_lane, \
     keepable
-from .staging import StagedReceive, stage, staged, writes_send
+from .staging import StagedReceive, stage, staged
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
 """Algorithms that follow ``call.ring`` (rotation is defined by rank, so it never does)."""
@@ -734,7 +734,7 @@ class Communicator:
         host_copies = staged(buf, self.backend)  # a GPU array over MPI: copied to the host
         if host_copies:
             call, copy_in, copy_out = stage(call, copy_in, copy_out,
-                                            writes_send(kind, self.rank, call.root))
+                                            writes_input(kind, call.root, self.rank))
             keep = None  # its copies run at every call: nothing to prepare
         else:
             check_memory(buf, self.backend, "x")

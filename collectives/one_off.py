@@ -19,6 +19,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 
 from .arrays import as_buffer
+from .call import writes_input
 
 TEMPLATE_MAX_BYTES = 32 << 10
 """Largest input whose one-off calls run through a template: the two copies grow with it, the
@@ -118,9 +119,7 @@ def result_goes(kind: str, x_is_result: bool, out: Any, root: int, rank: int) ->
     caller's ``out``, or a new array."""
     if not x_is_result:
         return "out" if out is not None else "new"
-    if (kind == "broadcast" and root == rank) or (kind == "reduce" and root != rank):
-        return None
-    return "x"
+    return "x" if writes_input(kind, root, rank) else None
 
 
 def template_key(x: Any, out: Any, args: tuple[Any, ...],

@@ -48,15 +48,6 @@ def stage(call: Call, copy_in: Pair | None, copy_out: Pair | None,
             written)
 
 
-def writes_send(kind: str, rank: int, root: int) -> bool:
-    """Whether a call of ``kind`` without a separate output writes its input on ``rank``."""
-    if kind == "broadcast":
-        return rank != root
-    if kind == "reduce":
-        return rank == root
-    return kind == "all_reduce"
-
-
 class StagedReceive(DrivenHandle):
     """An async receive into a GPU array over a host-only backend: the host receive ``posted``
     at issue (so messages match in issue order), then ``finish`` (the copy to the GPU) once it

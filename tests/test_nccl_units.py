@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from topocoll.collectives.arrays import Buffer, as_buffer, check_memory
-from topocoll.collectives.call import Call
-from topocoll.collectives.staging import StagedReceive, stage, staged, writes_send
+from topocoll.collectives.call import Call, writes_input
+from topocoll.collectives.staging import StagedReceive, stage, staged
 from topocoll.collectives.backends import nccl
 from topocoll.collectives.dtypes import BFLOAT16, dtype_of_numpy
 from topocoll.collectives.gpu import (array_module, copyto, describe_cuda_array, empty, empty_like,
@@ -198,9 +198,9 @@ def test_stage_pairs_the_copies_around_each_kind_of_call():
     assert cout == (x, call.recv)
     call, cin, cout = stage(Call("broadcast", f32, x, root=0), None, None, False)  # the root
     assert cin == (call.send, x) and cout is None
-    assert [writes_send("broadcast", r, 0) for r in (0, 1)] == [False, True]
-    assert [writes_send("reduce", r, 1) for r in (0, 1)] == [False, True]
-    assert writes_send("all_reduce", 0, 0) and not writes_send("all_gather", 0, 0)
+    assert [writes_input("broadcast", 0, r) for r in (0, 1)] == [False, True]
+    assert [writes_input("reduce", 1, r) for r in (0, 1)] == [False, True]
+    assert writes_input("all_reduce", 0, 0)
 
 
 class _Posted:
