@@ -692,6 +692,11 @@ class Communicator:
         if not self._executor.on_worker():
             self._owner = threading.get_ident()
 
+    def on_progress_thread(self) -> bool:
+        """Whether the caller is this communicator's progress thread, where queued calls run and
+        done-callbacks are called (it may issue whoever the communicator belongs to)."""
+        return self._executor.on_worker()
+
     @property
     def broken(self) -> str | None:
         """Why this communicator is unusable (an operation timed out or failed mid-transfer),

@@ -59,18 +59,22 @@ def create_process_group(opts: Any, _backend_options: Any = None) -> "ProcessGro
 
 
 def follows_caller(method: Any) -> Any:
-    """An operation torch may issue from another thread than the last one did, one at a time:
-    DDP's reducer all-reduces CUDA gradients from autograd's device thread during backward, the
-    training loop calls from its own. The group's communicator follows the calling thread
-    (``Communicator.bind_thread``; the communicator's progress thread, where done-callbacks run,
-    keeps it where it is)."""
+    """An operation torch may issue from another thread than the last one did: DDP's reducer
+    all-reduces CUDA gradients from autograd's device thread during backward, the training loop
+    calls from its own. The group's communicator follows the calling thread
+    (``Communicator.bind_thread``), and threads issue one whole call at a time, so none finds the
+    communicator bound to another. The communicator's progress thread, where done-callbacks run,
+    issues without waiting its turn: a thread waiting there for a queued call would wait forever."""
     @functools.wraps(method)
     def issued(self: Any, *args: Any, **kwargs: Any) -> Any:
-        me = threading.get_ident()
-        if me != self._issuer:
-            self._issuer = me
-            self.comm.bind_thread()
-        return method(self, *args, **kwargs)
+        if self.comm.on_progress_thread():
+            return method(self, *args, **kwargs)
+        with self._issuing:  # reentrant: a callback run inline by this call may issue too
+            me = threading.get_ident()
+            if me != self._issuer:
+                self._issuer = me
+                self.comm.bind_thread()
+            return method(self, *args, **kwargs)
     return issued
 
 
@@ -90,6 +94,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self._mpi = MPIBackend(comm.mpi_comm, shared_memory=False)
         self._closed = False
         self._issuer: int | None = None  # the thread whose call came last (follows_caller)
+        self._issuing = threading.RLock()  # one thread's call at a time (follows_caller)
         self._rooted_tags = itertools.count()
         self._group_name = ""
         self._group_desc = ""

@@ -150,12 +150,44 @@ def blocking_in_then(r, p):
         assert len(seen) == 2 and all("async_op=True" in m for m in seen), seen
 
 
+def two_issuing_threads(r, p):
+    """Two threads issue collectives on the group at once (as a training loop and autograd's
+    device thread may): each call runs whole before the other thread's next, so no call finds
+    the communicator bound to the other thread. Every call is alike, so however the ranks pair
+    them, every result is p."""
+    errors, works = [], []
+    start = threading.Barrier(2)
+
+    def issue():
+        try:
+            start.wait()
+            for i in range(200):
+                t = torch.ones(64)
+                if i % 2:
+                    dist.all_reduce(t)
+                    assert torch.all(t == p), t
+                else:
+                    works.append((dist.all_reduce(t, async_op=True), t))
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(repr(err))
+
+    threads = [threading.Thread(target=issue) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    for w, t in works:
+        w.wait()
+        assert torch.all(t == p), t
+
+
 def body():
     dist.init_process_group("topocoll")
     r, p = dist.get_rank(), dist.get_world_size()
     for check in (not_before_peers, issue_order, p2p_futures, dropped_irecv_keeps_its_tensor,
                   wait_timeout,
-                  blocking_in_then):
+                  blocking_in_then, two_issuing_threads):
         check(r, p)
         dist.barrier()
     dist.destroy_process_group()
