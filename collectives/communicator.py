@@ -1285,7 +1285,7 @@ class Persistent:
         """Start the operation (on the calling thread where it may, else queued in issue order);
         returns its Handle (also what ``wait``/``test`` follow). Raises CollectiveError while the
         previous start is active."""
-        self._check_idle()
+        self._before_start()
         self._handle = self.comm._repeat_known(self._entry, True)  # inline, or queued
         return self._handle
 
@@ -1301,10 +1301,12 @@ class Persistent:
 
     def __call__(self) -> Any:
         """Run it now, blocking, on the calling thread (no thread hop); returns the result."""
-        self._check_idle()
+        self._before_start()
         return self.comm._repeat_known(self._entry, False)  # inline, or behind the queue
 
-    def _check_idle(self) -> None:
+    def _before_start(self) -> None:
+        """What ``start`` and ``__call__`` check and do first: the last start finished, the
+        buffers are the ones prepared and still live, and a GPU input's queued work is fenced."""
         handle = self._handle
         if handle is not None and not (handle.claimed if isinstance(handle, StartedHandle)
                                        else handle.done):  # as MPI_Start: wait or test first

@@ -175,10 +175,10 @@ class Posted(DrivenHandle):
 
     def _test_failed(self, err: BaseException) -> None:
         """The compiled driver's test raised ``err``: settle what ``_drive_py`` settles where
-        the backend's test raises it (``Backend.test_failed``)."""
+        the backend's test raises it (``Backend.failed``)."""
         assert self._reqs is not None  # the compiled lane's handles are posted
         try:
-            self._backend.test_failed(err, self._reqs, self._context(),
+            self._backend.failed(err, self._reqs, self._context(),
                                       self._comm._p2p_peers[self._peer], self._statuses)
         except BaseException as raised:  # noqa: BLE001 - classified as the general path does
             self._failed(raised)

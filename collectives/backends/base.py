@@ -52,13 +52,8 @@ class Backend(ABC):
         """Wait for all ``reqs``; on ``ctx``'s deadline raise CollectiveTimeoutError naming peers."""
 
     def failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
-               peers: Sequence[str] = ()) -> NoReturn:
-        """Raise what ``wait`` on ``reqs`` raises where testing them raised ``err``."""
-        raise err
-
-    def test_failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
-                    peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
-        """Raise what ``test`` on ``reqs`` raises where testing them raised ``err``."""
+               peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
+        """Raise what ``wait`` or ``test`` on ``reqs`` raises where testing them raised ``err``."""
         raise err
 
     def raw_p2p(self) -> tuple[Any, ...] | None:

@@ -79,9 +79,10 @@ class MPIBackend(Backend):
 
     def failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
                peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
-        """Raise what ``wait`` raises where testing ``reqs`` raised ``err``: MPI's error as
-        MessageTruncated or TransportError, anything else (a timeout, ^C) as it is; the
-        requests are kept either way (they may still complete: their buffers stay theirs)."""
+        """Raise what ``wait`` and ``test`` raise where testing ``reqs`` raised ``err``: MPI's
+        error as MessageTruncated or TransportError naming the peers still pending, anything
+        else (a timeout, ^C) as it is; the requests are kept either way (they may still
+        complete: their buffers stay theirs)."""
         _keep(reqs)
         if isinstance(err, self._MPI.Exception):
             self._raise_truncated(err, ctx, statuses)
@@ -111,18 +112,7 @@ class MPIBackend(Backend):
         try:
             return bool(self._MPI.Request.Testall(list(reqs), statuses))
         except self._MPI.Exception as err:
-            self.test_failed(err, reqs, ctx, peers, statuses)
-
-    def test_failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
-                    peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
-        """Raise what ``test`` raises where testing ``reqs`` raised ``err``: MPI's error as
-        MessageTruncated or TransportError naming ``peers`` (the requests kept: they may still
-        complete), anything else as it is."""
-        if not isinstance(err, self._MPI.Exception):
-            raise err
-        _keep(reqs)
-        self._raise_truncated(err, ctx, statuses)
-        raise self._transport_error(err, ctx, ", ".join(peers) or "the other ranks") from err
+            self.failed(err, reqs, ctx, peers, statuses)
 
     def _drive_posted(self) -> None:
         """The arena's progress hook: one turn of MPI's progress engine where posted transfers
