@@ -961,10 +961,10 @@ prune_kept(PyObject *kept, PyObject *mpi_error)
     return result;
 }
 
-/* Communicator._p2p_inline's test: 1 where the lane takes the call (`*name` set, and
- * `*record` where the flight recorder's newest record is this call's to extend, else NULL;
- * both borrowed from the communicator's and the recorder's dicts), 0 where Python does, -1 on
- * error. */
+/* Communicator._p2p_inline's test: 1 where the lane takes the call (`*name` set, and, where
+ * `record` is given (a blocking call), `*record` to the flight recorder's newest record where
+ * it is this call's to extend, else NULL; both borrowed from the communicator's and the
+ * recorder's dicts), 0 where Python does, -1 on error. */
 static int
 p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyObject *tag,
           PyObject **name, PyObject **record)
@@ -1002,7 +1002,8 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
     if (!PyList_CheckExact(by_peer) || q >= PyList_GET_SIZE(by_peer))
         return 0;
     *name = PyList_GET_ITEM(by_peer, q);
-    *record = extended_record(l, Py_None, *name);  /* else the recorder makes the next one */
+    if (record)                 /* a blocking call's; an async one's handle makes its own */
+        *record = extended_record(l, Py_None, *name);  /* else the recorder makes the next one */
     return PyErr_Occurred() ? -1 : 1;
 }
 
@@ -1435,7 +1436,8 @@ lane_p2p(Lane *l, PyObject *const *argv, Py_ssize_t argc)
     PyObject *name = NULL, *record = NULL;
     int async_op = argv[4] == Py_True;
     int t = raw && (async_op || argv[4] == Py_False) && argv[5] == Py_None ?
-        p2p_takes(l, raw, receives, argv[1], argv[2], argv[3], &name, &record) : 0;
+        p2p_takes(l, raw, receives, argv[1], argv[2], argv[3], &name,
+                  async_op ? NULL : &record) : 0;
     if (t <= 0) {
         Py_XDECREF(raw);
         if (t < 0)
