@@ -173,6 +173,28 @@ unchanged(const Snapshot *s, PyTypeObject *ndarray, PyObject *a)
         memcmp(h->strides, s->strides, s->nd * sizeof(Py_ssize_t)) == 0;
 }
 
+/* Whether a call's arguments are the kept ones: equal, and of the same types all the way down
+ * through tuples and lists (so a root of True or 1.0 is not taken for 1: the general path
+ * refuses those, and so must a repeat). 1, 0, -1 on error. */
+static int
+same_args(PyObject *a, PyObject *b)
+{
+    if (Py_TYPE(a) != Py_TYPE(b))
+        return 0;
+    if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
+        if (n != PySequence_Fast_GET_SIZE(b))
+            return 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int same = same_args(PySequence_Fast_GET_ITEM(a, i), PySequence_Fast_GET_ITEM(b, i));
+            if (same != 1)
+                return same;
+        }
+        return 1;
+    }
+    return PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
 /* matches(x, out, args, check) */
 static PyObject *
 match_matches(Match *m, PyObject *const *argv, Py_ssize_t argc)
@@ -186,7 +208,7 @@ match_matches(Match *m, PyObject *const *argv, Py_ssize_t argc)
         Py_RETURN_FALSE;
     if (m->out.ref ? (out == Py_None || !unchanged(&m->out, m->ndarray, out)) : out != Py_None)
         Py_RETURN_FALSE;
-    int same = PyObject_RichCompareBool(argv[2], m->args, Py_EQ);
+    int same = same_args(argv[2], m->args);
     if (same < 0)
         return NULL;
     return PyBool_FromLong(same);
@@ -344,7 +366,7 @@ match_test(Match *m, PyObject *x, PyObject *out, PyObject *args, PyObject *check
         return 0;
     if (m->out.ref ? (out == Py_None || !unchanged(&m->out, m->ndarray, out)) : out != Py_None)
         return 0;
-    return PyObject_RichCompareBool(args, m->args, Py_EQ);
+    return same_args(args, m->args);
 }
 
 /* The kept entry of `kind` the call repeats (a new reference); NULL without an error where C

@@ -124,7 +124,7 @@ class PreparedCalls:
                 if e.matches(x, out, args, check):
                     return e
                 continue
-            if e._x() is not x or args != e.args or e.check is not check or \
+            if e._x() is not x or not same_args(args, e.args) or e.check is not check or \
                     not _unchanged(x, e._x_form, e._x_written):
                 continue
             if e._out is None:
@@ -183,6 +183,17 @@ def keepable(x: Any, out: Any, result: Any) -> bool:
     if out is not None and _nbytes(out) > 16 * PREPARED_MAX_BYTES:
         return False
     return result is x or (out is not None and result is out)
+
+
+def same_args(a: Any, b: Any) -> bool:
+    """Whether a call's arguments are the kept ones: equal, and of the same types all the way
+    down through tuples and lists (a root of True or 1.0 is not 1: the general path refuses
+    those, and so must a repeat). The compiled match's ``same_args`` is the same rule."""
+    if type(a) is not type(b):
+        return False
+    if type(a) in (tuple, list):
+        return len(a) == len(b) and all(same_args(p, q) for p, q in zip(a, b))
+    return bool(a == b)
 
 
 def _nbytes(a: Any) -> int:

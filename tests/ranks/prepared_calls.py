@@ -862,6 +862,29 @@ def empty_calls_repeat_prepared(c):
     quiet.close()
 
 
+def argument_types_are_checked_on_repeats(c):
+    """A repeat whose arguments equal the kept ones but are of another type (a root of True or
+    1.0, a shift of 1.0, a timeout of True) is refused as the first call would be, on every rank
+    alike (each passes the same), instead of running the kept call."""
+    x = np.zeros(16, np.float32)
+    y = np.zeros(16, np.float32)
+    root = c.size - 1
+    cases = [
+        (lambda r: c.broadcast(x, root=r), root, [True, float(root)] if root == 1 else
+         [float(root)], TypeError),
+        (lambda r: c.reduce(x, root=r), 0, [False, 0.0], TypeError),
+        (lambda s: c.rotate(x, out=y, shift=s), 1, [1.0], TypeError),
+        (lambda t: c.all_reduce(x, timeout=t), 20, [True], ValueError),
+    ]
+    for call, good, bads, exc in cases:
+        for _ in range(3):
+            call(good)                      # kept, then repeated prepared
+        for bad in bads:
+            expect_raises(exc, lambda: call(bad))
+        call(good)                          # the kept call still runs
+    assert np.all(c.all_reduce(np.ones(2)) == c.size)
+
+
 def body():
     c = collectives.init(timeout=20)
     the_lane_is_compiled_where_built(c)
@@ -871,6 +894,7 @@ def body():
     changes_are_noticed(c)
     torch_tensors_repeat(c)
     several_roots(c)
+    argument_types_are_checked_on_repeats(c)
     if c.size > 1:
         divergence_fails_everywhere(c)
     ordering_with_async_and_threads(c)
