@@ -36,7 +36,7 @@ from .log import TRACE, logger, tracing
 from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
 from .p2p import Posted, described
 from .prepared import Completion, Prepared, PreparedCalls, StartedHandle, compiled_lane, \
-    keepable
+    formable, keepable
 from .staging import StagedReceive, stage, staged
 
 RING_ORDERED = ("ring", "hier", "hier_native", "ho_ring")
@@ -806,6 +806,7 @@ class Communicator:
         if keep is not None:
             small = keepable(buf.user, keep[0], result) or kind == "barrier"  # returns None
             registered = not small and (result is buf.user or result is keep[0]) and \
+                formable(buf.user) and formable(keep[0]) and \
                 self._registered(call)  # large, but its memory is the arena's anyway
             if (small or registered) and self._prepared.seen_before(kind, buf.user):
                 lean = prepare()

@@ -196,6 +196,12 @@ def same_args(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def formable(a: Any) -> bool:
+    """Whether a kept call can note ``a``'s layout (``_form``) to check it at each repeat: None,
+    a numpy array exactly (a subclass may read otherwise), or a torch tensor."""
+    return a is None or type(a) is np.ndarray or type(a).__module__.startswith("torch")
+
+
 def _nbytes(a: Any) -> int:
     """Bytes of a numpy array or a CPU torch tensor; a huge number for anything else."""
     if type(a) is np.ndarray:

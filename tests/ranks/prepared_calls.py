@@ -885,6 +885,26 @@ def argument_types_are_checked_on_repeats(c):
     assert np.all(c.all_reduce(np.ones(2)) == c.size)
 
 
+class _Sub(np.ndarray):
+    """An ndarray subclass (as libraries make: masked arrays, matrices, units)."""
+
+
+def subclass_views_repeat(c):
+    """Repeats on an ndarray subclass view, of plain or registered memory, whether every rank
+    or only rank 0 passes the subclass: each call is correct and nothing fails on one rank."""
+    p, n = c.size, 64
+    base = c.alloc(n, np.float32)
+    plain = np.zeros(n, np.float32)
+    for memory in (base, plain):
+        for every in (True, False):
+            x = memory.view(_Sub) if every or c.rank == 0 else memory
+            for step in range(4):
+                x[...] = step + c.rank
+                c.all_reduce(x)
+                assert np.all(np.asarray(x) == sum(step + q for q in range(p))), (step, every)
+    c.free(base)
+
+
 def body():
     c = collectives.init(timeout=20)
     the_lane_is_compiled_where_built(c)
@@ -895,6 +915,7 @@ def body():
     torch_tensors_repeat(c)
     several_roots(c)
     argument_types_are_checked_on_repeats(c)
+    subclass_views_repeat(c)
     if c.size > 1:
         divergence_fails_everywhere(c)
     ordering_with_async_and_threads(c)
