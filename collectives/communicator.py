@@ -870,7 +870,7 @@ class Communicator:
                 self._check_agreement(ctx, *self.backend.agree(sig, ctx), fields)
             self._submit(f"{kind}_init", agree, async_op=False)
         return Persistent(self, entry, self._windows_of(buf.view, entry.result),
-                          fenced=None if buf.memory == "host" else buf.user)
+                          fenced=None if buf.memory == "host" else buf.user, limit=limit)
 
     def _windows_of(self, *arrays: Any) -> frozenset[int]:
         """The registered allocations (``alloc``'s windows) that ``arrays`` lie in."""
@@ -1272,7 +1272,8 @@ class Persistent:
     """
 
     def __init__(self, comm: Communicator, entry: Prepared,
-                 windows: frozenset[int] = frozenset(), fenced: Any = None) -> None:
+                 windows: frozenset[int] = frozenset(), fenced: Any = None,
+                 limit: float | None = None) -> None:
         self.comm = comm
         self.kind = entry.kind
         self._entry = entry
@@ -1281,12 +1282,13 @@ class Persistent:
         self._handle: Any = None
         self._windows = windows  # registered allocations its buffers lie in
         self._frees = comm._frees  # the communicator's free() count when last checked
+        self._limit = limit  # its timeout, for telling the peers of a start this rank refuses
 
     def start(self) -> Any:
         """Start the operation (on the calling thread where it may, else queued in issue order);
         returns its Handle (also what ``wait``/``test`` follow). Raises CollectiveError while the
         previous start is active."""
-        self._before_start()
+        self._before_start(async_op=True)
         self._handle = self.comm._repeat_known(self._entry, True)  # inline, or queued
         return self._handle
 
@@ -1302,25 +1304,34 @@ class Persistent:
 
     def __call__(self) -> Any:
         """Run it now, blocking, on the calling thread (no thread hop); returns the result."""
-        self._before_start()
+        self._before_start(async_op=False)
         return self.comm._repeat_known(self._entry, False)  # inline, or behind the queue
 
-    def _before_start(self) -> None:
+    def _before_start(self, async_op: bool) -> None:
         """What ``start`` and ``__call__`` check and do first: the last start finished, the
-        buffers are the ones prepared and still live, and a GPU input's queued work is fenced."""
+        buffers are the ones prepared and still live (else a ValueError, which the peers'
+        same start learns as a MismatchError naming this rank, as for a rejected call), and a
+        GPU input's queued work is fenced."""
         handle = self._handle
         if handle is not None and not (handle.claimed if isinstance(handle, StartedHandle)
                                        else handle.done):  # as MPI_Start: wait or test first
             raise CollectiveError(f"persistent {self.kind}: started again before the previous "
                                   f"start finished (wait() for it first)")
+        refused = None
         if self._pointer is not None and _torch_pointer(self._entry.result) != self._pointer:
-            raise ValueError(f"persistent {self.kind}: the tensor's storage changed since init "
-                             f"(resized or replaced); prepare a new one with {self.kind}_init")
-        if self._frees != self.comm._frees:  # memory was freed since: is its buffer still there?
+            refused = ValueError(f"persistent {self.kind}: the tensor's storage changed since "
+                                 f"init (resized or replaced); prepare a new one with "
+                                 f"{self.kind}_init")
+        elif self._frees != self.comm._frees:  # memory was freed since: is its buffer there?
             if self.comm._freed(self._windows):
-                raise ValueError(f"persistent {self.kind}: its buffer was released by free() "
-                                 f"since {self.kind}_init; prepare a new one on live memory")
-            self._frees = self.comm._frees
+                refused = ValueError(f"persistent {self.kind}: its buffer was released by "
+                                     f"free() since {self.kind}_init; prepare a new one on live "
+                                     f"memory")
+            else:
+                self._frees = self.comm._frees
+        if refused is not None:
+            self.comm._reject(self.kind, self._limit, async_op, refused)
+            raise refused
         if self._fenced is not None:  # as a call's own arrays are: read after what is queued
             as_buffer(self._fenced, "x")  # on the producer stream now (records its fence)
 

@@ -119,12 +119,51 @@ def freed_buffers(c):
     assert np.all(on_plain() == 1)
 
 
+def refused_on_one_rank(c):
+    """A start that only rank 0 refuses (its registered buffer was freed, or its tensor given
+    new storage; the others' buffers are plain) raises ValueError there and MismatchError
+    naming rank 0 on the others, from start (at wait) and from a blocking call alike, instead
+    of pairing their starts with rank 0's next call; the communicator stays usable."""
+    p = c.size
+    if p == 1:
+        return
+
+    def refused(run_start, run_call, why):
+        if c.rank == 0:
+            expect_raises(ValueError, run_start, why)
+            expect_raises(ValueError, run_call, why)
+        else:
+            expect_raises(MismatchError, lambda: run_start().wait(), "rank 0")
+            expect_raises(MismatchError, run_call, "rank 0")
+        assert np.all(c.all_reduce(np.ones(3)) == p)  # in step and healthy
+
+    if c.backend.arena() is not None:
+        mine = c.alloc(1 << 12, np.float32)
+        buf = mine if c.rank == 0 else np.zeros(1 << 12, np.float32)
+        on_mine = c.all_reduce_init(buf)
+        buf[...] = 1
+        assert np.all(on_mine() == p)
+        c.free(mine)
+        refused(on_mine.start, on_mine, "released by free()")
+    try:
+        import torch
+    except ImportError:
+        return
+    t = torch.ones(4)
+    ar = c.all_reduce_init(t)
+    assert torch.all(ar() == p)
+    if c.rank == 0:
+        t.set_(torch.ones(4))
+    refused(ar.start, ar, "storage changed")
+
+
 def body():
     c = collectives.init(timeout=60)
     exact_over_many_starts(c)
     errors(c)
     torch_resize(c)
     freed_buffers(c)
+    refused_on_one_rank(c)
 
 
 rank_main(body)
