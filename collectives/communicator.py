@@ -57,9 +57,10 @@ inline start measured slower (docs/collectives.md, Repeated calls)."""
 
 def rejected_together(method: Any) -> Any:
     """A collective whose argument errors reach every rank: when this rank rejects the call
-    before it reaches ``Communicator._submit``, it joins the call's agreement with a signature
-    that says so (``Communicator._reject``), so its peers raise MismatchError naming it; then it
-    raises. Wraps Communicator methods, and methods of objects with a ``comm`` (the torch
+    before it reaches ``Communicator._submit`` (a TypeError or ValueError, or any other error
+    there: an array whose attributes raise, memory for an output), it joins the call's agreement
+    with a signature that says so (``Communicator._reject``), so its peers raise MismatchError
+    naming it instead of waiting for it; then it raises. Wraps Communicator methods, and methods of objects with a ``comm`` (the torch
     ProcessGroup) whose first communicator call is the one their peers would make."""
     signature = inspect.signature(method)
     takes_opts = "opts" in signature.parameters
@@ -70,7 +71,9 @@ def rejected_together(method: Any) -> Any:
         comm._local.submitted = False
         try:
             return method(self, *args, **kwargs)
-        except (TypeError, ValueError) as err:
+        except Exception as err:
+            if isinstance(err, CollectiveError) and not isinstance(err, ValueError):
+                raise                            # the communicator's own state: closed, broken
             if not comm._local.submitted:
                 comm._local.submitted = True     # told once, however many wrappers it crosses
                 try:

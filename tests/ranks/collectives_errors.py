@@ -118,6 +118,14 @@ def shm_mismatches(c):
     c.barrier()
 
 
+class _Raising(np.ndarray):
+    """An array whose flags can't be read (a library's subclass with a bug)."""
+
+    @property
+    def flags(self):
+        raise ZeroDivisionError("flags")
+
+
 def one_rank_rejects(c):
     """Bad arguments on some ranks only: those raise their own error, every other rank a
     MismatchError naming the rejecting rank (no timeout), and all stay usable."""
@@ -143,6 +151,8 @@ def one_rank_rejects(c):
              ValueError, "tree")
         both(lambda: c.all_reduce(x.copy(), algo="shm", timeout=-1),
              lambda: c.all_reduce(x.copy(), algo="shm"), ValueError, "timeout")
+    both(lambda: c.all_reduce(np.ones(8).view(_Raising)), lambda: c.all_reduce(np.ones(8)),
+         ZeroDivisionError, "flags")  # any error before the call starts, not only bad values
     ro = np.ones(4)
     ro.flags.writeable = False
     both(lambda: c.broadcast(ro, root=0), lambda: c.broadcast(np.ones(4), root=0),
