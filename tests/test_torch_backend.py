@@ -36,6 +36,11 @@ def test_timeout_reads_like_torchs_and_destroy_after_it_returns(n):
     run_ranks("torch_timeout.py", n, timeout=120, env={"TOPOCOLL_FINALIZE_AFTER_FAULT": "1"})
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_init_without_a_rank_times_out_on_the_others(n):
+    run_ranks("torch_init_timeout.py", n, timeout=60)
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_torchrun_every_collective_matches_gloo(n):
     """torchrun alone (no mpiexec): the ranks join one MPI world through torch's store."""

@@ -10,10 +10,12 @@ import importlib
 import os
 import socket
 import sys
+import time
 import zlib
 from datetime import timedelta
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch.distributed as dist
 
 from . import pmi
@@ -52,17 +54,44 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    hosts = world.allgather(socket.gethostname())
-    host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0]
+    deadline = time.monotonic() + timeout.total_seconds()
+    name = np.zeros(_HOST_BYTES, np.uint8)
+    mine = socket.gethostname().encode()[:_HOST_BYTES]
+    name[:len(mine)] = np.frombuffer(mine, np.uint8)
+    names = np.empty((size, _HOST_BYTES), np.uint8)
+    _joined(world.Iallgather(name, names), (name, names), deadline, timeout, rank, size)
+    hosts = [bytes(row).rstrip(b"\0") for row in names]
+    host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0].decode()
     store = None
     if rank == 0:
         store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout,
                               wait_for_workers=False)
-    port = world.bcast(store.port if store is not None else None, root=0)
+    port = np.array([store.port if store is not None else 0], np.int64)
+    _joined(world.Ibcast(port, root=0), (port,), deadline, timeout, rank, size)
     if store is None:
-        store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout)
+        store = dist.TCPStore(host, int(port[0]), size, is_master=False, timeout=timeout)
     yield store, rank, size
     raise RuntimeError("topocoll:// rendezvous can't be repeated (MPI ranks are fixed)")
+
+
+_HOST_BYTES = 256  # a host name's bytes in the rendezvous (POSIX allows 255)
+_ABANDONED: list[Any] = []  # requests (and their buffers) of a rendezvous that timed out
+
+
+def _joined(req: Any, buffers: tuple[Any, ...], deadline: float, timeout: timedelta,
+            rank: int, size: int) -> None:
+    """Wait for the rendezvous step ``req`` until ``deadline``, then raise DistStoreError, as
+    torch's store rendezvous does, instead of waiting forever for a rank that never calls
+    ``init_process_group``. A request given up on is kept with its buffers (MPI may still
+    write them)."""
+    while not req.Test():
+        if time.monotonic() > deadline:
+            _ABANDONED.append((req, buffers))
+            raise getattr(dist, "DistStoreError", RuntimeError)(
+                f"topocoll rendezvous timed out after {timeout.total_seconds():g} s on rank "
+                f"{rank}: not all {size} ranks of the MPI world called init_process_group "
+                f"(set its timeout= to wait longer)")
+        time.sleep(0.001)
 
 
 def world_comm(rank: int, size: int, store: Any = None, timeout: float = 1800.0) -> Any:
