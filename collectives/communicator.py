@@ -69,12 +69,15 @@ def rejected_together(method: Any) -> Any:
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
         comm = self if isinstance(self, Communicator) else self.comm
         comm._local.submitted = False
+        issued = comm._flight.issued
         try:
             return method(self, *args, **kwargs)
         except Exception as err:
             if isinstance(err, CollectiveError) and not isinstance(err, ValueError):
                 raise                            # the communicator's own state: closed, broken
-            if not comm._local.submitted:
+            # a call that reached the communicator (through _submit, or a prepared repeat,
+            # which never does) was made on every rank: its errors are the peers' too
+            if not comm._local.submitted and comm._flight.issued == issued:
                 comm._local.submitted = True     # told once, however many wrappers it crosses
                 try:
                     given = signature.bind(self, *args, **kwargs).arguments

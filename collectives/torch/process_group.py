@@ -13,6 +13,7 @@ import functools
 import itertools
 import threading
 import time
+import zlib
 from datetime import timedelta
 from typing import Any, Sequence
 
@@ -26,7 +27,7 @@ from ..arrays import as_buffer
 from ..backends.mpi import MPIBackend
 from ..communicator import rejected_together
 from ..context import OpContext
-from ..errors import CollectiveTimeoutError
+from ..errors import CollectiveTimeoutError, MismatchError
 from ..handle import Handle
 from . import rendezvous
 from .work import HandleWork, RequestWork, Work, torch_error
@@ -39,6 +40,7 @@ group's communicator got the NCCL backend, i.e. every rank has CuPy, NCCL and a 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
         ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
 _TAG_LIMIT = 32767  # the smallest MPI_TAG_UB the standard allows
+_ROOTED = ("gather", "scatter")  # the collectives whose messages a rooted tag names
 _SHUTDOWN_WAIT = 10.0  # seconds a rank waits at least for its peers at shutdown
 
 
@@ -271,17 +273,19 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     # the (lists, opts) form torch.distributed calls; not the (tensor, root, timeout) overload
     @follows_caller
+    @rejected_together
     def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
                input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Collect every rank's tensor into the root's list ``output_tensors[0]``."""
         t = _one(input_tensors, "gather input")
         _host_only(t, "gather")
         root = _root(opts, self.size())
-        tag = next(self._rooted_tags) % _TAG_LIMIT
+        outs = _one_list(output_tensors, "gather output", self.size(), t) \
+            if self.rank() == root else []
+        tag = self._rooted_tag("gather", root, t)
         if self.rank() != root:
             req = self._mpi.isend(_bytes(t), root, tag)
             return RequestWork("gather", [], self._mpi, [req], self.timeout)
-        outs = _one_list(output_tensors, "gather output", self.size(), t)
         reqs = [self._mpi.irecv(_bytes(o), r, tag) for r, o in enumerate(outs) if r != root]
         outs[root].copy_(t)
         return RequestWork("gather", outs, self._mpi, reqs, self.timeout)
@@ -326,17 +330,19 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     # the (lists, opts) form torch.distributed calls; not the (tensor, root, timeout) overload
     @follows_caller
+    @rejected_together
     def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """Give rank r element r of the root's list ``input_tensors[0]``."""
         out = _one(output_tensors, "scatter output")
         _host_only(out, "scatter")
         root = _root(opts, self.size())
-        tag = next(self._rooted_tags) % _TAG_LIMIT
+        ins = _one_list(input_tensors, "scatter input", self.size(), out) \
+            if self.rank() == root else []
+        tag = self._rooted_tag("scatter", root, out)
         if self.rank() != root:
             req = self._mpi.irecv(_bytes(out), root, tag)
             return RequestWork("scatter", [out], self._mpi, [req], self.timeout)
-        ins = _one_list(input_tensors, "scatter input", self.size(), out)
         reqs = [self._mpi.isend(_bytes(i), r, tag) for r, i in enumerate(ins) if r != root]
         out.copy_(ins[root])
         return RequestWork("scatter", [out], self._mpi, reqs, self.timeout)
@@ -540,6 +546,28 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self._now(method, *args, **kw)
         return []
 
+    def _rooted_tag(self, kind: str, root: int, t: torch.Tensor) -> int:
+        """The tag of a gather's or scatter's messages, once the ranks agreed on the call: a
+        small all-gather of (collective, root, elements, dtype) first, so a rank that rejected
+        its arguments (``rejected_together``) or calls something else raises MismatchError on
+        every rank, instead of its messages pairing with another call's, and every rank takes
+        the same tag."""
+        mine = [_ROOTED.index(kind), root, t.numel(), zlib.crc32(str(t.dtype).encode())]
+        try:
+            every = self._now(self.comm.all_gather, np.array([mine], np.int64))
+        except MismatchError as err:  # named by the call the user made, not its agreement step
+            raise MismatchError(f"{kind}: {str(err).removeprefix('all_gather: ')}") from err
+        values = (kind, root, t.numel(), t.dtype)
+        for field, label in enumerate(("collective", "root", "element count", "dtype")):
+            column = every[:, field]
+            if (column != column[0]).any():
+                q = int(np.nonzero(column != column[0])[0][0])
+                raise MismatchError(
+                    f"{kind}: ranks disagree on {label} (rank 0 and rank {q} differ; this rank, "
+                    f"rank {self.rank()}, has {values[field]}). Every rank must call the same "
+                    f"collective with the same root, element count and dtype.")
+        return next(self._rooted_tags) % _TAG_LIMIT
+
     def _now(self, method: Any, *args: Any, **kw: Any) -> Any:
         """``method(*args, **kw)`` inline; a timeout raised the way torch reports one."""
         try:
@@ -629,7 +657,8 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
     if like is not None and t.device != like.device:
         raise TypeError(f"{what} is on {t.device} but the input is on {like.device}")
     if not t.is_contiguous():
-        raise ValueError(f"{what} is not contiguous; pass {what.split()[0]}.contiguous()")
+        raise ValueError(f"{what} is not contiguous (strides {tuple(t.stride())} for shape "
+                         f"{tuple(t.shape)}); pass a contiguous tensor, e.g. t.contiguous()")
     if like is not None and t.dtype != like.dtype:
         raise TypeError(f"{what} has dtype {t.dtype} but the input has {like.dtype}")
     if numel is not None and t.numel() != numel:

@@ -98,6 +98,23 @@ def body():
         one_rank(ValueError, ["input_split_sizes"],
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [2] * p),
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [1] * p))
+        # gather and scatter agree first (their messages would pair with another call's)
+        lists = [torch.empty(4) for _ in range(p)]
+        one_rank(ValueError, ["contiguous"],
+                 lambda: dist.gather(torch.ones(4, 2).t()[0], lists if r == 0 else None, dst=0),
+                 lambda: dist.gather(x, lists if r == 0 else None, dst=0))
+        one_rank(ValueError, ["contiguous"],
+                 lambda: dist.scatter(torch.empty(8)[::2], lists if r == 0 else None, src=0),
+                 lambda: dist.scatter(torch.empty(4), lists if r == 0 else None, src=0))
+        raises(collectives.MismatchError, ["scatter", "disagree on root"],
+               lambda: dist.scatter(torch.empty(4), lists, src=r))  # each rank its own root
+        raises(collectives.MismatchError, ["disagree on collective"],
+               lambda: dist.gather(x, lists if r == 0 else None, dst=0) if r % 2 else
+               dist.scatter(torch.empty(4), lists if r == 0 else None, src=0))
+        lists = [torch.full((4,), -1.0) for _ in range(p)]  # in step: each gets its own call's
+        dist.gather(torch.full((4,), float(r)), lists if r == 0 else None, dst=0)
+        if r == 0:
+            assert all(torch.all(t == q) for q, t in enumerate(lists)), lists
     raises(ValueError, ["dst", "not a rank"], lambda: dist.isend(x, dst=p + 3))
     raises(ValueError, ["tag"], lambda: dist.recv(torch.empty(2), tag=1 << 20))  # any source
     raises(RuntimeError, ["sourceRank()", "recv"], lambda: dist.isend(x, dst=r, tag=2)._source_rank())
