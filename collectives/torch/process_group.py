@@ -465,7 +465,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         # CUDA tensors are staged through host memory: a send must never wait behind (or block)
         # the communicator's ordered queue, which NCCL point-to-point would need
         host = t.detach().cpu() if _on_gpu(t) else t
-        req = self._mpi.isend(_bytes(host), self._peer(dst, "dst"), _tag(tag), channel="p2p")
+        req = self._mpi.isend(_bytes(host), self._peer(dst, "dst"), self._tag(tag), channel="p2p")
         return RequestWork(f"send to rank {dst}", [host], self._mpi, [req], self.timeout)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
@@ -473,7 +473,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         t = _one(tensors, "recv")
         staged = _on_gpu(t)
         host = torch.empty_like(t, device="cpu") if staged else t
-        req = self._mpi.irecv(_bytes(host), self._peer(src, "src"), _tag(tag), channel="p2p")
+        req = self._mpi.irecv(_bytes(host), self._peer(src, "src"), self._tag(tag), channel="p2p")
         post = (lambda: t.copy_(host)) if staged else None
         return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout,
                            post=post, source=src)
@@ -484,7 +484,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         t = _one(tensors, "recv")
         staged = _on_gpu(t)
         host = torch.empty_like(t, device="cpu") if staged else t
-        req = self._mpi.irecv(_bytes(host), _MPI().ANY_SOURCE, _tag(tag), channel="p2p")
+        req = self._mpi.irecv(_bytes(host), _MPI().ANY_SOURCE, self._tag(tag), channel="p2p")
         post = (lambda: t.copy_(host)) if staged else None
         return RequestWork("recv from any rank", [t], self._mpi, [req], self.timeout,
                            post=post, any_source=True)
@@ -545,6 +545,14 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             return [method(*args, async_op=True, **kw)]
         self._now(method, *args, **kw)
         return []
+
+    def _tag(self, tag: int) -> int:
+        """A send's or recv's tag: any int MPI carries here (its ``MPI_TAG_UB``; MPICH's is
+        2**29 - 1, the standard only promises 32767)."""
+        top = self._mpi.tag_ub
+        if not isinstance(tag, int) or isinstance(tag, bool) or not 0 <= tag <= top:
+            raise ValueError(f"tag {tag!r} must be an int in 0..{top} (MPI_TAG_UB here)")
+        return tag
 
     def _rooted_tag(self, kind: str, root: int, t: torch.Tensor) -> int:
         """The tag of a gather's or scatter's messages, once the ranks agreed on the call: a
@@ -724,12 +732,6 @@ def _root(opts: Any, size: int) -> int:
     if not 0 <= root < size:
         raise ValueError(f"root {root} is out of range for a group of size {size}")
     return root
-
-
-def _tag(tag: int) -> int:
-    if not isinstance(tag, int) or not 0 <= tag <= _TAG_LIMIT:
-        raise ValueError(f"tag {tag!r} must be an int in 0..{_TAG_LIMIT} (MPI's guaranteed range)")
-    return tag
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:
