@@ -181,18 +181,29 @@ same_args(PyObject *a, PyObject *b)
 {
     if (Py_TYPE(a) != Py_TYPE(b))
         return 0;
-    if (PyTuple_CheckExact(a) || PyList_CheckExact(a)) {
+    if (!PyTuple_CheckExact(a) && !PyList_CheckExact(a))
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    if (Py_EnterRecursiveCall(" comparing a call's arguments"))
+        return -1;
+    int same = 1;
+    /* a list's items are held while compared, and its size read again each time: an item's
+     * __eq__ may change either list, as CPython's own list comparison allows for */
+    for (Py_ssize_t i = 0; same == 1; i++) {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
-        if (n != PySequence_Fast_GET_SIZE(b))
-            return 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int same = same_args(PySequence_Fast_GET_ITEM(a, i), PySequence_Fast_GET_ITEM(b, i));
-            if (same != 1)
-                return same;
+        if (n != PySequence_Fast_GET_SIZE(b)) {
+            same = 0;
+            break;
         }
-        return 1;
+        if (i >= n)
+            break;
+        PyObject *x = Py_NewRef(PySequence_Fast_GET_ITEM(a, i));
+        PyObject *y = Py_NewRef(PySequence_Fast_GET_ITEM(b, i));
+        same = same_args(x, y);
+        Py_DECREF(x);
+        Py_DECREF(y);
     }
-    return PyObject_RichCompareBool(a, b, Py_EQ);
+    Py_LeaveRecursiveCall();
+    return same;
 }
 
 /* matches(x, out, args, check) */

@@ -69,15 +69,12 @@ def rejected_together(method: Any) -> Any:
     def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
         comm = self if isinstance(self, Communicator) else self.comm
         comm._local.submitted = False
-        issued = comm._flight.issued
         try:
             return method(self, *args, **kwargs)
         except Exception as err:
             if isinstance(err, CollectiveError) and not isinstance(err, ValueError):
                 raise                            # the communicator's own state: closed, broken
-            # a call that reached the communicator (through _submit, or a prepared repeat,
-            # which never does) was made on every rank: its errors are the peers' too
-            if not comm._local.submitted and comm._flight.issued == issued:
+            if not comm._local.submitted:
                 comm._local.submitted = True     # told once, however many wrappers it crosses
                 try:
                     given = signature.bind(self, *args, **kwargs).arguments
@@ -1201,9 +1198,10 @@ class Communicator:
         for i, (label, mine) in enumerate(fields):
             if lo[i] != hi[i]:
                 extra = f" (range {lo[i]}..{hi[i]} over ranks)" if label == "element count" else ""
+                same = "" if label == "collective" else f" with the same {label}"
                 raise MismatchError(f"{ctx.name}: ranks disagree on {label}; this rank (rank "
                                     f"{self.rank}) has {mine}{extra}. Every rank must call the "
-                                    f"same collective with the same {label}.")
+                                    f"same collective{same}.")
 
     def _out(self, out: Any, like: Buffer, shape: tuple[int, ...], what: str,
              overlap_ok: bool = False) -> Buffer:

@@ -107,11 +107,6 @@ class FlightRecorder:
         self._seq = 0
         self._repeats: Repeats | None = None  # the newest record, while it is a Repeats
 
-    @property
-    def issued(self) -> int:
-        """How many operations were issued here so far (prepared repeats, numbered in C, too)."""
-        return self._seq
-
     def issue(self, name: str, what: Any = None) -> FlightEntry:
         """Record a newly issued operation and return its entry."""
         self._seq += 1

@@ -193,7 +193,7 @@ def same_args(a: Any, b: Any) -> bool:
         return False
     if type(a) in (tuple, list):
         return len(a) == len(b) and all(same_args(p, q) for p, q in zip(a, b))
-    return bool(a == b)
+    return a is b or bool(a == b)  # as the C rule (PyObject_RichCompareBool: identity first)
 
 
 def formable(a: Any) -> bool:

@@ -1,10 +1,12 @@
 """The ``"topocoll"`` ProcessGroup: torch.distributed's collectives over a topocoll Communicator.
 
 Collectives queue on the communicator's progress thread (issue order = completion order, like a
-stream) and come back as Work; point-to-point, gather and scatter post MPI requests at once on
-their own duplicated communicators, so sends never block and never wait behind a collective.
-Collectives reject bad arguments on every rank (``rejected_together``; the coalesced ones once
-per call they stand for, ``_each``); gather, scatter and point-to-point on the caller's.
+stream) and come back as Work; point-to-point posts MPI requests at once on its own duplicated
+communicator, so sends never block and never wait behind a collective. Gather and scatter post
+theirs there too, once a small async all-gather on the communicator found every rank making the
+same call (``AgreedRequestWork``); the call itself returns at once. Collectives, gather and
+scatter reject bad arguments on every rank (``rejected_together``; the coalesced ones once per
+call they stand for, ``_each``); point-to-point on the caller's.
 Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_gather_single``, ...).
 """
 from __future__ import annotations
@@ -27,10 +29,10 @@ from ..arrays import as_buffer
 from ..backends.mpi import MPIBackend
 from ..communicator import rejected_together
 from ..context import OpContext
-from ..errors import CollectiveTimeoutError, MismatchError
+from ..errors import CollectiveError, CollectiveTimeoutError, MismatchError
 from ..handle import Handle
 from . import rendezvous
-from .work import HandleWork, RequestWork, Work, torch_error
+from .work import Agreement, AgreedRequestWork, HandleWork, RequestWork, Work, torch_error
 
 BACKEND_NAME = "topocoll"
 DEVICES = ("cpu", "cuda")
@@ -40,6 +42,7 @@ group's communicator got the NCCL backend, i.e. every rank has CuPy, NCCL and a 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
         ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
 _TAG_LIMIT = 32767  # the smallest MPI_TAG_UB the standard allows
+_AGREED_TAGS = 16384  # gather/scatter take tags below this, monitored_barrier the rest
 _ROOTED = ("gather", "scatter")  # the collectives whose messages a rooted tag names
 _SHUTDOWN_WAIT = 10.0  # seconds a rank waits at least for its peers at shutdown
 
@@ -97,7 +100,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self._closed = False
         self._issuer: int | None = None  # the thread whose call came last (follows_caller)
         self._issuing = threading.RLock()  # one thread's call at a time (follows_caller)
-        self._rooted_tags = itertools.count()
+        self._rooted_tags = itertools.count()  # monitored_barrier's, at issue
+        self._agreed_tags = itertools.count()  # gather's and scatter's, once agreed (in the
+        #                                        order agreements complete: issue order)
         self._group_name = ""
         self._group_desc = ""
 
@@ -282,13 +287,16 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         root = _root(opts, self.size())
         outs = _one_list(output_tensors, "gather output", self.size(), t) \
             if self.rank() == root else []
-        tag = self._rooted_tag("gather", root, t)
-        if self.rank() != root:
-            req = self._mpi.isend(_bytes(t), root, tag)
-            return RequestWork("gather", [], self._mpi, [req], self.timeout)
-        reqs = [self._mpi.irecv(_bytes(o), r, tag) for r, o in enumerate(outs) if r != root]
-        outs[root].copy_(t)
-        return RequestWork("gather", outs, self._mpi, reqs, self.timeout)
+
+        def post() -> list[Any]:
+            tag = next(self._agreed_tags) % _AGREED_TAGS  # every rank agreed: all take one
+            if self.rank() != root:
+                return [self._mpi.isend(_bytes(t), root, tag)]
+            outs[root].copy_(t)
+            return [self._mpi.irecv(_bytes(o), r, tag) for r, o in enumerate(outs) if r != root]
+
+        return AgreedRequestWork("gather", outs, self._mpi, self.timeout,
+                                 self._agreement("gather", root, t), post)
 
     # -- scatters --
     @follows_caller
@@ -339,13 +347,16 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         root = _root(opts, self.size())
         ins = _one_list(input_tensors, "scatter input", self.size(), out) \
             if self.rank() == root else []
-        tag = self._rooted_tag("scatter", root, out)
-        if self.rank() != root:
-            req = self._mpi.irecv(_bytes(out), root, tag)
-            return RequestWork("scatter", [out], self._mpi, [req], self.timeout)
-        reqs = [self._mpi.isend(_bytes(i), r, tag) for r, i in enumerate(ins) if r != root]
-        out.copy_(ins[root])
-        return RequestWork("scatter", [out], self._mpi, reqs, self.timeout)
+
+        def post() -> list[Any]:
+            tag = next(self._agreed_tags) % _AGREED_TAGS  # every rank agreed: all take one
+            if self.rank() != root:
+                return [self._mpi.irecv(_bytes(out), root, tag)]
+            out.copy_(ins[root])
+            return [self._mpi.isend(_bytes(i), r, tag) for r, i in enumerate(ins) if r != root]
+
+        return AgreedRequestWork("scatter", [out], self._mpi, self.timeout,
+                                 self._agreement("scatter", root, out), post)
 
     # -- all to all --
     @follows_caller
@@ -412,7 +423,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         limit = self.timeout if timeout is None else max(timeout.total_seconds(), 0.0)
         ms = int(limit * 1000)
         me, p = self.rank(), self.size()
-        arrive, leave = (next(self._rooted_tags) % _TAG_LIMIT for _ in range(2))
+        arrive, leave = (_AGREED_TAGS + next(self._rooted_tags) % (_TAG_LIMIT - _AGREED_TAGS)
+                         for _ in range(2))
         word = np.array([me], dtype=np.int64)
         if me != 0:
             reqs = [self._mpi.isend(word, 0, arrive), self._mpi.irecv(np.empty_like(word), 0, leave)]
@@ -554,27 +566,27 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             raise ValueError(f"tag {tag!r} must be an int in 0..{top} (MPI_TAG_UB here)")
         return tag
 
-    def _rooted_tag(self, kind: str, root: int, t: torch.Tensor) -> int:
-        """The tag of a gather's or scatter's messages, once the ranks agreed on the call: a
-        small all-gather of (collective, root, elements, dtype) first, so a rank that rejected
-        its arguments (``rejected_together``) or calls something else raises MismatchError on
-        every rank, instead of its messages pairing with another call's, and every rank takes
-        the same tag."""
-        mine = [_ROOTED.index(kind), root, t.numel(), zlib.crc32(str(t.dtype).encode())]
-        try:
-            every = self._now(self.comm.all_gather, np.array([mine], np.int64))
-        except MismatchError as err:  # named by the call the user made, not its agreement step
-            raise MismatchError(f"{kind}: {str(err).removeprefix('all_gather: ')}") from err
+    def _agreement(self, kind: str, root: int, t: torch.Tensor) -> Agreement:
+        """A gather's or scatter's agreement, issued async: a small all-gather of (collective,
+        root, elements, dtype) that its messages wait for (``AgreedRequestWork``), so a rank
+        that rejected its arguments (``rejected_together``) or calls something else makes
+        every rank raise MismatchError, instead of its messages pairing with another call's.
+        Issued async, it lets the call return at once, as torch's gather and scatter do."""
+        mine = np.array([[_ROOTED.index(kind), root, t.numel(),
+                          zlib.crc32(str(t.dtype).encode())]], np.int64)
         values = (kind, root, t.numel(), t.dtype)
-        for field, label in enumerate(("collective", "root", "element count", "dtype")):
-            column = every[:, field]
-            if (column != column[0]).any():
-                q = int(np.nonzero(column != column[0])[0][0])
-                raise MismatchError(
-                    f"{kind}: ranks disagree on {label} (rank 0 and rank {q} differ; this rank, "
-                    f"rank {self.rank()}, has {values[field]}). Every rank must call the same "
-                    f"collective with the same root, element count and dtype.")
-        return next(self._rooted_tags) % _TAG_LIMIT
+
+        def check(every: np.ndarray) -> None:
+            for field, label in enumerate(("collective", "root", "element count", "dtype")):
+                column = every[:, field]
+                if (column != column[0]).any():
+                    q = int(np.nonzero(column != column[0])[0][0])
+                    raise MismatchError(
+                        f"{kind}: ranks disagree on {label} (rank 0 and rank {q} differ; this "
+                        f"rank, rank {self.rank()}, has {values[field]}). Every rank must call "
+                        f"the same collective with the same root, element count and dtype.")
+
+        return Agreement(kind, self.comm.all_gather(mine, async_op=True), check)
 
     def _now(self, method: Any, *args: Any, **kw: Any) -> Any:
         """``method(*args, **kw)`` inline; a timeout raised the way torch reports one."""
@@ -585,7 +597,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     def _each(self, name: str, count: int, issue: Any) -> list[Any]:
         """``issue(0..count-1)``: the calls of a coalesced collective. If call ``i`` raises
-        TypeError/ValueError, the peers (who issue all ``count``) still get one rejection for it
+        (anything ``rejected_together`` tells the peers of), the peers (who issue all ``count``) still get one rejection for it
         and for each call after it (``Communicator._reject``, queued), so every rank stays in
         step instead of pairing their leftover calls with this rank's next ones."""
         comm, issued = self.comm, []
@@ -593,7 +605,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             comm._local.submitted = False     # a wrapper inside issue() sets it once told
             try:
                 issued.append(issue(i))
-            except (TypeError, ValueError) as err:
+            except Exception as err:
+                if isinstance(err, CollectiveError) and not isinstance(err, ValueError):
+                    raise                     # the communicator's own state, as rejected_together
                 for _ in range(i if not comm._local.submitted else i + 1, count):
                     comm._reject(name, None, True, err)
                 raise
@@ -620,6 +634,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         outs = _splits(out_splits, output, p, "output_split_sizes")
         table = torch.tensor([ins, outs], dtype=torch.int64)
         every = self._now(self.comm.all_gather, table.view(1, 2, p)).view(p, 2, p)
+        self.comm._local.submitted = True  # made on every rank (a repeat that ran prepared
+        #                                    doesn't say so): what follows fails on all alike
         sent = every[:, 0, :]  # sent[r, s]: rows r sends to s
         expected = every[:, 1, :].t()  # expected[r, s]: rows s expects from r
         if not torch.equal(sent, expected):

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from ..context import OpContext
-from ..errors import CollectiveTimeoutError, TransportError
+from ..errors import CollectiveTimeoutError, MismatchError, TransportError
 from ..handle import Handle
 
 Post = Callable[[], object]  # run when the work completes; what it returns is ignored
@@ -237,6 +237,65 @@ class RequestWork(Work):
     def _watch(self) -> None:
         threading.Thread(target=self._block, args=(None,), name=f"topocoll-{self.name}",
                          daemon=True).start()
+
+
+class Agreement:
+    """A call's agreement in flight: the Handle of a small async all-gather of every rank's
+    view of the call, and ``check(table)``, which raises MismatchError where they differ."""
+
+    def __init__(self, kind: str, handle: Any, check: Callable[[Any], None]) -> None:
+        self.kind, self.handle, self.check = kind, handle, check
+
+    def outcome(self) -> BaseException | None:
+        """Once the handle is done: its error (named by the call it agrees for), the check's
+        MismatchError, or None where the ranks agree."""
+        err = self.handle.exception()
+        if err is not None:
+            if isinstance(err, MismatchError):  # the peer called something else, or rejected
+                return MismatchError(f"{self.kind}: {str(err).removeprefix('all_gather: ')} "
+                                     f"(at {self.kind}'s agreement, an all-gather)")
+            return err
+        try:
+            self.check(self.handle.wait())
+        except MismatchError as mismatch:
+            return mismatch
+        return None
+
+
+class AgreedRequestWork(RequestWork):
+    """Work over MPI requests that ``post()`` makes once ``agreement`` found every rank making
+    the same call (gather, scatter): the call returns at once, and its messages can't pair with
+    another call's. The agreement completes on the communicator (its done-callback posts);
+    a waiter waits for that, then drives the requests as RequestWork does."""
+
+    def __init__(self, name: str, outputs: Sequence[torch.Tensor], backend: Any,
+                 timeout: float, agreement: Agreement, post: Callable[[], list[Any]]) -> None:
+        super().__init__(name, outputs, backend, [], timeout)
+        self._agreement = agreement
+        self._post_requests = post
+        self._agreed = threading.Event()  # set once the requests are posted or the work failed
+        agreement.handle.add_done_callback(lambda _h: self._on_agreed())
+
+    def _on_agreed(self) -> None:
+        error = self._agreement.outcome()
+        if error is None:
+            try:
+                self._requests = self._post_requests()
+            except Exception as err:  # noqa: BLE001 - delivered to the waiter
+                error = err
+        if error is not None:
+            self._finish(error)
+        self._agreed.set()
+
+    def _block(self, secs: float | None) -> bool:
+        if not self._agreed.is_set():
+            self._agreement.handle.ensure_waitable()  # not from the thread that must finish it
+            if not self._agreed.wait(secs):  # None: until the agreement ends (its own timeout)
+                return True
+        return self._done or super()._block(secs)
+
+    def _poll(self) -> bool:
+        return self._done or (self._agreed.is_set() and super()._poll())
 
 
 _TIMED_OUT = "[topocoll] Timed out waiting for"

@@ -182,12 +182,40 @@ def two_issuing_threads(r, p):
         assert torch.all(t == p), t
 
 
+def gathers_return_at_once(r, p):
+    """An async gather or scatter returns at once and moves its data once every rank has made
+    it: rank 0 gathers, then sends to rank 1, which receives first and gathers after (waiting
+    for the whole gather at issue would deadlock); a gather from a .then() callback works."""
+    if p < 2:
+        return
+    outs = [torch.zeros(2) for _ in range(p)] if r == 0 else None
+    if r == 0:
+        w = dist.gather(torch.full((2,), 0.0), outs, dst=0, async_op=True)
+        dist.send(torch.ones(2), dst=1)
+    else:
+        got = torch.zeros(2)
+        if r == 1:
+            dist.recv(got, src=0)
+        w = dist.gather(torch.full((2,), float(r)), None, dst=0, async_op=True)
+    w.wait()
+    if r == 0:
+        assert all(torch.all(t == q) for q, t in enumerate(outs)), outs
+    mine = torch.zeros(3)
+    parts = [torch.full((3,), float(q)) for q in range(p)] if r == p - 1 else None
+    later = []
+    fut = dist.all_reduce(torch.ones(8), async_op=True).get_future().then(
+        lambda f: later.append(dist.scatter(mine, parts, src=p - 1, async_op=True)))
+    fut.wait()
+    later[0].wait()
+    assert torch.all(mine == r), mine
+
+
 def body():
     dist.init_process_group("topocoll")
     r, p = dist.get_rank(), dist.get_world_size()
     for check in (not_before_peers, issue_order, p2p_futures, dropped_irecv_keeps_its_tensor,
                   wait_timeout,
-                  blocking_in_then, two_issuing_threads):
+                  blocking_in_then, two_issuing_threads, gathers_return_at_once):
         check(r, p)
         dist.barrier()
     dist.destroy_process_group()

@@ -14,6 +14,13 @@ import topocoll.collectives.torch  # noqa: F401
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+class _Bad(torch.Tensor):
+    """A tensor subclass whose detach fails (a library's tensor with a bug)."""
+
+    def detach(self):
+        raise RuntimeError("detach failed on this tensor")
+
+
 def raises(kind, words, fn):
     try:
         fn()
@@ -94,6 +101,11 @@ def body():
                  lambda: pg.allgather_into_tensor_coalesced(
                      [outs[0], torch.empty(3), outs[2]], [x, x, x]).wait(),
                  lambda: pg.allgather_into_tensor_coalesced(outs, [x, x, x]).wait())
+        # coalesced: an error other than TypeError/ValueError on one rank's second tensor
+        one_rank(RuntimeError, ["detach failed"],
+                 lambda: dist.all_reduce_coalesced([torch.ones(4), torch.ones(4).as_subclass(_Bad),
+                                                    torch.ones(4)]),
+                 lambda: dist.all_reduce_coalesced(good))
         # uneven all-to-all: the peers' first call is the split-table all-gather
         one_rank(ValueError, ["input_split_sizes"],
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [2] * p),
