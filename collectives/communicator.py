@@ -1000,6 +1000,8 @@ class Communicator:
     def _raise_failure(self, name: str, err: BaseException, entry: FlightEntry) -> NoReturn:
         """Raise what ``_failure`` makes of operation ``name``'s error ``err`` (``err`` itself,
         or what it became, chained to it)."""
+        self._local.submitted = True  # the call ran (a prepared repeat never reaches _submit):
+        #                               a rejected_together around it must not tell the peers
         failure = self._failure(name, err, entry)
         if failure is err:
             raise err

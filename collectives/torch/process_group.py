@@ -586,7 +586,10 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                         f"rank, rank {self.rank()}, has {values[field]}). Every rank must call "
                         f"the same collective with the same root, element count and dtype.")
 
-        return Agreement(kind, self.comm.all_gather(mine, async_op=True), check)
+        handle = self.comm.all_gather(mine, async_op=True)
+        self.comm._local.submitted = True  # issued on every rank (a repeat that ran prepared
+        #                                    doesn't say so): what follows fails on all alike
+        return Agreement(kind, handle, check)
 
     def _now(self, method: Any, *args: Any, **kw: Any) -> Any:
         """``method(*args, **kw)`` inline; a timeout raised the way torch reports one."""
@@ -597,7 +600,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     def _each(self, name: str, count: int, issue: Any) -> list[Any]:
         """``issue(0..count-1)``: the calls of a coalesced collective. If call ``i`` raises
-        (anything ``rejected_together`` tells the peers of), the peers (who issue all ``count``) still get one rejection for it
+        (what ``rejected_together`` tells the peers of), the peers (who issue all ``count``) still get one rejection for it
         and for each call after it (``Communicator._reject``, queued), so every rank stays in
         step instead of pairing their leftover calls with this rank's next ones."""
         comm, issued = self.comm, []

@@ -277,15 +277,17 @@ class AgreedRequestWork(RequestWork):
         agreement.handle.add_done_callback(lambda _h: self._on_agreed())
 
     def _on_agreed(self) -> None:
-        error = self._agreement.outcome()
-        if error is None:
-            try:
-                self._requests = self._post_requests()
-            except Exception as err:  # noqa: BLE001 - delivered to the waiter
-                error = err
-        if error is not None:
-            self._finish(error)
-        self._agreed.set()
+        try:
+            error = self._agreement.outcome()
+            if error is None:
+                try:
+                    self._requests = self._post_requests()
+                except Exception as err:  # noqa: BLE001 - delivered to the waiter
+                    error = err
+            if error is not None:
+                self._finish(error)
+        finally:
+            self._agreed.set()  # whatever happened, a waiter must not wait for it forever
 
     def _block(self, secs: float | None) -> bool:
         if not self._agreed.is_set():

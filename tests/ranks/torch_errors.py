@@ -101,6 +101,20 @@ def body():
                  lambda: pg.allgather_into_tensor_coalesced(
                      [outs[0], torch.empty(3), outs[2]], [x, x, x]).wait(),
                  lambda: pg.allgather_into_tensor_coalesced(outs, [x, x, x]).wait())
+        # the same on a call the others repeat prepared (the same tensor, blocking): their
+        # MismatchError comes from the prepared run and must not tell anyone in turn
+        same = torch.ones(4)
+        for _ in range(3):
+            same.fill_(1)
+            dist.all_reduce(same)
+        for _ in range(2):
+            same.fill_(1)
+            one_rank(ValueError, ["BAND"], lambda: dist.all_reduce(same, op=dist.ReduceOp.BAND),
+                     lambda: dist.all_reduce(same))
+        for _ in range(3):
+            same.fill_(1)
+            dist.all_reduce(same)
+            assert torch.all(same == p), same
         # coalesced: an error other than TypeError/ValueError on one rank's second tensor
         one_rank(RuntimeError, ["detach failed"],
                  lambda: dist.all_reduce_coalesced([torch.ones(4), torch.ones(4).as_subclass(_Bad),
