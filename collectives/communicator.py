@@ -72,10 +72,10 @@ def rejected_together(method: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except Exception as err:
-            if isinstance(err, CollectiveError) and not isinstance(err, ValueError):
-                raise                            # the communicator's own state: closed, broken
+            if not for_peers(err):
+                raise
             if not comm._local.submitted:
-                comm._local.submitted = True     # told once, however many wrappers it crosses
+                comm._made()                     # told once, however many wrappers it crosses
                 try:
                     given = signature.bind(self, *args, **kwargs).arguments
                 except TypeError:
@@ -87,6 +87,13 @@ def rejected_together(method: Any) -> Any:
                              err)
             raise
     return checked
+
+
+def for_peers(err: Exception) -> bool:
+    """Whether the peers must learn of ``err``, raised by a call before it reached them
+    (``rejected_together``, a coalesced call's remaining ones): anything but the communicator's
+    own state errors (closed, broken, used from another thread), which no peer shares."""
+    return not isinstance(err, CollectiveError) or isinstance(err, ValueError)
 
 
 class Communicator:
@@ -1000,8 +1007,7 @@ class Communicator:
     def _raise_failure(self, name: str, err: BaseException, entry: FlightEntry) -> NoReturn:
         """Raise what ``_failure`` makes of operation ``name``'s error ``err`` (``err`` itself,
         or what it became, chained to it)."""
-        self._local.submitted = True  # the call ran (a prepared repeat never reaches _submit):
-        #                               a rejected_together around it must not tell the peers
+        self._made()  # the call ran (a prepared repeat never reaches _submit)
         failure = self._failure(name, err, entry)
         if failure is err:
             raise err
@@ -1062,6 +1068,12 @@ class Communicator:
         if self._broken is None:
             self._complete(True)
 
+    def _made(self) -> None:
+        """Note that this thread's call reached every rank (``_submit``, a prepared repeat, a
+        torch method's first communicator call): a ``rejected_together`` around it must not
+        tell the peers of an error raised after it, which they meet in that call themselves."""
+        self._local.submitted = True
+
     def _submit(self, name: str, run: Any, async_op: bool, what: Any = None,
                 ends_later: bool = False) -> Any:
         """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
@@ -1070,7 +1082,7 @@ class Communicator:
         it or issued later fails at once with CommunicatorBrokenError. ``ends_later``: ``run``
         only starts the operation; it takes the flight entry, which whoever completes the
         operation ends."""
-        self._local.submitted = True  # from here on every rank's errors are shared or agreed
+        self._made()  # from here on every rank's errors are shared or agreed
         self._usable(name)
         entry = self._flight.issue(name, what)
         if tracing():

@@ -27,9 +27,9 @@ from torch.distributed import ReduceOp
 from topocoll import collectives
 from ..arrays import as_buffer
 from ..backends.mpi import MPIBackend
-from ..communicator import rejected_together
+from ..communicator import for_peers, rejected_together
 from ..context import OpContext
-from ..errors import CollectiveError, CollectiveTimeoutError, MismatchError
+from ..errors import CollectiveTimeoutError
 from ..handle import Handle
 from . import rendezvous
 from .work import Agreement, AgreedRequestWork, HandleWork, RequestWork, Work, torch_error
@@ -572,23 +572,17 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         that rejected its arguments (``rejected_together``) or calls something else makes
         every rank raise MismatchError, instead of its messages pairing with another call's.
         Issued async, it lets the call return at once, as torch's gather and scatter do."""
-        mine = np.array([[_ROOTED.index(kind), root, t.numel(),
+        fields = [("rejected by rank + 1", 0), ("collective", kind), ("root", root),
+                  ("element count", t.numel()), ("dtype", t.dtype)]  # as a call's signature
+        mine = np.array([[0, _ROOTED.index(kind), root, t.numel(),
                           zlib.crc32(str(t.dtype).encode())]], np.int64)
-        values = (kind, root, t.numel(), t.dtype)
 
         def check(every: np.ndarray) -> None:
-            for field, label in enumerate(("collective", "root", "element count", "dtype")):
-                column = every[:, field]
-                if (column != column[0]).any():
-                    q = int(np.nonzero(column != column[0])[0][0])
-                    raise MismatchError(
-                        f"{kind}: ranks disagree on {label} (rank 0 and rank {q} differ; this "
-                        f"rank, rank {self.rank()}, has {values[field]}). Every rank must call "
-                        f"the same collective with the same root, element count and dtype.")
+            self.comm._check_agreement(OpContext(kind, None), every.min(axis=0),
+                                       every.max(axis=0), fields)
 
         handle = self.comm.all_gather(mine, async_op=True)
-        self.comm._local.submitted = True  # issued on every rank (a repeat that ran prepared
-        #                                    doesn't say so): what follows fails on all alike
+        self.comm._made()  # a repeat that ran prepared doesn't say so; what follows fails alike
         return Agreement(kind, handle, check)
 
     def _now(self, method: Any, *args: Any, **kw: Any) -> Any:
@@ -609,8 +603,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             try:
                 issued.append(issue(i))
             except Exception as err:
-                if isinstance(err, CollectiveError) and not isinstance(err, ValueError):
-                    raise                     # the communicator's own state, as rejected_together
+                if not for_peers(err):
+                    raise
                 for _ in range(i if not comm._local.submitted else i + 1, count):
                     comm._reject(name, None, True, err)
                 raise
@@ -637,8 +631,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         outs = _splits(out_splits, output, p, "output_split_sizes")
         table = torch.tensor([ins, outs], dtype=torch.int64)
         every = self._now(self.comm.all_gather, table.view(1, 2, p)).view(p, 2, p)
-        self.comm._local.submitted = True  # made on every rank (a repeat that ran prepared
-        #                                    doesn't say so): what follows fails on all alike
+        self.comm._made()  # a repeat that ran prepared doesn't say so; what follows fails alike
         sent = every[:, 0, :]  # sent[r, s]: rows r sends to s
         expected = every[:, 1, :].t()  # expected[r, s]: rows s expects from r
         if not torch.equal(sent, expected):
