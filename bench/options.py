@@ -12,14 +12,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from topocoll import collectives
-
 from .colls import BASELINE, DTYPE_ALIASES, DTYPES, SPECS, valid_algos, valid_op
 from .sizes import parse_size, sweep
 
 DEFAULT_ALGOS = f"{BASELINE},auto"
 """``--algo`` when not given: topocoll's choice beside the mpi4py baseline, so every default run
 shows how topocoll compares with calling MPI through mpi4py directly."""
+
+BENCH_OPS = ("sum", "prod", "min", "max", "avg")
+"""``-o`` values: nccl-tests' reduction ops (the API's bitwise ops are not timed here)."""
 
 AVERAGE_MODES = {0: "rank0", 1: "avg", 2: "min", 3: "max"}
 """``-a`` values, like nccl-tests: how per-rank times combine into one."""
@@ -149,7 +150,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     if ns.average not in AVERAGE_MODES:
         raise UsageError(f"-a/--average must be 0 (rank 0), 1 (avg), 2 (min) or 3 (max), "
                          f"got {ns.average}")
-    ops = _choice(ns.op, collectives.OPS, "-o/--op", "reduction op")
+    ops = _choice(ns.op, BENCH_OPS, "-o/--op", "reduction op")
     dtypes = _choice(ns.datatype, tuple(DTYPES), "-d/--datatype", "datatype", DTYPE_ALIASES)
     if spec.reduces and not any(valid_op(d, o) for d in dtypes for o in ops):
         raise UsageError(f"op {'/'.join(ops)} can't reduce {'/'.join(dtypes)}: 'avg' needs a "

@@ -13,8 +13,19 @@ import numpy as np
 
 from . import gpu
 
-OPS = ("sum", "prod", "min", "max", "avg")
-"""Reduction ops every reducing collective accepts."""
+OPS = ("sum", "prod", "min", "max", "avg", "band", "bor", "bxor")
+"""Reduction ops every reducing collective accepts (the bitwise three: integer and bool dtypes)."""
+
+BITWISE_OPS = ("band", "bor", "bxor")
+"""Bitwise and, or, xor (MPI's BAND, BOR, BXOR): integer and bool dtypes only."""
+
+BOOL_OPS = ("band", "bor", "bxor", "min", "max")
+"""What reduces a bool dtype: the bitwise three, min (and) and max (or). Sum and product are
+refused: a user's 'sum' of flags may mean 'any' or 'count', and MPI defines neither on bools."""
+
+_UFUNCS = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
+           "max": np.maximum, "band": np.bitwise_and, "bor": np.bitwise_or,
+           "bxor": np.bitwise_xor}
 
 
 @dataclass(frozen=True)
@@ -70,10 +81,20 @@ def parse_op(op: str) -> str:
 
 
 def check_reducible(dtype: DType, op: str) -> None:
-    """Raise TypeError if ``op`` can't reduce ``dtype`` (non-numeric types, avg on integers)."""
+    """Raise TypeError if ``op`` can't reduce ``dtype`` (non-numeric types, avg on integers,
+    bitwise ops on floats, sum or product of bools)."""
+    if dtype.storage.kind == "b":
+        if op not in BOOL_OPS:
+            raise TypeError(f"op {op!r} can't reduce bool: bools reduce with "
+                            f"{', '.join(BOOL_OPS)} (min is 'all', max is 'any'); to count, "
+                            f"cast to an integer type and use 'sum'")
+        return
     if not dtype.reducible:
         raise TypeError(f"dtype {dtype.name} can't be reduced with {op!r}: only numeric dtypes "
-                        f"(int, uint, float, complex, bfloat16) reduce; bool and records only move")
+                        f"(int, uint, float, complex, bfloat16) and bool reduce; records and "
+                        f"byte strings only move")
+    if op in BITWISE_OPS and (dtype.floating or dtype.storage.kind not in "iu"):
+        raise TypeError(f"op {op!r} needs an integer or bool dtype, got {dtype.name}")
     if op == "avg" and not dtype.floating:
         raise TypeError(f"op 'avg' needs a floating or complex dtype, got {dtype.name}; "
                         f"use 'sum' and divide, or cast first")
@@ -87,8 +108,7 @@ def host_ufunc(dtype: DType, op: str) -> Any:
     directly by prepared runs, skipping the wrapper), or None where it calls something else."""
     if dtype.name == "bfloat16":
         return None
-    return {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum,
-            "max": np.maximum}.get(op)
+    return _UFUNCS.get(op)
 
 
 def reducer(dtype: DType, op: str) -> Reducer:
@@ -97,7 +117,7 @@ def reducer(dtype: DType, op: str) -> Reducer:
     base = "sum" if op == "avg" else op
     bf16 = dtype.name == BFLOAT16.name
     host = _torch_reducer(base) if bf16 else None
-    ufunc = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}[base]
+    ufunc = _UFUNCS[base]
 
     def combine(acc: np.ndarray, inc: np.ndarray, out: np.ndarray | None = None) -> None:
         if out is None:

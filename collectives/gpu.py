@@ -88,7 +88,8 @@ def shares_memory(a: Any, b: Any) -> bool:
 
 
 def combine(acc: Any, inc: Any, op: str, bfloat16: bool = False) -> None:
-    """``acc = acc (op) inc`` on the GPU, in place ('sum', 'prod', 'min', 'max'); ``bfloat16``:
+    """``acc = acc (op) inc`` on the GPU, in place ('sum', 'prod', 'min', 'max', and 'band',
+    'bor', 'bxor' on integers and bools); ``bfloat16``:
     the uint16 storage holds bfloat16 values (combined through torch)."""
     with local_work(acc):
         if bfloat16:
@@ -101,7 +102,8 @@ def combine(acc: Any, inc: Any, op: str, bfloat16: bool = False) -> None:
             return
         cupy = array_module(acc)
         ufunc = {"sum": cupy.add, "prod": cupy.multiply, "min": cupy.minimum,
-                 "max": cupy.maximum}[op]
+                 "max": cupy.maximum, "band": cupy.bitwise_and, "bor": cupy.bitwise_or,
+                 "bxor": cupy.bitwise_xor}[op]
         ufunc(acc, inc, out=acc)
 
 

@@ -114,8 +114,8 @@ def test_the_compiled_reduction_loop_matches_numpy_bit_for_bit():
 
 def test_the_compiled_reduction_loop_edges():
     """Products wrap as numpy's (16-bit ones too, computed unsigned), any number of inputs (a
-    node of 300 ranks), and exactly integers (every op) and float32/float64 sum and prod have a loop,
-    as ``compiled.reduces`` says."""
+    node of 300 ranks), bitwise ops as numpy's, and exactly integers (every op) and float32/float64
+    sum and prod have a loop, as ``compiled.reduces`` says."""
     if not compiled.available():
         pytest.skip("the compiled run is not built here (no C compiler at install)")
     import numpy as np
@@ -132,9 +132,19 @@ def test_the_compiled_reduction_loop_edges():
     out = np.empty(5, np.int64)
     reduce_into(out, tuple(many), "q", 0)
     assert (out == sum(range(300))).all()
+    for type_char in "hHbBiIlLqQ":  # band, bor, bxor: numpy's bits, signed values included
+        info = np.iinfo(type_char)
+        ins = [np.array([info.max, info.min, -1 if info.min else 5, 6], type_char),
+               np.array([info.min, 3, info.max - 1, 3], type_char),
+               np.array([-1 if info.min else info.max, info.max, 9, 12], type_char)]
+        for op, ufunc in ((4, np.bitwise_and), (5, np.bitwise_or), (6, np.bitwise_xor)):
+            want = ufunc(ufunc(ins[0], ins[1]), ins[2])
+            out = np.empty(4, type_char)
+            reduce_into(out, tuple(ins), type_char, op)
+            assert out.tobytes() == want.tobytes(), (type_char, op, out, want)
     for type_char in "bBhHiIlLqQefdgFD?":
-        for op in range(-1, 5):
-            expected = (type_char in "bBhHiIlLqQ" and 0 <= op <= 3) or \
+        for op in range(-1, 8):
+            expected = (type_char in "bBhHiIlLqQ" and 0 <= op <= 6) or \
                 (type_char in "fd" and op in (0, 1))
             assert compiled.reduces(type_char, op) == expected, (type_char, op)
             x = np.zeros(2, type_char)
@@ -167,6 +177,8 @@ def test_shm_reductions_take_the_compiled_loop_exactly_where_it_has_one(monkeypa
         pytest.skip("the compiled run is not built here (no C compiler at install)")
     assert fused(f32, "sum", np.float32) and fused(f32, "avg", np.float32)
     assert fused(i16, "max", np.int16) and fused(i16, "prod", np.int16)
+    assert fused(i16, "bxor", np.int16) and fused(i16, "band", np.int16)
+    assert not fused(dtype_of_numpy(np.dtype(bool)), "bor", np.bool_)  # numpy's logical rules
     assert not fused(f32, "max", np.float32) and not fused(f32, "min", np.float32)
     assert not fused(dtype_of_numpy(np.dtype(np.float16)), "sum", np.float16)
     assert not fused(BFLOAT16, "sum", np.uint16)

@@ -4,7 +4,7 @@ import pytest
 
 from topocoll.collectives.arrays import as_buffer
 from topocoll.collectives.call import split_bounds
-from topocoll.collectives.dtypes import check_reducible, dtype_of_numpy, parse_op, reducer
+from topocoll.collectives.dtypes import BFLOAT16, check_reducible, dtype_of_numpy, parse_op, reducer
 from topocoll.collectives.handle import Executor
 from topocoll.collectives.select import algorithms_for, resolve
 
@@ -26,13 +26,15 @@ def test_parse_op_accepts_names_and_enums():
         name = "AVG"
 
     assert parse_op(Fake()) == "avg"
+    assert parse_op("BXOR") == "bxor"
     with pytest.raises(ValueError, match="valid ops"):
-        parse_op("band")
+        parse_op("land")
 
 
 def test_reducers_combine_in_place():
     a, b = np.array([1, 5], np.int32), np.array([3, 2], np.int32)
-    for op, want in [("sum", [4, 7]), ("prod", [3, 10]), ("min", [1, 2]), ("max", [3, 5])]:
+    for op, want in [("sum", [4, 7]), ("prod", [3, 10]), ("min", [1, 2]), ("max", [3, 5]),
+                     ("band", [1, 0]), ("bor", [3, 7]), ("bxor", [2, 7])]:
         acc = a.copy()
         reducer(dtype_of_numpy(acc.dtype), op)(acc, b)
         assert acc.tolist() == want
@@ -42,7 +44,18 @@ def test_object_and_bool_dtypes():
     with pytest.raises(TypeError, match="Python objects"):
         dtype_of_numpy(np.dtype(object))
     with pytest.raises(TypeError, match="can't be reduced"):
-        check_reducible(dtype_of_numpy(np.dtype(bool)), "sum")
+        check_reducible(dtype_of_numpy(np.dtype("S4")), "max")
+    boolean = dtype_of_numpy(np.dtype(bool))
+    for op in ("sum", "prod", "avg"):
+        with pytest.raises(TypeError, match="can't reduce bool"):
+            check_reducible(boolean, op)
+    for op in ("band", "bor", "bxor", "min", "max"):
+        check_reducible(boolean, op)
+    for dt in (np.float32, np.complex64):
+        with pytest.raises(TypeError, match="integer or bool"):
+            check_reducible(dtype_of_numpy(np.dtype(dt)), "band")
+    with pytest.raises(TypeError, match="integer or bool"):
+        check_reducible(BFLOAT16, "bor")  # stored as uint16, but a float
 
 
 def test_as_buffer_views_without_copy():

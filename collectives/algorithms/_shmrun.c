@@ -16,7 +16,7 @@
 #include <string.h>
 
 enum { DONE = 1, FINISH_IN_PYTHON = 2, SYNC_AGAIN = 3, NOT_YET = 0, MISMATCH = -1 };
-enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX };
+enum { OP_SUM, OP_PROD, OP_MIN, OP_MAX, OP_BAND, OP_BOR, OP_BXOR };
 
 typedef struct {
     char *dst;
@@ -142,7 +142,10 @@ enum { BLOCK = 4096 };
     case OP_SUM: REDUCE_LOOP(S, (S)((U)x + (U)y)); break;                      \
     case OP_PROD: REDUCE_LOOP(S, (S)(U)(1u * (U)x * (U)y)); break;                     \
     case OP_MIN: REDUCE_LOOP(S, x < y ? x : y); break;                         \
-    default: REDUCE_LOOP(S, x > y ? x : y);                                    \
+    case OP_MAX: REDUCE_LOOP(S, x > y ? x : y); break;                         \
+    case OP_BAND: REDUCE_LOOP(S, (S)((U)x & (U)y)); break;                     \
+    case OP_BOR: REDUCE_LOOP(S, (S)((U)x | (U)y)); break;                      \
+    default: REDUCE_LOOP(S, (S)((U)x ^ (U)y));                                 \
     }
 
 /* Floats: sum and product only (numpy's min/max NaN and signed-zero rules stay with numpy). */
@@ -157,7 +160,7 @@ enum { BLOCK = 4096 };
 static int
 has_loop(const char *type, int op)
 {
-    if (type[0] == '\0' || type[1] != '\0' || op < OP_SUM || op > OP_MAX || itemsize(type[0]) == 0)
+    if (type[0] == '\0' || type[1] != '\0' || op < OP_SUM || op > OP_BXOR || itemsize(type[0]) == 0)
         return 0;
     return (type[0] != 'f' && type[0] != 'd') || op == OP_SUM || op == OP_PROD;
 }
@@ -651,10 +654,11 @@ py_has_loop(PyObject *module, PyObject *args)
 static PyMethodDef module_methods[] = {
     {"has_loop", py_has_loop, METH_VARARGS,
      "has_loop(type, op): whether the compiled reduction has a loop for numpy type char `type` "
-     "and op code `op`: integers 0 sum, 1 prod, 2 min, 3 max; float32/float64 sum and prod."},
+     "and op code `op`: integers 0 sum, 1 prod, 2 min, 3 max, 4 band, 5 bor, 6 bxor; "
+     "float32/float64 sum and prod."},
     {"reduce_into", reduce_into, METH_VARARGS,
      "reduce_into(out, ins, type, op): out = ins[0] (op) ins[1] (op) ... element by element in "
-     "that order, numpy type char `type`, op 0 sum, 1 prod, 2 min, 3 max (floats: sum, prod)."},
+     "that order, numpy type char `type`, op code as in has_loop."},
     {NULL},
 };
 

@@ -28,9 +28,9 @@ def available() -> bool:
 
 def reduces(type_char: str, op: int) -> bool:
     """Whether the compiled run has a loop for numpy type ``type_char`` and op code ``op``
-    (0 sum, 1 prod, 2 min, 3 max): integers all four, float32/float64 sum and prod (numpy's
-    NaN and signed-zero rules for min/max stay with numpy). The extension answers (its
-    ``has_loop``); without it, none has."""
+    (0 sum, 1 prod, 2 min, 3 max, 4 band, 5 bor, 6 bxor): integers all seven, float32/float64
+    sum and prod (numpy's NaN and signed-zero rules for min/max stay with numpy). The extension
+    answers (its ``has_loop``); without it, none has."""
     return _HAS_LOOP is not None and _HAS_LOOP(type_char, op)
 
 

@@ -11,7 +11,7 @@ from ..call import Call
 from ..dtypes import finish_avg, host_ufunc, reducer
 from . import compiled
 
-COMPILED_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3}
+COMPILED_OPS = {"sum": 0, "prod": 1, "min": 2, "max": 3, "band": 4, "bor": 5, "bxor": 6}
 """Op codes of the compiled reduction (``_shmrun.c``); floats take sum and prod only."""
 
 

@@ -12,7 +12,7 @@ from typing import Any, NoReturn, Sequence
 import numpy as np
 
 from ..context import OpContext
-from ..dtypes import DType, reducer
+from ..dtypes import BITWISE_OPS, DType, reducer
 from ..errors import MessageTruncated, TransportError
 from .base import Backend, Request
 from .shm import SharedArena, shm_disabled
@@ -213,6 +213,8 @@ class MPIBackend(Backend):
         if kind == "f" and op in ("min", "max"):
             return False  # MPI's MAX/MIN keep or drop a NaN depending on the order (a > b ? a : b)
             #               so ranks could differ; numpy's maximum/minimum propagate it everywhere
+        if op in BITWISE_OPS:
+            return kind in "iu"
         return kind in "iuf" or (kind == "c" and op in ("sum", "prod", "avg"))
 
     def arena(self) -> SharedArena | None:
@@ -299,7 +301,8 @@ class MPIBackend(Backend):
         MPI = self._MPI
         base = "sum" if op == "avg" else op
         if self.native_supports(dtype, base):
-            mop = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}[base]
+            mop = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX,
+                   "band": MPI.BAND, "bor": MPI.BOR, "bxor": MPI.BXOR}[base]
             return MPI.Datatype.fromcode(buf.dtype.char), mop
         # An element-sized unsigned type keeps MPI from splitting an element between two calls.
         carrier = {1: MPI.UINT8_T, 2: MPI.UINT16_T, 4: MPI.UINT32_T, 8: MPI.UINT64_T}.get(

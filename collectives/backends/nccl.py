@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import gpu
 from ..context import OpContext
-from ..dtypes import DType
+from ..dtypes import BITWISE_OPS, DType
 from ..errors import CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError
 from .base import Backend, Request
 from .mpi import MPIBackend
@@ -48,11 +48,14 @@ SETUP_TIMEOUT = 120.0
 
 def reduction_type(dtype: DType, op: str, version: int = BFLOAT16_SINCE) -> tuple[int, int] | None:
     """``(ncclDataType_t, NCCL elements per value)`` reducing ``dtype`` with ``op`` natively, or
-    None where NCCL can't (int16, uint16, complex products; bfloat16 before NCCL 2.10).
+    None where NCCL can't (int16, uint16, complex products, bitwise ops; bfloat16 before NCCL
+    2.10).
 
     Complex sums reduce as pairs of floats; everything else maps one to one.
     """
     base = "sum" if op == "avg" else op
+    if base in BITWISE_OPS:
+        return None  # NCCL has no bitwise reductions: gathered and reduced locally
     if dtype.name == "bfloat16":
         return (NCCL_TYPES["bfloat16"], 1) if version >= BFLOAT16_SINCE else None
     if not dtype.storage.isnative:

@@ -40,7 +40,12 @@ DEVICES = ("cpu", "cuda")
 group's communicator got the NCCL backend, i.e. every rank has CuPy, NCCL and a GPU)."""
 
 _OPS = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min",
-        ReduceOp.MAX: "max", ReduceOp.AVG: "avg"}
+        ReduceOp.MAX: "max", ReduceOp.AVG: "avg", ReduceOp.BAND: "band", ReduceOp.BOR: "bor",
+        ReduceOp.BXOR: "bxor"}
+
+_BOOL_OPS = {"sum": "bor", "prod": "band"}
+"""gloo's reductions of bool tensors: a sum is an 'or', a product an 'and' (C++ bool arithmetic);
+min and max are 'and' and 'or' already."""
 _TAG_LIMIT = 32767  # the smallest MPI_TAG_UB the standard allows
 _AGREED_TAGS = 16384  # gather/scatter take tags below this, monitored_barrier the rest
 _ROOTED = ("gather", "scatter")  # the collectives whose messages a rooted tag names
@@ -145,7 +150,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and tensors[0].is_sparse:
             return self._sparse_allreduce(tensors[0], opts)
         t = _one(tensors, "allreduce")
-        op = _op(opts)
+        op = _op(opts, t)
         return self._work("allreduce", [t], self._go(opts, self.comm.all_reduce, t, op=op))
 
     def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> Work:
@@ -192,7 +197,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         def issue(i: int) -> Handle:
             t = tensors[i]
             _check(t, f"allreduce_coalesced tensors[{i}]")
-            return self.comm.all_reduce(t, op=_op(opts), async_op=True)
+            return self.comm.all_reduce(t, op=_op(opts, t), async_op=True)
 
         handles = self._each("allreduce_coalesced", len(tensors), issue)
         return self._work("allreduce_coalesced", tensors, handles)
@@ -202,7 +207,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Reduce one tensor into ``opts.rootRank``'s copy."""
         t = _one(tensors, "reduce")
-        op, root = _op(opts), _root(opts, self.size())
+        op, root = _op(opts, t), _root(opts, self.size())
         return self._work("reduce", [t], self._go(opts, self.comm.reduce, t, root=root, op=op))
 
     @follows_caller
@@ -306,7 +311,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """Reduce the lists ``input_tensors[0]`` over ranks; rank r gets element r."""
         out = _one(output_tensors, "reduce_scatter output")
         ins = _one_list(input_tensors, "reduce_scatter input", self.size(), out)
-        op = _op(opts)
+        op = _op(opts, out)
         stage = torch.cat([i.reshape(-1) for i in ins])
         hs = self._go(opts, self.comm.reduce_scatter, stage, out=out.view(-1), op=op)
         return self._work("reduce_scatter", [out], hs)
@@ -316,7 +321,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> Work:
         """Reduce ``input`` (``size`` equal parts) over ranks; rank r gets part r in ``output``."""
-        op = _op(opts)
+        op = _op(opts, output)
         _check(output, "reduce_scatter output")
         _check(input, "reduce_scatter input", like=output, numel=self.size() * output.numel())
         input = _separate(input, output)  # noqa: A001
@@ -729,14 +734,17 @@ def _one_list(lists: Sequence[Sequence[torch.Tensor]], what: str, n: int,
     return ts
 
 
-def _op(opts: Any) -> str:
+def _op(opts: Any, t: torch.Tensor | None = None) -> str:
+    """Our name for ``opts.reduceOp`` on ``t``'s dtype (bool sums and products as gloo's)."""
     op = getattr(opts, "reduceOp", ReduceOp.SUM)
     for known, name in _OPS.items():
         if op == known:
+            if t is not None and getattr(t, "dtype", None) == torch.bool:
+                return _BOOL_OPS.get(name, name)
             return name
     kind = getattr(op, "op", op)
-    raise ValueError(f"reduce op {kind} is not supported by topocoll; use SUM, PRODUCT, MIN, MAX "
-                     f"or AVG")
+    raise ValueError(f"reduce op {kind} is not supported by topocoll; use SUM, PRODUCT, MIN, MAX, "
+                     f"AVG, BAND, BOR or BXOR")
 
 
 def _root(opts: Any, size: int) -> int:

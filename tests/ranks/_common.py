@@ -14,14 +14,17 @@ import numpy as np  # noqa: E402
 from mpi_harness import rank_main  # noqa: E402,F401
 
 NUMPY_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                "float16", "float32", "float64", "complex64", "complex128"]
+                "float16", "float32", "float64", "complex64", "complex128", "bool"]
 if os.environ.get("TOPOCOLL_TEST_MATRIX") == "quick":  # a few dtypes (every op still), e.g. for
     NUMPY_DTYPES = ["int32", "uint8", "float16", "float64", "complex64"]  # runs across hosts
 
 
 def rank_data(n, dtype, rank, salt=0):
-    """Small integer-valued data (1..5), so every dtype and op is exact and order-independent."""
+    """Small integer-valued data (1..5), so every dtype and op is exact and order-independent
+    (bools: True where that value is odd, so ranks differ)."""
     vals = ((np.arange(n, dtype=np.int64) * 7 + rank * 3 + salt) % 5) + 1
+    if np.dtype(dtype).kind == "b":
+        return vals % 2 == 1
     return vals.astype(dtype)
 
 
@@ -37,6 +40,9 @@ def reference(arrays, op):
             acc = np.minimum(acc, a)
         elif op == "max":
             acc = np.maximum(acc, a)
+        else:
+            bitwise = {"band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+            acc = bitwise[op](acc, a)
     if op == "avg":
         acc = np.divide(acc, len(arrays)).astype(acc.dtype)
     return acc
@@ -44,11 +50,15 @@ def reference(arrays, op):
 
 def valid_ops(dtype):
     kind = np.dtype(dtype).kind
+    if kind == "b":
+        return ["min", "max", "band", "bor", "bxor"]
     ops = ["sum", "prod"]
     if kind != "c":
         ops += ["min", "max"]
     if kind in "fc":
         ops.append("avg")
+    if kind in "iu":
+        ops += ["band", "bor", "bxor"]
     return ops
 
 

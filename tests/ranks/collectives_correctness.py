@@ -32,10 +32,11 @@ def check_all_reduce(c):
                 x = rank_data(10, dt, c.rank)
                 keep = x.copy()
                 out = np.empty_like(x)
-                got = c.all_reduce(x, op="sum", algo=algo, out=out)
+                op = valid_ops(dt)[0]
+                got = c.all_reduce(x, op=op, algo=algo, out=out)
                 assert got is out and np.array_equal(x, keep)
                 assert np.array_equal(out, reference([rank_data(10, dt, r) for r in range(c.size)],
-                                                     "sum"))
+                                                     op))
         # random floats: not exact, but bitwise identical everywhere and close to numpy
         rng = np.random.default_rng(1234 + c.rank)
         x = rng.standard_normal(4099).astype(np.float32)
@@ -51,7 +52,7 @@ def check_all_reduce(c):
 
 def check_reduce_scatter(c):
     for algo in ("ring", "native"):
-        for dt in ("int32", "float16", "float64", "complex64", "uint8"):
+        for dt in ("int32", "float16", "float64", "complex64", "uint8", "bool"):
             for op in valid_ops(dt):
                 for rows in (0, 1, 3, 4, 7, 9):
                     every = [rank_data(rows * 3, dt, r).reshape(rows, 3) for r in range(c.size)]
@@ -86,7 +87,7 @@ def check_all_gather(c):
 
 def check_rooted(c):
     for root in range(c.size):
-        for dt in ("int16", "float16", "float64"):
+        for dt in ("int16", "float16", "float64", "bool"):
             for n in (0, 1, 6):
                 x = rank_data(n, dt, c.rank) if c.rank == root else np.zeros(n, dt)
                 c.broadcast(x, root=root)

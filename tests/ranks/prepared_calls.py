@@ -137,8 +137,9 @@ def reductions_match_numpy(c):
                         every = [rng.standard_normal(n).astype(dt) for _ in range(p)]
                         if np.dtype(dt).kind == "f" and n > 2:
                             every[0][0], every[-1][1] = np.nan, -0.0
-                    else:
-                        every = [rng.integers(0, 200, n).astype(dt) for _ in range(p)]
+                    else:  # bools: half set
+                        top = 2 if np.dtype(dt).kind == "b" else 200
+                        every = [rng.integers(0, top, n).astype(dt) for _ in range(p)]
                     x[...] = every[r]
                     assert c.all_reduce(x, op=op) is x
                     want = reference(every, op)

@@ -77,6 +77,43 @@ def reductions(r, p):
     assert torch.allclose(t, expect), f"AVG {t} vs {expect}"
 
 
+def bits(shape, dtype, rank, salt=0):
+    """Values with several bits set (0..119), or for bools True where that value is odd."""
+    n = int(torch.tensor(shape).prod()) if shape else 1
+    vals = ((torch.arange(n, dtype=torch.int64) * 37 + rank * 11 + salt) % 120).reshape(shape)
+    return vals % 2 == 1 if dtype == torch.bool else vals.to(dtype)
+
+
+def bitwise(r, p):
+    """BAND/BOR/BXOR on integers and bools, and every op on bools (gloo's bool sum is 'or', its
+    product 'and'), through all_reduce, reduce and reduce_scatter."""
+    bitwise_ops = [dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR]
+    for dtype in (torch.int8, torch.uint8, torch.int32, torch.int64, torch.bool):
+        for op in bitwise_ops + (OPS if dtype == torch.bool else []):
+            for n in SIZES:
+                def ar(g, n=n, dtype=dtype, op=op):
+                    t = bits((n,), dtype, r)
+                    dist.all_reduce(t, op=op, group=g)
+                    return t
+
+                both(ar, f"all_reduce {dtype} n={n} {op}")
+
+                def rs(g, n=n, dtype=dtype, op=op):
+                    out = torch.empty((n,), dtype=dtype)
+                    dist.reduce_scatter_tensor(out, bits((p * n,), dtype, r, salt=5), op=op,
+                                               group=g)
+                    return out
+
+                both(rs, f"reduce_scatter_tensor {dtype} n={n} {op}")
+            for root in range(p):
+                def red(g, dtype=dtype, op=op, root=root):
+                    t = bits((9,), dtype, r, salt=3)
+                    dist.reduce(t, dst=root, op=op, group=g)
+                    return t if r == root else t[:0]
+
+                both(red, f"reduce {dtype} {op} root={root}")
+
+
 def movement(r, p):
     for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.bool):
         for n in (0, 3, 70_001):
@@ -335,8 +372,8 @@ def body():
 
     assert (r, p) == (MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size())
     TOPO, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
-    checks = (reductions, movement, scatters, all_to_all, point_to_point, objects, functional,
-              subgroups, torch_suite_features)
+    checks = (reductions, bitwise, movement, scatters, all_to_all, point_to_point, objects,
+              functional, subgroups, torch_suite_features)
     if sys.argv[1:] == ["env"]:
         checks = (objects, subgroups)  # the rendezvous differs; the collectives don't
     for check in checks:

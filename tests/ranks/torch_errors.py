@@ -36,14 +36,17 @@ def body():
     dist.init_process_group("topocoll")
     r, p = dist.get_rank(), dist.get_world_size()
     x = torch.ones(4)
-    for op, name in ((dist.ReduceOp.BAND, "BAND"), (dist.ReduceOp.BXOR, "BXOR"),
-                     (dist._make_nccl_premul_sum(2.0), "PREMUL_SUM")):
-        raises(ValueError, [name, "not supported"], lambda op=op: dist.all_reduce(x, op=op))
+    raises(ValueError, ["PREMUL_SUM", "not supported"],
+           lambda: dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0)))
+    for op, name in ((dist.ReduceOp.BAND, "band"), (dist.ReduceOp.BXOR, "bxor")):
+        raises(TypeError, [name, "integer or bool", "float32"],
+               lambda op=op: dist.all_reduce(x, op=op))
     raises(TypeError, ["meta", "NCCL"], lambda: dist.all_reduce(torch.ones(4, device="meta")))
     raises(ValueError, ["contiguous"], lambda: dist.all_reduce(torch.ones(4, 4).t()))
     raises(TypeError, ["avg", "int"],
            lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG))
-    raises(TypeError, ["bool"], lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool)))
+    raises(TypeError, ["avg", "bool"],
+           lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool), op=dist.ReduceOp.AVG))
     raises(ValueError, ["elements", str(p * 4)],
            lambda: dist.all_gather_into_tensor(torch.empty(p * 4 + 1), x))
     raises(TypeError, ["dtype"], lambda: dist.all_gather_into_tensor(
@@ -74,7 +77,7 @@ def body():
             else:
                 raises(collectives.MismatchError, [f"rank {bad} rejected its arguments"], theirs)
 
-        one_rank(ValueError, ["BAND"], lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.BAND),
+        one_rank(TypeError, ["band"], lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.BAND),
                  lambda: dist.all_reduce(x.clone()))
         one_rank(ValueError, ["elements"],
                  lambda: dist.all_gather_into_tensor(torch.empty(p * 4 + 1), x),
@@ -82,7 +85,7 @@ def body():
         one_rank(ValueError, ["split"],
                  lambda: dist.all_to_all_single(torch.empty(p + 1), torch.ones(p + 1)),
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p)))
-        one_rank(ValueError, ["BAND"],
+        one_rank(TypeError, ["band"],
                  lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.BAND, async_op=True),
                  lambda: dist.all_reduce(x.clone(), async_op=True).wait())
         one_rank(ValueError, ["elements"],
@@ -109,7 +112,7 @@ def body():
             dist.all_reduce(same)
         for _ in range(2):
             same.fill_(1)
-            one_rank(ValueError, ["BAND"], lambda: dist.all_reduce(same, op=dist.ReduceOp.BAND),
+            one_rank(TypeError, ["band"], lambda: dist.all_reduce(same, op=dist.ReduceOp.BAND),
                      lambda: dist.all_reduce(same))
         for _ in range(3):
             same.fill_(1)
