@@ -324,7 +324,13 @@ they do: MPI may still write into their receive buffers when a late peer's data 
 
 
 def _keep(reqs: Sequence[Request]) -> None:
-    """Keep the incomplete ones of ``reqs`` alive; drop kept ones that have completed since."""
+    """Keep the incomplete ones of ``reqs`` alive; drop kept ones that have completed since.
+
+    Other threads add to the list while ``Test`` lets go of the GIL (a finalizer orphaning a
+    dropped handle, a done-callback's transfer failing on the progress thread, the compiled
+    lane), so it is never rebuilt: items are appended, and a completed one is taken out with
+    ``remove``, one step under the GIL (a completed request equals every other completed one,
+    MPI_REQUEST_NULL, so ``remove`` may take out another completed one first: as good)."""
     from mpi4py import MPI
 
     def pending(r: Any) -> bool:
@@ -333,7 +339,13 @@ def _keep(reqs: Sequence[Request]) -> None:
         except MPI.Exception:
             return False  # it completed in error: MPI is done with its buffer
 
-    _ORPHANED[:] = [r for r in [*_ORPHANED, *reqs] if pending(r)]
+    _ORPHANED.extend([r for r in reqs if pending(r)])
+    for r in list(_ORPHANED):
+        if not pending(r):
+            try:
+                _ORPHANED.remove(r)
+            except ValueError:  # another thread let go of it first
+                pass
 
 
 def _world_ranks(comm: Any) -> list[int] | None:

@@ -562,6 +562,43 @@ def staged_receive_waited_and_called_back(c):
     assert seen == [1] and len(copies) == 1 and np.array_equal(copies[0], np.arange(4.0) + me)
 
 
+def kept_requests_survive_threads(c):
+    """Requests kept by one thread while another lets go of completed ones (a done-callback's
+    transfer failing on the progress thread, a finalizer orphaning a dropped handle, while the
+    caller's isend prunes): none is lost, so no buffer MPI may still write is freed early."""
+    self_comm = MPI.COMM_SELF
+    buf = np.zeros(1)
+    pending = [self_comm.Irecv([buf, MPI.BYTE], 0, 4242 + i) for i in range(300)]  # never met
+    done = []
+    stop = threading.Event()
+
+    def prune():
+        while not stop.is_set():
+            done.append(self_comm.Isend([buf, MPI.BYTE], 0, 77))  # completes: to be let go
+            self_comm.Recv([np.zeros(1), MPI.BYTE], 0, 77)
+            mpi._keep([done[-1]])
+            mpi._keep(())
+
+    pruner = threading.Thread(target=prune)
+    pruner.start()
+    try:
+        for r in pending:
+            c.backend.orphan([r])  # as a finalizer does: appended while the pruner tests
+            time.sleep(0)
+    finally:
+        stop.set()
+        pruner.join()
+    kept = [r for r in pending if any(k is r for k in mpi._ORPHANED)]
+    lost = len(pending) - len(kept)
+    for r in pending:
+        r.Cancel()
+        r.Wait()
+    mpi._keep(())
+    assert lost == 0, f"{lost} of {len(pending)} kept requests were dropped while pending"
+    mine = {id(r) for r in pending + done}
+    assert not [k for k in mpi._ORPHANED if id(k) in mine], "completed requests still kept"
+
+
 def body():
     c = collectives.init()
     for check in (data_arrives_exact, async_exchanges_meet, posted_receives_progress_in_barriers,
@@ -570,7 +607,7 @@ def body():
                   compiled_lane_takes_blocking_calls, other_sizes_raise,
                   bad_arguments_are_refused, queued_calls_go_first, compiled_async_times_out,
                   to_itself, staged_receive_waited_and_called_back,
-                  silent_peer_times_out):
+                  kept_requests_survive_threads, silent_peer_times_out):
         check(c)
         c.barrier()
     WORLD.Barrier()
