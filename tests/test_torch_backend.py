@@ -32,6 +32,13 @@ def test_bad_input_raises_on_every_rank(n):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_non_contiguous_tensors_are_staged_as_gloo_does(n):
+    """Transposed, channels_last and step-sliced tensors in every operation, blocking and async,
+    against the same calls on contiguous tensors; expand()ed outputs raise on every rank."""
+    run_ranks("torch_noncontig.py", n, timeout=240)
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_timeout_reads_like_torchs_and_destroy_after_it_returns(n):
     run_ranks("torch_timeout.py", n, timeout=120, env={"TOPOCOLL_FINALIZE_AFTER_FAULT": "1"})
 

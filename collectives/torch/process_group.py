@@ -6,7 +6,8 @@ communicator, so sends never block and never wait behind a collective. Gather an
 theirs there too, once a small async all-gather on the communicator found every rank making the
 same call (``AgreedRequestWork``); the call itself returns at once. Collectives, gather and
 scatter reject bad arguments on every rank (``rejected_together``; the coalesced ones once per
-call they stand for, ``_each``); point-to-point on the caller's.
+call they stand for, ``_each``); point-to-point on the caller's. Non-contiguous tensors run
+through contiguous stand-ins (``_check``), copied back into those written once the Work completes.
 Method names of every torch >= 2.4 are defined (``_allgather_base`` and ``all_gather_single``, ...).
 """
 from __future__ import annotations
@@ -149,9 +150,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """All-reduce one tensor in place with ``opts.reduceOp`` (a sparse COO tensor: SUM)."""
         if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and tensors[0].is_sparse:
             return self._sparse_allreduce(tensors[0], opts)
-        t = _one(tensors, "allreduce")
-        op = _op(opts, t)
-        return self._work("allreduce", [t], self._go(opts, self.comm.all_reduce, t, op=op))
+        t, user = _one(tensors, "allreduce", written=True), tensors[0]
+        hs = self._go(opts, self.comm.all_reduce, t, op=_op(opts, t))
+        return self._work("allreduce", [user], hs, None if t is user else _copy_back([user], [t]))
 
     def _sparse_allreduce(self, t: torch.Tensor, opts: Any) -> Work:
         """Sum of sparse COO tensors, as gloo computes it: coalesce, gather every rank's indices
@@ -194,29 +195,31 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     @follows_caller
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce several tensors in place, one Work for all."""
+        stand_ins: list[torch.Tensor] = []
+
         def issue(i: int) -> Handle:
-            t = tensors[i]
-            _check(t, f"allreduce_coalesced tensors[{i}]")
-            return self.comm.all_reduce(t, op=_op(opts, t), async_op=True)
+            stand_ins.append(_check(tensors[i], f"allreduce_coalesced tensors[{i}]", written=True))
+            return self.comm.all_reduce(stand_ins[i], op=_op(opts, stand_ins[i]), async_op=True)
 
         handles = self._each("allreduce_coalesced", len(tensors), issue)
-        return self._work("allreduce_coalesced", tensors, handles)
+        return self._work("allreduce_coalesced", tensors, handles, _copy_back(tensors, stand_ins))
 
     @follows_caller
     @rejected_together
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Reduce one tensor into ``opts.rootRank``'s copy."""
-        t = _one(tensors, "reduce")
+        t, user = _one(tensors, "reduce", written=True), tensors[0]
         op, root = _op(opts, t), _root(opts, self.size())
-        return self._work("reduce", [t], self._go(opts, self.comm.reduce, t, root=root, op=op))
+        hs = self._go(opts, self.comm.reduce, t, root=root, op=op)
+        return self._work("reduce", [user], hs, None if t is user else _copy_back([user], [t]))
 
     @follows_caller
     @rejected_together
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Copy ``opts.rootRank``'s tensor into everyone's."""
-        t = _one(tensors, "broadcast")
-        root = _root(opts, self.size())
-        return self._work("broadcast", [t], self._go(opts, self.comm.broadcast, t, root=root))
+        t, user = _one(tensors, "broadcast", written=True), tensors[0]
+        hs = self._go(opts, self.comm.broadcast, t, root=_root(opts, self.size()))
+        return self._work("broadcast", [user], hs, None if t is user else _copy_back([user], [t]))
 
     # -- gathers --
     @follows_caller
@@ -225,7 +228,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                   list[torch.Tensor], opts: Any = None) -> Work:
         """Gather every rank's tensor into the list ``output_tensors[0]`` (one per rank)."""
         t = _one(input_tensors, "allgather input")
-        outs = _one_list(output_tensors, "allgather output", self.size(), t)
+        outs = _one_list(output_tensors, "allgather output", self.size(), t, written=True,
+                         stand_in=None)  # _unpack writes any layout
         stage = torch.empty((self.size() * t.numel(),), dtype=t.dtype, device=t.device)
         hs = self._go(opts, self.comm.all_gather, t.view(-1), out=stage)
         return self._work("allgather", outs, hs, post=lambda: _unpack(stage, outs))
@@ -240,7 +244,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         if not input_list:
             raise ValueError("allgather_coalesced needs at least one input tensor")
         for i, t in enumerate(input_list):
-            _check(t, f"allgather_coalesced input[{i}]", like=input_list[0])
+            _check(t, f"allgather_coalesced input[{i}]", like=input_list[0], stand_in=None)
         if len(output_lists) != p:
             raise ValueError(f"allgather_coalesced needs {p} output lists (one per rank), got "
                              f"{len(output_lists)}")
@@ -250,7 +254,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                                  f"for {len(input_list)} inputs")
             for i, o in enumerate(outs):
                 _check(o, f"allgather_coalesced output[{r}][{i}]", like=input_list[0],
-                       numel=input_list[i].numel())
+                       numel=input_list[i].numel(), written=True, stand_in=None)
         flat = torch.cat([t.reshape(-1) for t in input_list])
         stage = torch.empty((p * flat.numel(),), dtype=flat.dtype, device=flat.device)
         hs = self._go(opts, self.comm.all_gather, flat, out=stage)
@@ -262,11 +266,17 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                           opts: Any = None) -> Work:
         """Gather every rank's tensor into one tensor of ``size`` times as many elements."""
-        _check(input, "all_gather input")
-        _check(output, "all_gather output", like=input, numel=self.size() * input.numel())
-        input = _separate(input, output)  # noqa: A001 - FSDP gathers from a slice of output
-        hs = self._go(opts, self.comm.all_gather, input.view(-1), out=output.view(-1))
-        return self._work("all_gather_single", [output], hs)
+        return self._work("all_gather_single", [output], *self._gather_into(output, input, opts))
+
+    def _gather_into(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                     opts: Any) -> tuple[list[Handle], Any]:
+        """``all_gather_single``'s collective: its handles and its Work's ``post``."""
+        t = _check(input, "all_gather input")
+        out = _check(output, "all_gather output", like=t, numel=self.size() * t.numel(),
+                     written=True, stand_in="empty")
+        t = _separate(t, out)  # FSDP gathers from a slice of output
+        hs = self._go(opts, self.comm.all_gather, t.view(-1), out=out.view(-1))
+        return hs, None if out is output else _copy_back([output], [out])
 
     _allgather_base = all_gather_single  # torch < 2.13
 
@@ -274,9 +284,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
                                     inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """Several ``all_gather_single`` as one Work."""
-        works = self._each("all_gather_single_coalesced", len(inputs),
-                           lambda k: self.all_gather_single(*_pair(outputs, inputs, k)))
-        return self._work("all_gather_single_coalesced", outputs, _handles(works))
+        issued = self._each("all_gather_single_coalesced", len(inputs),
+                            lambda k: self._gather_into(*_pair(outputs, inputs, k), None))
+        return self._work("all_gather_single_coalesced", outputs, *_together(issued))
 
     # torch < 2.13's name; its stub calls the parameters output_lists, input_list
     allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
@@ -290,8 +300,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         t = _one(input_tensors, "gather input")
         _host_only(t, "gather")
         root = _root(opts, self.size())
-        outs = _one_list(output_tensors, "gather output", self.size(), t) \
-            if self.rank() == root else []
+        outs = _one_list(output_tensors, "gather output", self.size(), t, written=True,
+                         stand_in="empty") if self.rank() == root else []
+        users = list(output_tensors[0]) if outs else []
 
         def post() -> list[Any]:
             tag = next(self._agreed_tags) % _AGREED_TAGS  # every rank agreed: all take one
@@ -300,8 +311,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             outs[root].copy_(t)
             return [self._mpi.irecv(_bytes(o), r, tag) for r, o in enumerate(outs) if r != root]
 
-        return AgreedRequestWork("gather", outs, self._mpi, self.timeout,
-                                 self._agreement("gather", root, t), post)
+        return AgreedRequestWork("gather", users, self._mpi, self.timeout,
+                                 self._agreement("gather", root, t), post,
+                                 done=_copy_back(users, outs))
 
     # -- scatters --
     @follows_caller
@@ -309,24 +321,32 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors: list[torch.Tensor],
                        input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """Reduce the lists ``input_tensors[0]`` over ranks; rank r gets element r."""
-        out = _one(output_tensors, "reduce_scatter output")
-        ins = _one_list(input_tensors, "reduce_scatter input", self.size(), out)
-        op = _op(opts, out)
+        out = _one(output_tensors, "reduce_scatter output", written=True, stand_in="empty")
+        ins = _one_list(input_tensors, "reduce_scatter input", self.size(), out,
+                        stand_in=None)  # concatenated: any layout
+        op, user = _op(opts, out), output_tensors[0]
         stage = torch.cat([i.reshape(-1) for i in ins])
         hs = self._go(opts, self.comm.reduce_scatter, stage, out=out.view(-1), op=op)
-        return self._work("reduce_scatter", [out], hs)
+        return self._work("reduce_scatter", [user], hs,
+                          None if out is user else _copy_back([user], [out]))
 
     @follows_caller
     @rejected_together
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                               opts: Any = None) -> Work:
         """Reduce ``input`` (``size`` equal parts) over ranks; rank r gets part r in ``output``."""
+        return self._work("reduce_scatter_single", [output],
+                          *self._scatter_into(output, input, opts))
+
+    def _scatter_into(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
+                      opts: Any) -> tuple[list[Handle], Any]:
+        """``reduce_scatter_single``'s collective: its handles and its Work's ``post``."""
         op = _op(opts, output)
-        _check(output, "reduce_scatter output")
-        _check(input, "reduce_scatter input", like=output, numel=self.size() * output.numel())
-        input = _separate(input, output)  # noqa: A001
-        hs = self._go(opts, self.comm.reduce_scatter, input.view(-1), out=output.view(-1), op=op)
-        return self._work("reduce_scatter_single", [output], hs)
+        out = _check(output, "reduce_scatter output", written=True, stand_in="empty")
+        t = _check(input, "reduce_scatter input", like=out, numel=self.size() * out.numel())
+        t = _separate(t, out)
+        hs = self._go(opts, self.comm.reduce_scatter, t.view(-1), out=out.view(-1), op=op)
+        return hs, None if out is output else _copy_back([output], [out])
 
     _reduce_scatter_base = reduce_scatter_single  # torch < 2.13
 
@@ -334,9 +354,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """Several ``reduce_scatter_single`` as one Work."""
-        works = self._each("reduce_scatter_single_coalesced", len(inputs),
-                           lambda k: self.reduce_scatter_single(*_pair(outputs, inputs, k), opts))
-        return self._work("reduce_scatter_single_coalesced", outputs, _handles(works))
+        issued = self._each("reduce_scatter_single_coalesced", len(inputs),
+                            lambda k: self._scatter_into(*_pair(outputs, inputs, k), opts))
+        return self._work("reduce_scatter_single_coalesced", outputs, *_together(issued))
 
     # torch < 2.13's name; its stub calls them outputTensors, inputTensors (opts: options|None)
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
@@ -347,7 +367,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def scatter(self, output_tensors: list[torch.Tensor],  # type: ignore[override]
                 input_tensors: list[list[torch.Tensor]], opts: Any = None) -> Work:
         """Give rank r element r of the root's list ``input_tensors[0]``."""
-        out = _one(output_tensors, "scatter output")
+        out = _one(output_tensors, "scatter output", written=True, stand_in="empty")
         _host_only(out, "scatter")
         root = _root(opts, self.size())
         ins = _one_list(input_tensors, "scatter input", self.size(), out) \
@@ -360,8 +380,10 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             out.copy_(ins[root])
             return [self._mpi.isend(_bytes(i), r, tag) for r, i in enumerate(ins) if r != root]
 
-        return AgreedRequestWork("scatter", [out], self._mpi, self.timeout,
-                                 self._agreement("scatter", root, out), post)
+        user = output_tensors[0]
+        return AgreedRequestWork("scatter", [user], self._mpi, self.timeout,
+                                 self._agreement("scatter", root, out), post,
+                                 done=None if out is user else _copy_back([user], [out]))
 
     # -- all to all --
     @follows_caller
@@ -372,18 +394,20 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                           opts: Any = None) -> Work:
         """Send rows ``input_split_sizes[r]`` of ``input`` to rank r (equal parts if empty) and
         receive ``output_split_sizes[r]`` rows from rank r into ``output``."""
-        _check(input, "all_to_all input")
-        _check(output, "all_to_all output", like=input)
+        t = _check(input, "all_to_all input")
+        out = _check(output, "all_to_all output", like=t, written=True, stand_in="empty")
         p = self.size()
         if not output_split_sizes and not input_split_sizes:
-            if input.numel() % p or output.numel() != input.numel():
+            if t.numel() % p or out.numel() != t.numel():
                 raise ValueError(f"all_to_all_single without split sizes needs input and output "
                                  f"of equal size divisible by {p} ranks; got "
-                                 f"{input.numel()} and {output.numel()} elements")
-            hs = self._go(opts, self.comm.all_to_all, input.view(-1), out=output.view(-1))
-            return self._work("all_to_all_single", [output], hs)
-        h, unpack = self._all_to_all_uneven(output, input, output_split_sizes, input_split_sizes)
-        return self._work("all_to_all_single", [output], [h], post=unpack)
+                                 f"{t.numel()} and {out.numel()} elements")
+            hs = self._go(opts, self.comm.all_to_all, t.view(-1), out=out.view(-1))
+            return self._work("all_to_all_single", [output], hs,
+                              None if out is output else _copy_back([output], [out]))
+        h, unpack = self._all_to_all_uneven(out, t, output_split_sizes, input_split_sizes)
+        return self._work("all_to_all_single", [output], [h],
+                          post=_copy_back([output], [out], unpack))
 
     alltoall_base = all_to_all_single  # torch < 2.13
 
@@ -397,7 +421,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             if len(ts) != p:
                 raise ValueError(f"alltoall needs {p} {what} tensors (one per rank), got {len(ts)}")
             for i, t in enumerate(ts):
-                _check(t, f"alltoall {what}[{i}]", like=input_tensors[0])
+                _check(t, f"alltoall {what}[{i}]", like=input_tensors[0],  # concatenated,
+                       written=what == "output", stand_in=None)  # unpacked: any layout
         flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
         stage = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype,
                             device=flat_in.device)
@@ -487,23 +512,21 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         """Start receiving one tensor from group rank ``src``."""
-        t = _one(tensors, "recv")
-        staged = _on_gpu(t)
-        host = torch.empty_like(t, device="cpu") if staged else t
+        t, user = _one(tensors, "recv", written=True, stand_in="empty"), tensors[0]
+        host = torch.empty_like(t, device="cpu") if _on_gpu(t) else t
         req = self._mpi.irecv(_bytes(host), self._peer(src, "src"), self._tag(tag), channel="p2p")
-        post = (lambda: t.copy_(host)) if staged else None
-        return RequestWork(f"recv from rank {src}", [t], self._mpi, [req], self.timeout,
+        post = None if host is user else (lambda: user.detach().copy_(host))
+        return RequestWork(f"recv from rank {src}", [user], self._mpi, [req], self.timeout,
                            post=post, source=src)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         """``recv(src=None)``: receive one tensor from whichever rank sends first with ``tag``
         (MPI_ANY_SOURCE, as torch's MPI backend does); ``Work._source_rank()`` names it."""
-        t = _one(tensors, "recv")
-        staged = _on_gpu(t)
-        host = torch.empty_like(t, device="cpu") if staged else t
+        t, user = _one(tensors, "recv", written=True, stand_in="empty"), tensors[0]
+        host = torch.empty_like(t, device="cpu") if _on_gpu(t) else t
         req = self._mpi.irecv(_bytes(host), _MPI().ANY_SOURCE, self._tag(tag), channel="p2p")
-        post = (lambda: t.copy_(host)) if staged else None
-        return RequestWork("recv from any rank", [t], self._mpi, [req], self.timeout,
+        post = None if host is user else (lambda: user.detach().copy_(host))
+        return RequestWork("recv from any rank", [user], self._mpi, [req], self.timeout,
                            post=post, any_source=True)
 
     def shutdown(self) -> None:
@@ -668,8 +691,15 @@ def _on_gpu(t: torch.Tensor) -> bool:
     return bool(t.device.type == "cuda")
 
 
-def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | None = None) -> None:
-    """Raise TypeError/ValueError naming ``what`` if ``t`` can't be used as is."""
+def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | None = None,
+           written: bool = False, stand_in: str | None = "copy") -> torch.Tensor:
+    """``t``, checked: TypeError/ValueError naming ``what`` if it can't be used. A contiguous
+    ``t`` is returned as is; for a non-contiguous one, a contiguous stand-in on its device that
+    the caller runs the collective on (as gloo does): ``stand_in="copy"``, a copy of its values
+    (an input, or a tensor updated in place); ``"empty"``, a new tensor (an output); None, ``t``
+    itself (the caller reads or writes it through a copy of its own). A ``written`` tensor
+    must not overlap itself (``expand()``: one element for many), which the caller copies the
+    result back into, once the collective completes."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
@@ -681,13 +711,52 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
                         f"(MPI, shared memory) and CUDA tensors (NCCL, or MPI through host copies)")
     if like is not None and t.device != like.device:
         raise TypeError(f"{what} is on {t.device} but the input is on {like.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{what} is not contiguous (strides {tuple(t.stride())} for shape "
-                         f"{tuple(t.shape)}); pass a contiguous tensor, e.g. t.contiguous()")
     if like is not None and t.dtype != like.dtype:
         raise TypeError(f"{what} has dtype {t.dtype} but the input has {like.dtype}")
     if numel is not None and t.numel() != numel:
         raise ValueError(f"{what} has {t.numel()} elements, expected {numel}")
+    if t.is_contiguous():
+        return t
+    if written and _overlaps(t):
+        raise ValueError(f"{what} overlaps itself (strides {tuple(t.stride())} for shape "
+                         f"{tuple(t.shape)}: elements share memory, as after expand()), so a "
+                         f"result can't be written into it; pass a tensor of its own (a "
+                         f".clone() of it)")
+    if stand_in == "copy":  # as the collective itself, past autograd (a Parameter's fine)
+        return t.detach().contiguous()
+    if stand_in == "empty":
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return t
+
+
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether elements of ``t`` may share memory. Dimensions in order of stride, each must
+    step past everything the smaller ones span; true of every view made by slicing, transposing
+    or permuting, false after ``expand()`` (stride 0). May say so of some unusual
+    ``as_strided`` layouts that don't overlap."""
+    span = 1  # elements spanned by the dimensions taken so far
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if stride < span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
+def _copy_back(users: Sequence[torch.Tensor], stand_ins: Sequence[torch.Tensor],
+               then: Any = None) -> Any:
+    """A Work's ``post``: ``then()`` (None: nothing), then each stand-in (``_check``) copied into
+    the user's tensor it stood for; ``then`` itself where no tensor was staged."""
+    pairs = [(u, s) for u, s in zip(users, stand_ins) if u is not s]
+    if not pairs:
+        return then
+
+    def post() -> None:
+        if then is not None:
+            then()
+        for user, stand_in in pairs:
+            user.detach().copy_(stand_in)  # past autograd, as the collective's own writes
+
+    return post
 
 
 def _pair(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
@@ -715,22 +784,26 @@ def _separate(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _one(tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+def _one(tensors: Sequence[torch.Tensor], what: str, written: bool = False,
+         stand_in: str | None = "copy") -> torch.Tensor:
+    """The one tensor of ``tensors``, checked; its stand-in where not contiguous (``_check``)."""
     if len(tensors) != 1:
         raise ValueError(f"{what}: topocoll takes exactly one tensor per rank, got {len(tensors)}")
-    _check(tensors[0], what)
-    return tensors[0]
+    return _check(tensors[0], what, written=written, stand_in=stand_in)
 
 
 def _one_list(lists: Sequence[Sequence[torch.Tensor]], what: str, n: int,
-              like: torch.Tensor) -> list[torch.Tensor]:
+              like: torch.Tensor, written: bool = False,
+              stand_in: str | None = "copy") -> list[torch.Tensor]:
+    """The one list of ``lists``, ``n`` tensors like ``like``, checked; their stand-ins."""
     if len(lists) != 1:
         raise ValueError(f"{what}: topocoll takes exactly one tensor list, got {len(lists)}")
     ts = list(lists[0])
     if len(ts) != n:
         raise ValueError(f"{what}: needs {n} tensors (one per rank), got {len(ts)}")
     for i, t in enumerate(ts):
-        _check(t, f"{what}[{i}]", like=like, numel=like.numel())
+        ts[i] = _check(t, f"{what}[{i}]", like=like, numel=like.numel(), written=written,
+                       stand_in=stand_in)
     return ts
 
 
@@ -765,14 +838,25 @@ def _MPI() -> Any:
     return MPI
 
 
-def _handles(works: Sequence[Work]) -> list[Handle]:
-    return [h for w in works for h in getattr(w, "_handles", ())]
+def _together(issued: Sequence[tuple[list[Handle], Any]]) -> tuple[list[Handle], Any]:
+    """The handles and ``post`` of one Work over several calls' (``_gather_into``'s...)."""
+    handles = [h for hs, _ in issued for h in hs]
+    posts = [post for _, post in issued if post is not None]
+    if not posts:
+        return handles, None
+
+    def post() -> None:
+        for each in posts:
+            each()
+
+    return handles, post
 
 
 def _unpack(stage: torch.Tensor, outs: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive parts of flat ``stage`` into ``outs`` (of any layout)."""
     start = 0
     for o in outs:
-        o.view(-1).copy_(stage[start:start + o.numel()])
+        o.copy_(stage[start:start + o.numel()].view(o.shape))
         start += o.numel()
 
 

@@ -1,7 +1,8 @@
 """torch Work objects over topocoll Handles (collectives) and MPI requests (point to point).
 
-A Work finishes once: outputs are final (post-processing such as unpacking a staging buffer has
-run), then waiters wake and the future resolves to the output tensors, as gloo's does.
+A Work finishes once: outputs are final (post-processing such as unpacking a staging buffer, or
+copying into a non-contiguous output from its contiguous stand-in, has run), then waiters wake
+and the future resolves to the output tensors, as gloo's does.
 """
 from __future__ import annotations
 
@@ -266,11 +267,13 @@ class AgreedRequestWork(RequestWork):
     """Work over MPI requests that ``post()`` makes once ``agreement`` found every rank making
     the same call (gather, scatter): the call returns at once, and its messages can't pair with
     another call's. The agreement completes on the communicator (its done-callback posts);
-    a waiter waits for that, then drives the requests as RequestWork does."""
+    a waiter waits for that, then drives the requests as RequestWork does, and runs ``done``
+    once they complete (RequestWork's ``post``)."""
 
     def __init__(self, name: str, outputs: Sequence[torch.Tensor], backend: Any,
-                 timeout: float, agreement: Agreement, post: Callable[[], list[Any]]) -> None:
-        super().__init__(name, outputs, backend, [], timeout)
+                 timeout: float, agreement: Agreement, post: Callable[[], list[Any]],
+                 done: Post | None = None) -> None:
+        super().__init__(name, outputs, backend, [], timeout, post=done)
         self._agreement = agreement
         self._post_requests = post
         self._agreed = threading.Event()  # set once the requests are posted or the work failed

@@ -42,7 +42,8 @@ def body():
         raises(TypeError, [name, "integer or bool", "float32"],
                lambda op=op: dist.all_reduce(x, op=op))
     raises(TypeError, ["meta", "NCCL"], lambda: dist.all_reduce(torch.ones(4, device="meta")))
-    raises(ValueError, ["contiguous"], lambda: dist.all_reduce(torch.ones(4, 4).t()))
+    raises(ValueError, ["allreduce overlaps itself", "strides (1, 0)"],  # one element, 4 places
+           lambda: dist.all_reduce(torch.ones(4, 1).expand(4, 4)))
     raises(TypeError, ["avg", "int"],
            lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.AVG))
     raises(TypeError, ["avg", "bool"],
@@ -94,8 +95,8 @@ def body():
         # coalesced: a bad second tensor on one rank; every peer call of the batch is rejected,
         # so the ranks stay in step (checked by the all_reduce at the end)
         good = [torch.ones(4), torch.ones(4), torch.ones(4)]
-        one_rank(ValueError, ["contiguous"],
-                 lambda: dist.all_reduce_coalesced([torch.ones(4), torch.ones(4, 4).t(),
+        one_rank(ValueError, ["overlaps itself"],
+                 lambda: dist.all_reduce_coalesced([torch.ones(4), torch.ones(1).expand(4),
                                                     torch.ones(4)]),
                  lambda: dist.all_reduce_coalesced(good))
         pg = dist.distributed_c10d._get_default_group()  # our ProcessGroupTopocoll itself
@@ -129,11 +130,11 @@ def body():
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [1] * p))
         # gather and scatter agree first (their messages would pair with another call's)
         lists = [torch.empty(4) for _ in range(p)]
-        one_rank(ValueError, ["contiguous"],
-                 lambda: dist.gather(torch.ones(4, 2).t()[0], lists if r == 0 else None, dst=0),
-                 lambda: dist.gather(x, lists if r == 0 else None, dst=0))
-        one_rank(ValueError, ["contiguous"],
-                 lambda: dist.scatter(torch.empty(8)[::2], lists if r == 0 else None, src=0),
+        one_rank(ValueError, ["gather output[0] overlaps itself"],  # the root's outputs
+                 lambda: dist.gather(x, [torch.empty(1).expand(4)] + lists[1:], dst=bad),
+                 lambda: dist.gather(x, None, dst=bad))
+        one_rank(ValueError, ["overlaps itself"],
+                 lambda: dist.scatter(torch.empty(1).expand(4), lists if r == 0 else None, src=0),
                  lambda: dist.scatter(torch.empty(4), lists if r == 0 else None, src=0))
         raises(collectives.MismatchError, ["scatter", "disagree on root"],
                lambda: dist.scatter(torch.empty(4), lists, src=r))  # each rank its own root
