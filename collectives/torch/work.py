@@ -7,6 +7,7 @@ and the future resolves to the output tensors, as gloo's does.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any, Callable, Sequence
 
@@ -19,6 +20,9 @@ from ..errors import CollectiveTimeoutError, MismatchError, TransportError
 from ..handle import Handle
 
 Post = Callable[[], object]  # run when the work completes; what it returns is ignored
+
+_LAST_LOOK = 0.001
+"""Seconds a wait whose deadline has passed still gives MPI: one look at the requests."""
 
 
 class Work(dist.Work):
@@ -37,8 +41,9 @@ class Work(dist.Work):
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until done; re-raise the operation's error; raise after ``timeout`` if given."""
         secs = _seconds(timeout)
-        driven = self._block(secs)
-        if not self._done and not self._wait_done(0 if driven else secs):
+        deadline = None if secs is None else time.monotonic() + secs  # all steps share it
+        driven = self._block(deadline)
+        if not self._done and not self._wait_done(0 if driven else _left(deadline)):
             raise TorchTimeoutError(f"{_TIMED_OUT} {self.name} to complete: not finished after "
                                     f"waiting {secs:g} s (the operation goes on)")
         if self._error is not None:
@@ -122,9 +127,10 @@ class Work(dist.Work):
             event = self._event
         return event.wait(secs)
 
-    def _block(self, secs: float | None) -> bool:
-        """Drive the operation if the subclass needs the waiter to; True if it did (it is done,
-        or ``secs`` ran out)."""
+    def _block(self, deadline: float | None) -> bool:
+        """Drive the operation if the subclass needs the waiter to, until ``deadline``
+        (``time.monotonic()``; None: the operation's own limit); True if it did (it is done,
+        or the deadline passed)."""
         return False
 
     def _poll(self) -> bool:
@@ -147,7 +153,7 @@ class HandleWork(Work):
             return
         self._handles[-1].add_done_callback(lambda _h: self._finish(self._first_error(), post))
 
-    def _block(self, secs: float | None) -> bool:
+    def _block(self, deadline: float | None) -> bool:
         """Nothing to drive (the progress thread does); a wait on that very thread, from a
         ``.then()`` callback, raises RuntimeError instead of waiting forever."""
         if not self._done:
@@ -204,16 +210,19 @@ class RequestWork(Work):
                                f"arrived; wait() first")
         return int(self._statuses[0].Get_source())
 
-    def _block(self, secs: float | None) -> bool:
-        if not self._progress.acquire(timeout=-1 if secs is None else secs):
+    def _block(self, deadline: float | None) -> bool:
+        left = _left(deadline)
+        if not self._progress.acquire(timeout=-1 if left is None else left):
             return False  # another thread is driving it; wait on the event instead
         try:
             if self._done:
                 return True
-            self._backend.wait(self._requests, OpContext(self.name, secs or self._timeout),
+            left = _left(deadline)
+            limit = self._timeout if left is None else max(left, _LAST_LOOK)
+            self._backend.wait(self._requests, OpContext(self.name, limit),
                                statuses=self._statuses)
         except CollectiveTimeoutError:
-            if secs is None:  # the operation's own limit: it failed
+            if deadline is None:  # the operation's own limit: it failed
                 self._finish(_translate(self.name))
         except Exception:  # noqa: BLE001 - e.g. MPI truncation: a clear message instead
             self._finish(_translate(self.name))
@@ -292,12 +301,12 @@ class AgreedRequestWork(RequestWork):
         finally:
             self._agreed.set()  # whatever happened, a waiter must not wait for it forever
 
-    def _block(self, secs: float | None) -> bool:
+    def _block(self, deadline: float | None) -> bool:
         if not self._agreed.is_set():
             self._agreement.handle.ensure_waitable()  # not from the thread that must finish it
-            if not self._agreed.wait(secs):  # None: until the agreement ends (its own timeout)
-                return True
-        return self._done or super()._block(secs)
+            if not self._agreed.wait(_left(deadline)):  # None: until the agreement ends (its
+                return True                              # own timeout)
+        return self._done or super()._block(deadline)
 
     def _poll(self) -> bool:
         return self._done or (self._agreed.is_set() and super()._poll())
@@ -354,6 +363,11 @@ def _resolve(fut: Future, outputs: list[torch.Tensor], error: BaseException | No
         fut.set_result(outputs)
     else:
         fut.set_exception(error)
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (``time.monotonic()``), never below 0; None for none."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 def _seconds(timeout: timedelta | float | None) -> float | None:

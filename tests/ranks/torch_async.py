@@ -123,6 +123,37 @@ def wait_timeout(r, p):
         assert world.recv(source=0, tag=13) == "go"
         dist.all_reduce(x)
     assert torch.all(x == p)
+    # a second waiter, while another thread drives the transfer, still gives up after timeout
+    # (not twice it: once waiting for the driver, once for completion)
+    if r == 0:
+        import threading
+        import time
+        from datetime import timedelta
+        got = torch.zeros(4)
+        w = dist.irecv(got, src=1, tag=21)
+        driver = threading.Thread(target=w.wait)
+        driver.start()
+        time.sleep(0.1)
+        for work, limit in ((w, 0.4), (dist.gather(torch.ones(2), [torch.zeros(2)
+                                                                   for _ in range(p)],
+                                                   dst=0, async_op=True), 0.4)):
+            t0 = time.monotonic()
+            try:
+                work.wait(timeout=timedelta(seconds=limit))
+            except TimeoutError:
+                took = time.monotonic() - t0
+                assert took < 1.5 * limit, f"wait(timeout={limit}) took {took:.2f} s"
+            else:
+                raise AssertionError("wait(timeout) returned while the peer was absent")
+        world.send("go", dest=1, tag=22)
+        driver.join()
+        assert w.is_completed() and torch.all(got == 7)
+        work.wait()
+    elif r == 1:
+        assert world.recv(source=0, tag=22) == "go"
+        dist.send(torch.full((4,), 7.0), 0, tag=21)
+    if r != 0:
+        dist.gather(torch.ones(2), None, dst=0)
 
 
 def blocking_in_then(r, p):
