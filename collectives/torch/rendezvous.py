@@ -55,38 +55,50 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     deadline = time.monotonic() + timeout.total_seconds()
-    name = np.zeros(_HOST_BYTES, np.uint8)
-    mine = socket.gethostname().encode()[:_HOST_BYTES]
-    name[:len(mine)] = np.frombuffer(mine, np.uint8)
-    names = np.empty((size, _HOST_BYTES), np.uint8)
-    _joined(world.Iallgather(name, names), (name, names), deadline, timeout, rank, size)
+    step = _GIVEN_UP.pop("hosts", None)  # a retry after a timeout goes on with what it posted
+    if step is None:
+        name = np.zeros(_HOST_BYTES, np.uint8)
+        mine = socket.gethostname().encode()[:_HOST_BYTES]
+        name[:len(mine)] = np.frombuffer(mine, np.uint8)
+        names = np.empty((size, _HOST_BYTES), np.uint8)
+        step = (world.Iallgather(name, names), (name, names), None)
+    _joined("hosts", step, deadline, timeout, rank, size)
+    names = step[1][1]
     hosts = [bytes(row).rstrip(b"\0") for row in names]
     host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0].decode()
-    store = None
-    if rank == 0:
-        store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout,
-                              wait_for_workers=False)
-    port = np.array([store.port if store is not None else 0], np.int64)
-    _joined(world.Ibcast(port, root=0), (port,), deadline, timeout, rank, size)
-    if store is None:
+    step = _GIVEN_UP.pop("port", None)
+    if step is None:
+        store = None
+        if rank == 0:
+            store = dist.TCPStore(host, 0, size, is_master=True, timeout=timeout,
+                                  wait_for_workers=False)
+        port = np.array([store.port if store is not None else 0], np.int64)
+        step = (world.Ibcast(port, root=0), (port,), store)
+    _joined("port", step, deadline, timeout, rank, size)
+    (port,), store = step[1:]
+    if store is not None:
+        store.set_timeout(timeout)  # rank 0's; an attempt that timed out may have made it
+    else:
         store = dist.TCPStore(host, int(port[0]), size, is_master=False, timeout=timeout)
     yield store, rank, size
     raise RuntimeError("topocoll:// rendezvous can't be repeated (MPI ranks are fixed)")
 
 
 _HOST_BYTES = 256  # a host name's bytes in the rendezvous (POSIX allows 255)
-_ABANDONED: list[Any] = []  # requests (and their buffers) of a rendezvous that timed out
+_GIVEN_UP: dict[str, tuple[Any, tuple[Any, ...], Any]] = {}
+"""A rendezvous step that timed out: (its request, its buffers, rank 0's store), kept
+(MPI may still write the buffer) and waited on again by the next ``init_process_group``, which
+so meets the late ranks' first attempt instead of posting a second one they never match."""
 
 
-def _joined(req: Any, buffers: tuple[Any, ...], deadline: float, timeout: timedelta,
-            rank: int, size: int) -> None:
-    """Wait for the rendezvous step ``req`` until ``deadline``, then raise DistStoreError, as
-    torch's store rendezvous does, instead of waiting forever for a rank that never calls
-    ``init_process_group``. A request given up on is kept with its buffers (MPI may still
-    write them)."""
-    while not req.Test():
+def _joined(what: str, step: tuple[Any, tuple[Any, ...], Any], deadline: float,
+            timeout: timedelta, rank: int, size: int) -> None:
+    """Wait for the rendezvous step ``step`` (request, buffers, store) until ``deadline``, then
+    raise DistStoreError, as torch's store rendezvous does, instead of waiting forever for a
+    rank that never calls ``init_process_group``; the step is kept for a retry."""
+    while not step[0].Test():
         if time.monotonic() > deadline:
-            _ABANDONED.append((req, buffers))
+            _GIVEN_UP[what] = step
             raise getattr(dist, "DistStoreError", RuntimeError)(
                 f"topocoll rendezvous timed out after {timeout.total_seconds():g} s on rank "
                 f"{rank}: not all {size} ranks of the MPI world called init_process_group "
