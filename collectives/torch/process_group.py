@@ -307,9 +307,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         def post() -> list[Any]:
             tag = next(self._agreed_tags) % _AGREED_TAGS  # every rank agreed: all take one
             if self.rank() != root:
-                return [self._mpi.isend(_bytes(t), root, tag)]
+                return self._post_each(self._mpi.isend, [(root, t)], tag)
             outs[root].copy_(t)
-            return [self._mpi.irecv(_bytes(o), r, tag) for r, o in enumerate(outs) if r != root]
+            return self._post_each(self._mpi.irecv, _others(outs, root), tag)
 
         return AgreedRequestWork("gather", users, self._mpi, self.timeout,
                                  self._agreement("gather", root, t), post,
@@ -376,9 +376,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         def post() -> list[Any]:
             tag = next(self._agreed_tags) % _AGREED_TAGS  # every rank agreed: all take one
             if self.rank() != root:
-                return [self._mpi.irecv(_bytes(out), root, tag)]
+                return self._post_each(self._mpi.irecv, [(root, out)], tag)
             out.copy_(ins[root])
-            return [self._mpi.isend(_bytes(i), r, tag) for r, i in enumerate(ins) if r != root]
+            return self._post_each(self._mpi.isend, _others(ins, root), tag)
 
         user = output_tensors[0]
         return AgreedRequestWork("scatter", [user], self._mpi, self.timeout,
@@ -613,6 +613,20 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self.comm._made()  # a repeat that ran prepared doesn't say so; what follows fails alike
         return Agreement(kind, handle, check)
 
+    def _post_each(self, post: Any, pairs: Sequence[tuple[int, torch.Tensor]],
+                   tag: int) -> list[Any]:
+        """``post`` (``isend`` or ``irecv``) of each (peer, tensor) of a gather or scatter;
+        should one raise, those already posted are kept (with their tensors) until they
+        complete, and the error stands."""
+        requests: list[Any] = []
+        try:
+            for peer, t in pairs:
+                requests.append(post(_bytes(t), peer, tag))
+        except BaseException:
+            self._mpi.orphan(requests)
+            raise
+        return requests
+
     def _now(self, method: Any, *args: Any, **kw: Any) -> Any:
         """``method(*args, **kw)`` inline; a timeout raised the way torch reports one."""
         try:
@@ -825,6 +839,11 @@ def _root(opts: Any, size: int) -> int:
     if not 0 <= root < size:
         raise ValueError(f"root {root} is out of range for a group of size {size}")
     return root
+
+
+def _others(ts: Sequence[torch.Tensor], root: int) -> list[tuple[int, torch.Tensor]]:
+    """(rank, tensor) of every rank's tensor in ``ts`` but the root's."""
+    return [(r, t) for r, t in enumerate(ts) if r != root]
 
 
 def _bytes(t: torch.Tensor) -> np.ndarray:

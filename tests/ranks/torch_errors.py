@@ -172,6 +172,35 @@ def body():
         elif r == 1:
             raises(RuntimeError, ["larger than the receiving tensor"],
                    lambda: dist.recv(torch.empty(4), 0, tag=9))
+    if p > 2:  # the root's second receive of a gather fails to post: the first is kept
+        from topocoll.collectives.backends import mpi
+        pg = dist.distributed_c10d._get_default_group()
+        n = 1 << 20  # 4 MiB: still in flight when the next receive is posted
+        if r == 0:
+            posted, real = [], pg._mpi.irecv
+
+            def failing(buf, src, tag=0, channel="coll"):
+                if posted:
+                    raise RuntimeError("injected: posting a receive failed")
+                posted.append(real(buf, src, tag, channel))
+                return posted[-1]
+
+            pg._mpi.irecv = failing
+            outs = [torch.zeros(n) for _ in range(p)]
+            try:
+                w = dist.gather(torch.zeros(n), outs, dst=0, async_op=True)
+                raises(RuntimeError, ["injected"], w.wait)
+            finally:
+                pg._mpi.irecv = real
+            first = posted[0]
+            assert any(k is first for k in mpi._ORPHANED) or first.Test(), \
+                "the receive posted before the failure was dropped while in flight"
+            first.Wait()  # it completes with rank 1's message, into the tensor it was for
+            assert torch.all(outs[1] == 1), outs[1]
+        else:  # rank 2's message is never received (it stays posted, kept when dropped)
+            w = dist.gather(torch.full((n,), float(r)), None, dst=0, async_op=True)
+        if r == 1:
+            w.wait()
     y = torch.full((5,), float(r))
     dist.all_reduce(y)  # the group still works
     assert torch.all(y == sum(range(p))), y
