@@ -107,8 +107,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self._issuer: int | None = None  # the thread whose call came last (follows_caller)
         self._issuing = threading.RLock()  # one thread's call at a time (follows_caller)
         self._rooted_tags = itertools.count()  # monitored_barrier's, at issue
-        self._agreed_tags = itertools.count()  # gather's and scatter's, once agreed (in the
-        #                                        order agreements complete: issue order)
+        self._next_agreed_tag = 0  # gather's and scatter's next proposal (_agreement)
+        self._agreed_tags = threading.Lock()  # guards it: issuing and agreeing threads
         self._group_name = ""
         self._group_desc = ""
 
@@ -304,15 +304,15 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                          stand_in="empty") if self.rank() == root else []
         users = list(output_tensors[0]) if outs else []
 
-        def post() -> list[Any]:
-            tag = next(self._agreed_tags) % _AGREED_TAGS  # every rank agreed: all take one
-            if self.rank() != root:
-                return self._post_each(self._mpi.isend, [(root, t)], tag)
-            outs[root].copy_(t)
-            return self._post_each(self._mpi.irecv, _others(outs, root), tag)
+        agreement = self._agreement("gather", root, t)
 
-        return AgreedRequestWork("gather", users, self._mpi, self.timeout,
-                                 self._agreement("gather", root, t), post,
+        def post() -> list[Any]:
+            if self.rank() != root:
+                return self._post_each(self._mpi.isend, [(root, t)], agreement.tag)
+            outs[root].copy_(t)
+            return self._post_each(self._mpi.irecv, _others(outs, root), agreement.tag)
+
+        return AgreedRequestWork("gather", users, self._mpi, self.timeout, agreement, post,
                                  done=_copy_back(users, outs))
 
     # -- scatters --
@@ -373,16 +373,16 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         ins = _one_list(input_tensors, "scatter input", self.size(), out) \
             if self.rank() == root else []
 
+        agreement = self._agreement("scatter", root, out)
+
         def post() -> list[Any]:
-            tag = next(self._agreed_tags) % _AGREED_TAGS  # every rank agreed: all take one
             if self.rank() != root:
-                return self._post_each(self._mpi.irecv, [(root, out)], tag)
+                return self._post_each(self._mpi.irecv, [(root, out)], agreement.tag)
             out.copy_(ins[root])
-            return self._post_each(self._mpi.isend, _others(ins, root), tag)
+            return self._post_each(self._mpi.isend, _others(ins, root), agreement.tag)
 
         user = output_tensors[0]
-        return AgreedRequestWork("scatter", [user], self._mpi, self.timeout,
-                                 self._agreement("scatter", root, out), post,
+        return AgreedRequestWork("scatter", [user], self._mpi, self.timeout, agreement, post,
                                  done=None if out is user else _copy_back([user], [out]))
 
     # -- all to all --
@@ -599,15 +599,28 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         root, elements, dtype) that its messages wait for (``AgreedRequestWork``), so a rank
         that rejected its arguments (``rejected_together``) or calls something else makes
         every rank raise MismatchError, instead of its messages pairing with another call's.
-        Issued async, it lets the call return at once, as torch's gather and scatter do."""
+        Issued async, it lets the call return at once, as torch's gather and scatter do.
+
+        Each rank also proposes the messages' tag (its count of agreements issued) and all
+        take the largest proposal: the same on every rank whatever order the agreements'
+        callbacks run in (a gather issued from a ``.then()`` callback), or whatever rejected
+        calls a rank skipped, and larger than any earlier call's, which may still be in flight."""
         fields = [("rejected by rank + 1", 0), ("collective", kind), ("root", root),
                   ("element count", t.numel()), ("dtype", t.dtype)]  # as a call's signature
+        with self._agreed_tags:
+            proposal = self._next_agreed_tag
+            self._next_agreed_tag += 1
         mine = np.array([[0, _ROOTED.index(kind), root, t.numel(),
-                          zlib.crc32(str(t.dtype).encode())]], np.int64)
+                          zlib.crc32(str(t.dtype).encode()), proposal]], np.int64)
 
-        def check(every: np.ndarray) -> None:
-            self.comm._check_agreement(OpContext(kind, None), every.min(axis=0),
-                                       every.max(axis=0), fields)
+        def check(every: np.ndarray) -> int:
+            signatures = every[:, :len(fields)]
+            self.comm._check_agreement(OpContext(kind, None), signatures.min(axis=0),
+                                       signatures.max(axis=0), fields)
+            agreed = int(every[:, -1].max())
+            with self._agreed_tags:  # a rank behind catches up
+                self._next_agreed_tag = max(self._next_agreed_tag, agreed + 1)
+            return agreed % _AGREED_TAGS
 
         handle = self.comm.all_gather(mine, async_op=True)
         self.comm._made()  # a repeat that ran prepared doesn't say so; what follows fails alike

@@ -251,10 +251,12 @@ class RequestWork(Work):
 
 class Agreement:
     """A call's agreement in flight: the Handle of a small async all-gather of every rank's
-    view of the call, and ``check(table)``, which raises MismatchError where they differ."""
+    view of the call, and ``check(table)``, which raises MismatchError where they differ and
+    else returns the tag every rank's messages take (``tag``, once ``outcome`` found none)."""
 
-    def __init__(self, kind: str, handle: Any, check: Callable[[Any], None]) -> None:
+    def __init__(self, kind: str, handle: Any, check: Callable[[Any], int]) -> None:
         self.kind, self.handle, self.check = kind, handle, check
+        self.tag = -1
 
     def outcome(self) -> BaseException | None:
         """Once the handle is done: its error (named by the call it agrees for), the check's
@@ -266,7 +268,7 @@ class Agreement:
                                      f"(at {self.kind}'s agreement, an all-gather)")
             return err
         try:
-            self.check(self.handle.wait())
+            self.tag = self.check(self.handle.wait())
         except MismatchError as mismatch:
             return mismatch
         return None

@@ -241,12 +241,38 @@ def gathers_return_at_once(r, p):
     assert torch.all(mine == r), mine
 
 
+def gathers_meet_whatever_the_tag_counts(r, p):
+    """Ranks whose counts of gather/scatter agreements differ (as after callbacks that ran
+    in another order on one rank) still pair their messages: every rank takes the largest
+    proposal; two in flight at once take different tags."""
+    if p < 2:
+        return
+    pg = dist.distributed_c10d._get_default_group()
+    if r == 1:
+        pg._next_agreed_tag += 5  # as if five more agreements had been issued here
+    for step in range(3):
+        outs = [torch.zeros(3) for _ in range(p)] if r == 0 else None
+        first = dist.gather(torch.full((3,), float(r + step)), outs, dst=0, async_op=True)
+        mine = torch.zeros(3)
+        parts = [torch.full((3,), 10.0 * q + step) for q in range(p)] if r == 0 else None
+        second = dist.scatter(mine, parts, src=0, async_op=True)
+        second.wait()
+        first.wait()
+        assert torch.all(mine == 10.0 * r + step), mine
+        if r == 0:
+            assert all(torch.all(t == q + step) for q, t in enumerate(outs)), outs
+    counts = [None] * p
+    dist.all_gather_object(counts, pg._next_agreed_tag)
+    assert len(set(counts)) == 1, counts  # the one behind caught up
+
+
 def body():
     dist.init_process_group("topocoll")
     r, p = dist.get_rank(), dist.get_world_size()
     for check in (not_before_peers, issue_order, p2p_futures, dropped_irecv_keeps_its_tensor,
                   wait_timeout,
-                  blocking_in_then, two_issuing_threads, gathers_return_at_once):
+                  blocking_in_then, two_issuing_threads, gathers_return_at_once,
+                  gathers_meet_whatever_the_tag_counts):
         check(r, p)
         dist.barrier()
     dist.destroy_process_group()
