@@ -1068,6 +1068,23 @@ class Communicator:
         if self._broken is None:
             self._complete(True)
 
+    def _in_order(self, name: str, fn: Callable[[], Any]) -> None:
+        """Run ``fn``, a step of this rank's own (no transfer, not a call the peers see), after
+        every operation issued here so far and their done-callbacks, and before any issued
+        after it: at once where none is unfinished, else queued behind them. (The torch
+        backend copies a non-contiguous tensor's values in this way, so that calls on it keep
+        issue order as calls on a contiguous one do.)"""
+        if not self._executor._pending and self._started is None:
+            fn()
+            return
+
+        def step() -> None:
+            if self._started is not None:
+                self._complete(True)  # issued before: it finishes first, as in _submit
+            fn()
+
+        self._executor.submit(name, step)
+
     def _made(self) -> None:
         """Note that this thread's call reached every rank (``_submit``, a prepared repeat, a
         torch method's first communicator call): a ``rejected_together`` around it must not

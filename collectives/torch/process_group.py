@@ -18,7 +18,7 @@ import threading
 import time
 import zlib
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -150,7 +150,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """All-reduce one tensor in place with ``opts.reduceOp`` (a sparse COO tensor: SUM)."""
         if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and tensors[0].is_sparse:
             return self._sparse_allreduce(tensors[0], opts)
-        t, user = _one(tensors, "allreduce", written=True), tensors[0]
+        t, user = _one(tensors, "allreduce", written=True, stand_in=self._copy_in), tensors[0]
         hs = self._go(opts, self.comm.all_reduce, t, op=_op(opts, t))
         return self._work("allreduce", [user], hs, None if t is user else _copy_back([user], [t]))
 
@@ -198,7 +198,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         stand_ins: list[torch.Tensor] = []
 
         def issue(i: int) -> Handle:
-            stand_ins.append(_check(tensors[i], f"allreduce_coalesced tensors[{i}]", written=True))
+            stand_ins.append(_check(tensors[i], f"allreduce_coalesced tensors[{i}]", written=True,
+                                    stand_in=self._copy_in))
             return self.comm.all_reduce(stand_ins[i], op=_op(opts, stand_ins[i]), async_op=True)
 
         handles = self._each("allreduce_coalesced", len(tensors), issue)
@@ -208,7 +209,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     @rejected_together
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Reduce one tensor into ``opts.rootRank``'s copy."""
-        t, user = _one(tensors, "reduce", written=True), tensors[0]
+        t, user = _one(tensors, "reduce", written=True, stand_in=self._copy_in), tensors[0]
         op, root = _op(opts, t), _root(opts, self.size())
         hs = self._go(opts, self.comm.reduce, t, root=root, op=op)
         return self._work("reduce", [user], hs, None if t is user else _copy_back([user], [t]))
@@ -217,7 +218,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     @rejected_together
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Copy ``opts.rootRank``'s tensor into everyone's."""
-        t, user = _one(tensors, "broadcast", written=True), tensors[0]
+        t, user = _one(tensors, "broadcast", written=True, stand_in=self._copy_in), tensors[0]
         hs = self._go(opts, self.comm.broadcast, t, root=_root(opts, self.size()))
         return self._work("broadcast", [user], hs, None if t is user else _copy_back([user], [t]))
 
@@ -227,7 +228,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors:
                   list[torch.Tensor], opts: Any = None) -> Work:
         """Gather every rank's tensor into the list ``output_tensors[0]`` (one per rank)."""
-        t = _one(input_tensors, "allgather input")
+        t = _one(input_tensors, "allgather input", stand_in=self._copy_in)
         outs = _one_list(output_tensors, "allgather output", self.size(), t, written=True,
                          stand_in=None)  # _unpack writes any layout
         stage = torch.empty((self.size() * t.numel(),), dtype=t.dtype, device=t.device)
@@ -255,7 +256,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             for i, o in enumerate(outs):
                 _check(o, f"allgather_coalesced output[{r}][{i}]", like=input_list[0],
                        numel=input_list[i].numel(), written=True, stand_in=None)
-        flat = torch.cat([t.reshape(-1) for t in input_list])
+        flat = self._cat_in(input_list)
         stage = torch.empty((p * flat.numel(),), dtype=flat.dtype, device=flat.device)
         hs = self._go(opts, self.comm.all_gather, flat, out=stage)
         outs = [o for lst in output_lists for o in lst]
@@ -271,7 +272,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def _gather_into(self, output: torch.Tensor, input: torch.Tensor,  # noqa: A002
                      opts: Any) -> tuple[list[Handle], Any]:
         """``all_gather_single``'s collective: its handles and its Work's ``post``."""
-        t = _check(input, "all_gather input")
+        t = _check(input, "all_gather input", stand_in=self._copy_in)
         out = _check(output, "all_gather output", like=t, numel=self.size() * t.numel(),
                      written=True, stand_in="empty")
         t = _separate(t, out)  # FSDP gathers from a slice of output
@@ -297,7 +298,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     def gather(self, output_tensors: list[list[torch.Tensor]],  # type: ignore[override]
                input_tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Collect every rank's tensor into the root's list ``output_tensors[0]``."""
-        t = _one(input_tensors, "gather input")
+        t = _one(input_tensors, "gather input", stand_in=self._copy_in)
         _host_only(t, "gather")
         root = _root(opts, self.size())
         outs = _one_list(output_tensors, "gather output", self.size(), t, written=True,
@@ -325,7 +326,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         ins = _one_list(input_tensors, "reduce_scatter input", self.size(), out,
                         stand_in=None)  # concatenated: any layout
         op, user = _op(opts, out), output_tensors[0]
-        stage = torch.cat([i.reshape(-1) for i in ins])
+        stage = self._cat_in(ins)
         hs = self._go(opts, self.comm.reduce_scatter, stage, out=out.view(-1), op=op)
         return self._work("reduce_scatter", [user], hs,
                           None if out is user else _copy_back([user], [out]))
@@ -343,7 +344,8 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """``reduce_scatter_single``'s collective: its handles and its Work's ``post``."""
         op = _op(opts, output)
         out = _check(output, "reduce_scatter output", written=True, stand_in="empty")
-        t = _check(input, "reduce_scatter input", like=out, numel=self.size() * out.numel())
+        t = _check(input, "reduce_scatter input", like=out, numel=self.size() * out.numel(),
+                   stand_in=self._copy_in)
         t = _separate(t, out)
         hs = self._go(opts, self.comm.reduce_scatter, t.view(-1), out=out.view(-1), op=op)
         return hs, None if out is output else _copy_back([output], [out])
@@ -370,7 +372,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         out = _one(output_tensors, "scatter output", written=True, stand_in="empty")
         _host_only(out, "scatter")
         root = _root(opts, self.size())
-        ins = _one_list(input_tensors, "scatter input", self.size(), out) \
+        ins = _one_list(input_tensors, "scatter input", self.size(), out, stand_in=self._copy_in) \
             if self.rank() == root else []
 
         agreement = self._agreement("scatter", root, out)
@@ -394,7 +396,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                           opts: Any = None) -> Work:
         """Send rows ``input_split_sizes[r]`` of ``input`` to rank r (equal parts if empty) and
         receive ``output_split_sizes[r]`` rows from rank r into ``output``."""
-        t = _check(input, "all_to_all input")
+        t = _check(input, "all_to_all input", stand_in=self._copy_in)
         out = _check(output, "all_to_all output", like=t, written=True, stand_in="empty")
         p = self.size()
         if not output_split_sizes and not input_split_sizes:
@@ -423,7 +425,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             for i, t in enumerate(ts):
                 _check(t, f"alltoall {what}[{i}]", like=input_tensors[0],  # concatenated,
                        written=what == "output", stand_in=None)  # unpacked: any layout
-        flat_in = torch.cat([t.reshape(-1) for t in input_tensors])
+        flat_in = self._cat_in(input_tensors)
         stage = torch.empty(sum(t.numel() for t in output_tensors), dtype=flat_in.dtype,
                             device=flat_in.device)
         h, unpack = self._all_to_all_uneven(stage, flat_in, [t.numel() for t in output_tensors],
@@ -503,7 +505,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Work:
         """Start sending one tensor to group rank ``dst``; never blocks."""
-        t = _one(tensors, "send")
+        t = _one(tensors, "send", stand_in=_copy_now)
         # CUDA tensors are staged through host memory: a send must never wait behind (or block)
         # the communicator's ordered queue, which NCCL point-to-point would need
         host = t.detach().cpu() if _on_gpu(t) else t
@@ -626,6 +628,22 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self.comm._made()  # a repeat that ran prepared doesn't say so; what follows fails alike
         return Agreement(kind, handle, check)
 
+    def _copy_in(self, t: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of ``t``'s values as the collective issued next sees them: made
+        at once where nothing issued before is unfinished, else once it is (its results copied
+        back), so calls on a non-contiguous tensor keep issue order as on a contiguous one."""
+        stand_in = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+        self.comm._in_order("stage in", lambda: stand_in.copy_(t.detach()))
+        return stand_in
+
+    def _cat_in(self, ts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The tensors ``ts`` (one dtype and device) flattened into one, in order, with their
+        values as the collective issued next sees them (as ``_copy_in``)."""
+        out = torch.empty((sum(t.numel() for t in ts),), dtype=ts[0].dtype, device=ts[0].device)
+        self.comm._in_order("stage in",
+                            lambda: torch.cat([t.detach().reshape(-1) for t in ts], out=out))
+        return out
+
     def _post_each(self, post: Any, pairs: Sequence[tuple[int, torch.Tensor]],
                    tag: int) -> list[Any]:
         """``post`` (``isend`` or ``irecv``) of each (peer, tensor) of a gather or scatter;
@@ -719,12 +737,13 @@ def _on_gpu(t: torch.Tensor) -> bool:
 
 
 def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | None = None,
-           written: bool = False, stand_in: str | None = "copy") -> torch.Tensor:
+           written: bool = False, stand_in: StandIn = None) -> torch.Tensor:
     """``t``, checked: TypeError/ValueError naming ``what`` if it can't be used. A contiguous
     ``t`` is returned as is; for a non-contiguous one, a contiguous stand-in on its device that
-    the caller runs the collective on (as gloo does): ``stand_in="copy"``, a copy of its values
-    (an input, or a tensor updated in place); ``"empty"``, a new tensor (an output); None, ``t``
-    itself (the caller reads or writes it through a copy of its own). A ``written`` tensor
+    the caller runs the collective on (as gloo does): ``stand_in(t)``, a copy of its values
+    (an input, or a tensor updated in place: ``ProcessGroupTopocoll._copy_in``); ``"empty"``, a
+    new tensor (an output); None, ``t`` itself (the caller reads or writes it through a copy of
+    its own). A ``written`` tensor
     must not overlap itself (``expand()``: one element for many), which the caller copies the
     result back into, once the collective completes."""
     if not isinstance(t, torch.Tensor):
@@ -749,11 +768,20 @@ def _check(t: Any, what: str, like: torch.Tensor | None = None, numel: int | Non
                          f"{tuple(t.shape)}: elements share memory, as after expand()), so a "
                          f"result can't be written into it; pass a tensor of its own (a "
                          f".clone() of it)")
-    if stand_in == "copy":  # as the collective itself, past autograd (a Parameter's fine)
-        return t.detach().contiguous()
-    if stand_in == "empty":
+    if stand_in is None:
+        return t
+    if isinstance(stand_in, str):  # "empty"
         return torch.empty(t.shape, dtype=t.dtype, device=t.device)
-    return t
+    return stand_in(t)
+
+
+def _copy_now(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t``'s values now, past autograd (a Parameter's fine)."""
+    return t.detach().contiguous()
+
+
+StandIn = Callable[[torch.Tensor], torch.Tensor] | str | None
+"""``_check``'s ``stand_in``: how a non-contiguous tensor's stand-in is made."""
 
 
 def _overlaps(t: torch.Tensor) -> bool:
@@ -812,7 +840,7 @@ def _separate(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def _one(tensors: Sequence[torch.Tensor], what: str, written: bool = False,
-         stand_in: str | None = "copy") -> torch.Tensor:
+         stand_in: StandIn = None) -> torch.Tensor:
     """The one tensor of ``tensors``, checked; its stand-in where not contiguous (``_check``)."""
     if len(tensors) != 1:
         raise ValueError(f"{what}: topocoll takes exactly one tensor per rank, got {len(tensors)}")
@@ -821,7 +849,7 @@ def _one(tensors: Sequence[torch.Tensor], what: str, written: bool = False,
 
 def _one_list(lists: Sequence[Sequence[torch.Tensor]], what: str, n: int,
               like: torch.Tensor, written: bool = False,
-              stand_in: str | None = "copy") -> list[torch.Tensor]:
+              stand_in: StandIn = None) -> list[torch.Tensor]:
     """The one list of ``lists``, ``n`` tensors like ``like``, checked; their stand-ins."""
     if len(lists) != 1:
         raise ValueError(f"{what}: topocoll takes exactly one tensor list, got {len(lists)}")

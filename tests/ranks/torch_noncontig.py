@@ -320,13 +320,41 @@ def refused(r, p):
     assert bool((y == sum(range(p))).all()), y
 
 
+def issue_order(r, p):
+    """Calls queued on a non-contiguous tensor read it as the calls before them left it (issue
+    order, as on a contiguous tensor): two async all_reduces in a row sum twice; a list
+    reduce_scatter and all_to_all read tensors an async all_reduce before them wrote."""
+    for trial in range(3):
+        t = (torch.arange(12.0).reshape(3, 4) + r).t()  # transposed: staged
+        first = dist.all_reduce(t, async_op=True)
+        second = dist.all_reduce(t, async_op=True)
+        second.wait()
+        first.wait()
+        want = sum(torch.arange(12.0).reshape(3, 4) + q for q in range(p)).t() * p
+        assert torch.equal(t, want), (trial, t, want)
+        parts = [torch.full((2,), float(r + k)) for k in range(p)]
+        writes = dist.all_reduce(parts[r], async_op=True)  # contiguous, written before the reads
+        out = torch.empty(2)
+        reads = dist.reduce_scatter(out, parts, async_op=True)
+        swapped = torch.empty(p * 2)
+        exchanged = [swapped[2 * k:2 * k + 2] for k in range(p)]
+        swaps = dist.all_to_all(exchanged, parts, async_op=True)
+        for w in (swaps, reads, writes):
+            w.wait()
+        summed = float(p * (p - 1))  # every rank's parts[rank] (= 2 * rank), all_reduced
+        want_rs = sum(float(q + r) for q in range(p) if q != r) + summed
+        assert torch.all(out == want_rs), (trial, out, want_rs)
+        got = [float(x[0]) for x in exchanged]  # rank k's parts[r]: its own slot reduced
+        assert got == [summed if k == r else float(k + r) for k in range(p)], (trial, got)
+
+
 def body():
     global TOPO, GLOO, PG, RANK, SIZE
     dist.init_process_group("topocoll")
     RANK, SIZE = r, p = dist.get_rank(), dist.get_world_size()
     TOPO, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
     PG = dist.distributed_c10d._get_default_group()  # our ProcessGroupTopocoll itself
-    for check in (collectives_, coalesced_, point_to_point, parameters, refused):
+    for check in (collectives_, coalesced_, point_to_point, parameters, refused, issue_order):
         check(r, p)
         dist.barrier()
     dist.destroy_process_group()
