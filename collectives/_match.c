@@ -929,7 +929,7 @@ lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
 enum { P2P_SPINS = 256 };  /* polls after the first before Python waits (COMPILED_SPINS') */
 enum {                      /* comm._p2p_raw: the array type, then Backend.raw_p2p()'s */
     RAW_NDARRAY, RAW_COMM, RAW_BYTE, RAW_STATUS, RAW_ORPHANED, RAW_POSTED, RAW_REQUEST,
-    RAW_MPI_ERROR, RAW_SIZE
+    RAW_MPI_ERROR, RAW_KEPT_LOCK, RAW_SIZE
 };
 
 static PyObject *s_p2p_raw, *s_p2p_bounds, *s_p2p_names, *s_host_p2p, *s_p2p_slow, *s_p2p_now,
@@ -957,18 +957,23 @@ int_within(PyObject *v, long lo, PyObject *hi, long below)
  * transfers') that completed since, as mpi._keep(()) does before each isend/irecv: each is
  * tested (which also drives MPI's progress for it) and, done or failed in MPI (MPI is then done
  * with its buffer: `mpi_error`, MPI.Exception; any other error stands), taken out of the
- * list. One that never completes (its peer is gone) stays, tested at every call. 0, or -1
+ * list. One that never completes (its peer is gone) stays, tested at every call. Only the
+ * thread holding `lock` (mpi._PRUNING, taken without waiting) tests them: MPI must not
+ * complete one request on two threads at once; another thread's turn skips it. 0, or -1
  * with an error. */
 static int
-prune_kept(PyObject *kept, PyObject *mpi_error)
+prune_kept(PyObject *kept, PyObject *mpi_error, PyObject *lock)
 {
     if (PyList_GET_SIZE(kept) == 0)
         return 0;
+    PyObject *got = PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    int mine = got ? PyObject_IsTrue(got) : -1;
+    Py_XDECREF(got);
+    if (mine <= 0)
+        return mine;            /* another thread is letting go of them (or an error) */
     PyObject *snapshot = PyList_GetSlice(kept, 0, PY_SSIZE_T_MAX);  /* Test may run Python */
-    if (!snapshot)
-        return -1;
-    int result = 0;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(snapshot) && result == 0; i++) {
+    int result = snapshot ? 0 : -1;
+    for (Py_ssize_t i = 0; snapshot && i < PyList_GET_SIZE(snapshot) && result == 0; i++) {
         PyObject *r = PyList_GET_ITEM(snapshot, i);
         PyObject *t = PyObject_CallMethodNoArgs(r, s_Test);
         int done = t ? PyObject_IsTrue(t) : 1;
@@ -990,7 +995,15 @@ prune_kept(PyObject *kept, PyObject *mpi_error)
                 break;
             }
     }
-    Py_DECREF(snapshot);
+    Py_XDECREF(snapshot);
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);  /* release even after an error, which then stands */
+    PyObject *released = PyObject_CallMethodNoArgs(lock, s_release);
+    Py_XDECREF(released);
+    if (et)
+        PyErr_Restore(et, ev, etb);
+    else if (!released)
+        result = -1;
     return result;
 }
 
@@ -1022,7 +1035,8 @@ p2p_takes(Lane *l, PyObject *raw, int receives, PyObject *x, PyObject *peer, PyO
     PyObject *orphaned = PyTuple_GET_ITEM(raw, RAW_ORPHANED);
     if (!PyList_CheckExact(orphaned))
         return 0;
-    if (prune_kept(orphaned, PyTuple_GET_ITEM(raw, RAW_MPI_ERROR)) < 0)
+    if (prune_kept(orphaned, PyTuple_GET_ITEM(raw, RAW_MPI_ERROR),
+                   PyTuple_GET_ITEM(raw, RAW_KEPT_LOCK)) < 0)
         return -1;              /* (first, as isend/irecv: its tests let go of the GIL) */
     int t;
     if ((t = item_true(l->guards, s_host_p2p)) != 1 || (t = inline_now(l)) != 1)

@@ -7,6 +7,7 @@ so a late write lands in memory that is still the request's and never in memory 
 has handed to someone else. mpi4py's requests hold a reference to their buffers."""
 from __future__ import annotations
 
+import threading
 from typing import Any, NoReturn, Sequence
 
 import numpy as np
@@ -65,9 +66,10 @@ class MPIBackend(Backend):
         return self._comm(channel).Irecv([buf, self._byte], src, tag)
 
     def wait(self, reqs: Sequence[Request], ctx: OpContext, peers: Sequence[str] = (),
-             statuses: list[Any] | None = None) -> None:
+             statuses: list[Any] | None = None, keep: bool = True) -> None:
         """Poll ``reqs`` until all complete (``statuses``, if given, then hold their statuses:
-        the source of an any-source receive)."""
+        the source of an any-source receive). On an error they are kept (``failed``) unless
+        ``keep`` is False: their owner goes on with them (a wait that only stopped waiting)."""
         reqs = list(reqs)
         testall = self._MPI.Request.Testall
         try:
@@ -75,15 +77,25 @@ class MPIBackend(Backend):
                 ctx.poll(lambda: bool(testall(reqs, statuses)),
                          lambda: self._pending(reqs, peers), moves=True)
         except BaseException as err:
-            self.failed(err, reqs, ctx, peers, statuses)
+            if keep:
+                self.failed(err, reqs, ctx, peers, statuses)
+            self._raise(err, reqs, ctx, peers, statuses)
 
     def failed(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
                peers: Sequence[str] = (), statuses: list[Any] | None = None) -> NoReturn:
         """Raise what ``wait`` and ``test`` raise where testing ``reqs`` raised ``err``: MPI's
         error as MessageTruncated or TransportError naming the peers still pending, anything
         else (a timeout, ^C) as it is; the requests are kept either way (they may still
-        complete: their buffers stay theirs)."""
-        _keep(reqs)
+        complete: their buffers stay theirs), once the error is made (which tests them: kept,
+        they are the pruning thread's to test)."""
+        try:
+            self._raise(err, reqs, ctx, peers, statuses)
+        finally:
+            _keep(reqs)
+
+    def _raise(self, err: BaseException, reqs: Sequence[Request], ctx: OpContext,
+               peers: Sequence[str], statuses: list[Any] | None) -> NoReturn:
+        """``failed``'s error, the requests left to their owner."""
         if isinstance(err, self._MPI.Exception):
             self._raise_truncated(err, ctx, statuses)
             raise self._transport_error(err, ctx, self._pending(list(reqs), peers)) from err
@@ -93,9 +105,10 @@ class MPIBackend(Backend):
         """The user channel's mpi4py communicator, MPI.BYTE, MPI.Status, the kept requests
         (``_ORPHANED``: the lane lets go of the completed ones first, as ``isend``/``irecv``
         do), the posted ones' count (``_POSTED``, as ``posted`` keeps it), MPI.Request (whose
-        ``Testall`` drives an async one's handle) and MPI.Exception (MPI's errors)."""
+        ``Testall`` drives an async one's handle), MPI.Exception (MPI's errors) and the lock of
+        whoever tests the kept requests (``_PRUNING``)."""
         return (self.p2p, self._byte, self._MPI.Status, _ORPHANED, _POSTED, self._MPI.Request,
-                self._MPI.Exception)
+                self._MPI.Exception, _PRUNING)
 
     def _pending(self, reqs: list[Request], peers: Sequence[str]) -> str:
         """Who ``wait`` still waits for: the peers of ``reqs`` not complete yet."""
@@ -322,6 +335,10 @@ _ORPHANED: list[Any] = []
 """Requests abandoned by a failed wait that had not completed, kept (with their buffers) until
 they do: MPI may still write into their receive buffers when a late peer's data arrives."""
 
+_PRUNING = threading.Lock()
+"""Held by the one thread testing the kept requests (``_keep``, the compiled lane's
+``prune_kept``), taken without waiting."""
+
 
 def _keep(reqs: Sequence[Request]) -> None:
     """Keep the incomplete ones of ``reqs`` alive; drop kept ones that have completed since.
@@ -330,7 +347,9 @@ def _keep(reqs: Sequence[Request]) -> None:
     dropped handle, a done-callback's transfer failing on the progress thread, the compiled
     lane), so it is never rebuilt: items are appended, and a completed one is taken out with
     ``remove``, one step under the GIL (a completed request equals every other completed one,
-    MPI_REQUEST_NULL, so ``remove`` may take out another completed one first: as good)."""
+    MPI_REQUEST_NULL, so ``remove`` may take out another completed one first: as good). Only
+    the thread holding ``_PRUNING`` tests kept ones (MPI must not complete one request on two
+    threads at once); one that finds it taken leaves them to that thread."""
     from mpi4py import MPI
 
     def pending(r: Any) -> bool:
@@ -340,12 +359,17 @@ def _keep(reqs: Sequence[Request]) -> None:
             return False  # it completed in error: MPI is done with its buffer
 
     _ORPHANED.extend([r for r in reqs if pending(r)])
-    for r in list(_ORPHANED):
-        if not pending(r):
-            try:
-                _ORPHANED.remove(r)
-            except ValueError:  # another thread let go of it first
-                pass
+    if not _PRUNING.acquire(blocking=False):
+        return
+    try:
+        for r in list(_ORPHANED):
+            if not pending(r):
+                try:
+                    _ORPHANED.remove(r)
+                except ValueError:  # gone already
+                    pass
+    finally:
+        _PRUNING.release()
 
 
 def _world_ranks(comm: Any) -> list[int] | None:

@@ -219,8 +219,10 @@ class RequestWork(Work):
                 return True
             left = _left(deadline)
             limit = self._timeout if left is None else max(left, _LAST_LOOK)
+            # keep=False where the deadline is the caller's: this Work goes on with its
+            # requests, and kept ones are the pruning thread's to test (never two at once)
             self._backend.wait(self._requests, OpContext(self.name, limit),
-                               statuses=self._statuses)
+                               statuses=self._statuses, keep=deadline is None)
         except CollectiveTimeoutError:
             if deadline is None:  # the operation's own limit: it failed
                 self._finish(_translate(self.name))

@@ -599,6 +599,37 @@ def kept_requests_survive_threads(c):
     assert not [k for k in mpi._ORPHANED if id(k) in mine], "completed requests still kept"
 
 
+def kept_requests_tested_by_one_thread(c):
+    """Several threads post while the receives they complete are kept (orphaned, as a dropped
+    handle's): each post first lets go of the completed kept ones, and MPI must not complete
+    one request on two threads at once (that crashed or hung here)."""
+    own = collectives.init(MPI.COMM_SELF)
+    b = own.backend
+    stop = time.monotonic() + 2.0
+    mine = []
+
+    def post(k):
+        i = 0
+        while time.monotonic() < stop:
+            tag = 10 + (i * 4 + k) % 400
+            mine.append(b.irecv(np.zeros(1), 0, tag))
+            b.orphan(mine[-1:])  # a dropped receive, kept
+            b.isend(np.ones(1), 0, tag).Wait()  # tests the kept ones first, then meets one
+            i += 1
+
+    threads = [threading.Thread(target=post, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = {id(r) for r in mine}
+    deadline = time.monotonic() + 20
+    while any(id(k) in ids for k in mpi._ORPHANED) and time.monotonic() < deadline:
+        mpi._keep(())
+    assert mine and not any(id(k) in ids for k in mpi._ORPHANED), "kept receives never let go"
+    own.close()
+
+
 def body():
     c = collectives.init()
     for check in (data_arrives_exact, async_exchanges_meet, posted_receives_progress_in_barriers,
@@ -607,7 +638,8 @@ def body():
                   compiled_lane_takes_blocking_calls, other_sizes_raise,
                   bad_arguments_are_refused, queued_calls_go_first, compiled_async_times_out,
                   to_itself, staged_receive_waited_and_called_back,
-                  kept_requests_survive_threads, silent_peer_times_out):
+                  kept_requests_survive_threads, kept_requests_tested_by_one_thread,
+                  silent_peer_times_out):
         check(c)
         c.barrier()
     WORLD.Barrier()
