@@ -25,6 +25,8 @@ ENV_PREFIXES = ("TOPOCOLL_", "MPIR_CVAR_", "UCX_", "SLURM_TOPOLOGY", "OMP_NUM_TH
 """Environment variables worth showing at init: ours, and those that change MPI or torch."""
 
 _state = {"configured": False, "trace": False}
+_OFF = ("", "0", "OFF", "FALSE", "NO", "NONE")
+"""``TOPOCOLL_DEBUG`` values that turn debug output off, as the other on/off variables read."""
 
 
 def configure(rank: int) -> None:
@@ -33,12 +35,13 @@ def configure(rank: int) -> None:
         return
     _state["configured"] = True
     raw = os.environ.get("TOPOCOLL_DEBUG", "").strip().upper()
-    if not raw:
+    if raw in _OFF:
         return
     level = {"TRACE": TRACE, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
              "WARNING": logging.WARNING, "WARN": logging.WARNING, "1": logging.INFO}.get(raw)
     if level is None:
-        raise ValueError(f"TOPOCOLL_DEBUG={raw!r}: use INFO, DEBUG or TRACE")
+        raise ValueError(f"TOPOCOLL_DEBUG={raw!r}: use INFO (or 1), DEBUG, TRACE or WARNING; "
+                         f"0, OFF or empty for none")
     if not _shows(rank, os.environ.get("TOPOCOLL_DEBUG_RANKS", "0")):
         logger.setLevel(logging.WARNING)
         return

@@ -112,8 +112,12 @@ def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
                              f"choose one of {', '.join(algorithms_for(kind))}")
         return algo, "asked for by the caller"
     forced = os.environ.get("TOPOCOLL_ALGO")
-    if forced and forced in table and (not forced.startswith("shm") or has_shm):
-        return forced, f"TOPOCOLL_ALGO={forced}"
+    if forced:
+        if forced not in _NAMES:  # a typo must not pass for "auto" unnoticed
+            raise ValueError(f"TOPOCOLL_ALGO={forced!r} names no algorithm; known: "
+                             f"{', '.join(sorted(_NAMES))} (each used where the collective has it)")
+        if forced in table and (not forced.startswith("shm") or has_shm):
+            return forced, f"TOPOCOLL_ALGO={forced}"
     if has_shm and size > 1 and "shm" in table and not hierarchical(topology):
         if kind == "rotate" and nbytes >= SHM_ROTATE_BELOW:
             return "p2p", (f"one node, {nbytes} B >= {SHM_ROTATE_BELOW} B: MPI's single message "
@@ -138,6 +142,10 @@ def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
                           if "ring" in table and size > 1 else "the backend's own collective")
     name = next(iter(table))
     return name, f"the only algorithm for {kind}"
+
+
+_NAMES = frozenset(name for table in ALGORITHMS.values() for name in table)
+"""Every algorithm's name, of any collective (what ``TOPOCOLL_ALGO`` may say)."""
 
 
 def _modelled_choice(kind: str, nbytes: int, topology: Any) -> str:

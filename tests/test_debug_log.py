@@ -35,3 +35,6 @@ def test_quiet_by_default_and_bad_values_named():
                          env={"TOPOCOLL_DEBUG": "LOUD", "PATH": ""}, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode != 0 and "TOPOCOLL_DEBUG='LOUD'" in bad.stderr, bad.stderr
+    for off in ("0", "off", "False"):  # as the other on/off variables read
+        out = run_ranks("debug_log.py", 2, env={"TOPOCOLL_DEBUG": off})
+        assert "[topocoll" not in out, (off, out)

@@ -85,6 +85,16 @@ def test_resolve_rejects_unknown_and_picks_ring_for_large():
         resolve("broadcast", "ring", 8, 2)
 
 
+def test_topocoll_algo_forces_where_it_exists_and_a_typo_raises(monkeypatch):
+    monkeypatch.setenv("TOPOCOLL_ALGO", "ring")
+    assert resolve("all_reduce", "auto", 8, 4) == "ring"
+    assert resolve("broadcast", "auto", 8, 4) == "native"  # no ring broadcast: auto's pick
+    assert resolve("all_reduce", "native", 8, 4) == "native"  # the caller's algo wins
+    monkeypatch.setenv("TOPOCOLL_ALGO", "rnig")
+    with pytest.raises(ValueError, match="TOPOCOLL_ALGO='rnig' names no algorithm; known: "):
+        resolve("all_reduce", "auto", 8, 4)
+
+
 def test_auto_all_gather_takes_native_from_two_mib_per_rank_on_two_ranks():
     for size, line in ((2, 2 << 20), (3, 8 << 20), (4, 8 << 20)):
         assert resolve("all_gather", "auto", line, size, has_shm=True) == "shm_or_native"
