@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib
 import sys
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -36,8 +37,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def tools() -> dict[str, str]:
-    """Tool modules beside this one (those defining ``main``) and the first line of their
-    docstrings (read, not imported)."""
+    """Tool modules beside this one (those defining ``main``) and the summary of each: the first
+    paragraph of its docstring, as one line (read, not imported)."""
     out = {}
     for path in sorted(Path(__file__).parent.glob("*.py")):
         if path.stem in INTERNAL or path.stem.startswith("_"):
@@ -48,9 +49,13 @@ def tools() -> dict[str, str]:
             continue
         if not any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body):
             continue  # a part of the tools or of the microbenchmark
-        doc = ast.get_docstring(tree) or ""
-        out[path.stem] = doc.strip().splitlines()[0] if doc.strip() else ""
+        out[path.stem] = summary(ast.get_docstring(tree) or "")
     return out
+
+
+def summary(doc: str) -> str:
+    """A docstring's first paragraph (up to its first blank line) on one line."""
+    return " ".join(doc.strip().split("\n\n")[0].split())
 
 
 def usage() -> str:
@@ -65,7 +70,8 @@ def usage() -> str:
              "  --min-bw GB/s, --per-rank, --plot PATH.png, --quiet;",
              "  topocoll bench all_reduce --help",
              "", "tools:"]
-    lines += [f"  {name:12s} {doc}" for name, doc in tools().items()]
+    lines += [textwrap.fill(doc, 100, initial_indent=f"  {name:12s} ",
+                            subsequent_indent=" " * 15) for name, doc in tools().items()]
     return "\n".join(lines)
 
 

@@ -28,13 +28,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print on rank 0; return the exit status."""
     args = _parse(argv)
     import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
+    from topocoll.topology.limits import counted
 
     torch.set_num_threads(1)
     dist.init_process_group("topocoll")
     groups = {"topocoll": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
     p, rank = dist.get_world_size(), dist.get_rank()
     say = print if rank == 0 else (lambda *a, **k: None)
-    say(f"# {p} ranks, torch {torch.__version__}; best of {args.rounds} rounds, alternating "
+    say(f"# {counted(p, 'rank')}, torch {torch.__version__}; best of "
+        f"{counted(args.rounds, 'round')}, alternating "
         f"backends; ratio = topocoll speed / gloo speed (>1: topocoll faster)")
     if args.fsdp_only:
         args.sizes = []

@@ -22,12 +22,16 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
+from .options import ArgParser, UsageError, check_output, usage_failed
 from .sizes import format_size, parse_size
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print (rank 0); return the exit status."""
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench gpu", err)
     import cupy
     import torch
     import torch.distributed as dist
@@ -109,7 +113,7 @@ def _timed(world: Any, call: Callable[[], Any], iters: int, torch: Any) -> float
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="topocoll bench gpu", description=__doc__.splitlines()[0])
+    ap = ArgParser(prog="topocoll bench gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="8,64K,1M,16M,256M",
                     help="bytes per buffer, comma list (K/M/G suffix)")
     ap.add_argument("--repeats", type=int, default=5, help="alternating repeats (default 5)")
@@ -127,6 +131,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     args.algo = [a for a in args.algo.split(",") if a]
     if args.repeats < 1 or args.max_iters < 1:
         ap.error("--repeats and --max-iters must be at least 1")
+    check_output(args.json, "--json")
     return args
 
 

@@ -17,6 +17,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from topocoll.topology.limits import counted
+
 from .sizes import format_size, parse_size
 
 
@@ -28,7 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     comm = MPI.COMM_WORLD
     p = comm.Get_size()
     say = print if comm.Get_rank() == 0 else (lambda *a, **k: None)
-    say(f"# {p} ranks copying at once; GB/s of bytes written (add: of its output), slowest "
+    say(f"# {counted(p, 'rank')} copying at once; GB/s of bytes written (add: of its output), "
+        f"slowest "
         f"rank and node total; each figure lasts >= {args.min_time:g} ms")
     say(f"{'size':>10} {'copy/rank':>10} {'copy/node':>10} {'add/rank':>10} {'add/node':>10}")
     for nbytes in args.sizes:

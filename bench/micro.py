@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 import topocoll.collectives as collectives
+from topocoll.topology.limits import counted
 from topocoll.collectives.faults import exit_status
 
 from . import report
@@ -58,6 +59,12 @@ def main(argv: Sequence[str]) -> int:
         if comm.rank == 0:
             print(f"topocoll bench: error: {err}", file=sys.stderr)
         return EXIT_USAGE
+    except MemoryError as err:  # past check_memory: memory taken by others, or a smaller limit
+        sys.stdout.flush()
+        print(f"topocoll bench: error: rank {comm.rank}: out of memory with sizes up to "
+              f"{format_size(opts.maxbytes)} ({err}); give a smaller -e", file=sys.stderr,
+              flush=True)
+        return EXIT_USAGE
     except (collectives.CollectiveTimeoutError, collectives.CommunicatorBrokenError) as err:
         # a hung or lost peer (-T): each rank that saw it says so; the others time out too
         sys.stdout.flush()
@@ -87,6 +94,8 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
              enumerate(comm.mpi_comm.allgather((socket.gethostname(), os.getpid())))]
     combos = opts.combos(n)
     if lead:
+        for note in empty_rows_notes(opts, n):
+            print(f"topocoll bench: note: {note}", file=sys.stderr, flush=True)
         _out(report.header(_params(opts, comm), ranks, algo_column=True,
                            per_rank=opts.per_rank))
     total = len(combos) * opts.cycles * len(opts.sizes) * len(opts.algos) * opts.repeats
@@ -126,9 +135,30 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
         if opts.csv:
             report.write_csv(opts.csv, rows)
         if opts.plot:
-            report.plot(opts.plot, rows, f"{opts.collective}, {n} ranks"
+            report.plot(opts.plot, rows, f"{opts.collective}, {counted(n, 'rank')}"
                         + (f", {opts.dtypes[0]}" if len(opts.dtypes) == 1 else ""))
     return rows
+
+
+def empty_rows_notes(opts: Options, nranks: int) -> list[str]:
+    """A note per datatype for the sizes asked for that hold no whole element (per rank, where
+    the collective splits its buffer): like nccl-tests, the bench times those rows as calls of 0
+    elements (size 0, no ratio), and says so."""
+    spec, notes = SPECS[opts.collective], []
+    for dtype in opts.dtypes:
+        unit = DTYPES[dtype].itemsize * (nranks if spec.split else 1)
+        tiny = [s for s in dict.fromkeys(opts.sizes) if 0 < s < unit]
+        if not tiny:
+            continue
+        per = f" per rank x {nranks} ranks" if spec.split and nranks > 1 else ""
+        one = len(tiny) == 1
+        notes.append(f"{'size' if one else 'sizes'} {', '.join(map(str, tiny))} B "
+                     f"{'holds' if one else 'hold'} no whole {dtype} element "
+                     f"({DTYPES[dtype].itemsize} B{per}): "
+                     f"{'its row times' if one else 'their rows time'} "
+                     f"calls of 0 elements (size 0, ratio N/A), as nccl-tests does; give -b {unit} "
+                     f"or more to move data")
+    return notes
 
 
 def measure(comm: collectives.Communicator, opts: Options, dtype: str, op: str, root: int,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from .colls import BASELINE, DTYPE_ALIASES, DTYPES, SPECS, valid_algos, valid_op
-from .sizes import parse_size, sweep
+from .sizes import format_size, parse_size, sweep
 
 DEFAULT_ALGOS = f"{BASELINE},auto"
 """``--algo`` when not given: topocoll's choice beside the mpi4py baseline, so every default run
@@ -159,6 +159,9 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     roots = None if ns.root.strip().lower() == "all" else [_root(ns.root)]
     if ns.plot is not None and not ns.plot.lower().endswith(".png"):
         raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
+    for flag, path in (("-J/--json", ns.json), ("--csv", ns.csv), ("--plot", ns.plot)):
+        check_output(path, flag)
+    check_memory(collective, maxb)
     if ns.fresh and collective == "sendrecv":
         raise UsageError("--fresh-buffers is not offered for sendrecv (a send and a recv on "
                          "the bench's own buffers)")
@@ -258,6 +261,70 @@ class ArgParser(argparse.ArgumentParser):
     def _print_message(self, message: str, file=None) -> None:  # noqa: ANN001
         if launcher_rank() == 0:
             super()._print_message(message, file or sys.stdout)
+
+
+def check_output(path: str | None, flag: str) -> None:
+    """Raise UsageError unless ``path`` (None: not asked for) can be written: its folder exists
+    and is writable, and it is not a folder itself. Checked before a run, so that a long run
+    does not end in a traceback at the write (every rank checks alike: the ranks of one host
+    see one file system)."""
+    if path is None:
+        return
+    if not path:
+        raise UsageError(f"{flag}: empty path")
+    where = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: is a folder; give a file path")
+    if not os.path.isdir(where):
+        raise UsageError(f"{flag} {path}: folder {where} does not exist (create it first)")
+    if not os.access(where, os.W_OK | os.X_OK) or \
+            (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable here")
+
+
+def local_ranks() -> int:
+    """Ranks the launcher started on this host (its environment; 1 when run alone or unknown)."""
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        if os.environ.get(var, "").isdigit() and int(os.environ[var]) > 0:
+            return int(os.environ[var])
+    return 1
+
+
+def physical_memory() -> int | None:
+    """This host's memory in bytes (None where the system doesn't say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return None
+
+
+def check_memory(collective: str, maxbytes: int, memory: int | None = None,
+                 ranks: int | None = None) -> None:
+    """Raise UsageError when the buffers of the largest size can't fit in this host's memory:
+    ``maxbytes`` is the largest buffer of a call, so a rank holds it once in place and about
+    twice out of place (input and output), times the ``ranks`` on this host (default: the
+    launcher's count). nccl-tests likewise bounds its maxBytes by the device's memory."""
+    memory = physical_memory() if memory is None else memory
+    ranks = local_ranks() if ranks is None else ranks
+    if memory is None:
+        return
+    buffers = 2 if "oop" in SPECS[collective].modes else 1
+    need = buffers * maxbytes * ranks
+    if need > memory:
+        on_host = f", {format_size(need)} for the {ranks} ranks on this host" if ranks > 1 else ""
+        raise UsageError(f"-e/--maxbytes {format_size(maxbytes)}: {collective} needs "
+                         f"{format_size(buffers * maxbytes)} of buffers per rank "
+                         f"({'input and output' if buffers == 2 else 'in place'}){on_host}, "
+                         f"more than this host's {format_size(memory)} of memory; give a "
+                         f"smaller -e")
+
+
+def usage_failed(prog: str, err: Exception | str) -> int:
+    """Print ``<prog>: error: <err>`` once (launcher rank 0) and return 2, the usage status: how a
+    tool's ``main`` ends on a bad command line, on every rank alike."""
+    if launcher_rank() == 0:
+        print(f"{prog}: error: {err}", file=sys.stderr, flush=True)
+    return 2
 
 
 def _size(text: str, flag: str) -> int:

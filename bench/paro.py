@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from typing import Any, Sequence
 
 from . import paro_budget
+from .options import ArgParser, UsageError, check_output, usage_failed
 from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
@@ -34,7 +36,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import paro_peak
 
         return paro_peak.main([a for a in argv if a != "--peak"])
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench paro", err)
     if args.from_json:
         return _replot(args.from_json, args.plot)
     import torch
@@ -42,6 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from topocoll import collectives
     import topocoll.paro as paro
+    from topocoll.topology.limits import counted
 
     torch.set_num_threads(1)
     comm = collectives.init()
@@ -103,12 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             models[name].close()
     if comm.rank == 0:
-        header = (f"paro bench: {comm.size} ranks, topology {topo.num_nodes}x{g}, links "
-                  f"intra {topo.links['intra']} inter {topo.links['inter']}, emulate "
-                  f"{topo.emulate}; MLP width {args.width} x {args.layers} blocks, units "
-                  f"{args.units}; batch "
-                  f"{args.batch}/rank/micro-step; AdamW fp32; {args.rounds} rounds x "
-                  f"{args.steps} steps (median)")
+        header = (f"paro bench: {counted(comm.size, 'rank')}, topology {topo.num_nodes}x{g}, "
+                  f"links intra {topo.links['intra']} inter {topo.links['inter']}, emulate "
+                  f"{topo.emulate}; MLP width {args.width} x {counted(args.layers, 'block')}, "
+                  f"units {args.units}; batch {args.batch}/rank/micro-step; AdamW fp32; "
+                  f"{counted(args.rounds, 'round')} x {counted(args.steps, 'step')} (median)")
         run = {"header": header, "results": results, "budgets": budgets}
         _print(run)
         if args.json:
@@ -167,7 +172,7 @@ def _row(name: str, k: int, numel: int, times: list[float]) -> dict[str, Any]:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="topocoll bench paro", description=__doc__.splitlines()[0])
+    p = ArgParser(prog="topocoll bench paro", description=__doc__.splitlines()[0])
     p.add_argument("--strategies", default="NNG,NGG,GGG,NII,NIG,IIG,IGG,ING",
                    type=lambda s: [x.strip().upper() for x in s.split(",") if x.strip()])
     p.add_argument("--accum", default="1,4", type=lambda s: [int(x) for x in s.split(",")],
@@ -189,7 +194,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                         "with --plot, plot them one row each")
     p.add_argument("--peak", action="store_true", help="measure peak memory per rank of every "
                    "strategy and FSDP2 instead (bench/paro_peak.py; --peak --help lists its flags)")
-    return p.parse_args(list(argv) if argv is not None else None)
+    args = p.parse_args(list(argv) if argv is not None else None)
+    check_output(args.json, "--json")
+    check_output(args.plot, "--plot")
+    missing = [path for path in args.from_json or () if not os.path.isfile(path)]
+    if missing:
+        raise UsageError(f"--from-json: no file {missing[0]}")
+    return args
 
 
 def _units(net: Any, kind: str) -> Any:

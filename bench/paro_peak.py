@@ -31,13 +31,17 @@ import sys
 from typing import Any, Callable, Sequence
 
 from .memory import fixed_mmap_threshold, reset_high_water_mark, status
+from .options import ArgParser, UsageError, check_output, usage_failed
 from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the measurement; rank 0 prints the table. Returns 0."""
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench paro --peak", err)
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
@@ -167,8 +171,7 @@ def _fsdp(args: argparse.Namespace) -> tuple[Callable[[Any], None], Callable[[],
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="topocoll bench paro --peak",
-                                description=__doc__.splitlines()[0])
+    p = ArgParser(prog="topocoll bench paro --peak", description=__doc__.splitlines()[0])
     p.add_argument("--strategies", default="NNG,NGG,GGG,NII,NIG,IIG,IGG,ING",
                    type=lambda s: [x.strip().upper() for x in s.split(",") if x.strip()])
     p.add_argument("--no-fsdp", dest="fsdp", action="store_false", help="leave FSDP2 out")
@@ -183,17 +186,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="bf16 parameters and gradients, fp32 master weights and AdamW states")
     p.add_argument("--json", default=None,
                    help="write kept and peak bytes (the worst rank's) as JSON here (rank 0)")
-    return p.parse_args(list(argv) if argv is not None else None)
+    args = p.parse_args(list(argv) if argv is not None else None)
+    check_output(args.json, "--json")
+    return args
 
 
 def _header(args: argparse.Namespace, comm: Any) -> str:
     topo = comm.topology
     params = args.layers * (args.width * args.width + 3 * args.width) + args.width + 1
-    return (f"paro peak memory: {comm.size} ranks, topology {topo.num_nodes}x"
-            f"{topo.node_sizes()[0]}; MLP width {args.width} x {args.layers} blocks "
+    from topocoll.topology.limits import counted
+
+    return (f"paro peak memory: {counted(comm.size, 'rank')}, topology {topo.num_nodes}x"
+            f"{topo.node_sizes()[0]}; MLP width {args.width} x {counted(args.layers, 'block')} "
             f"({params:,} parameters); batch {args.batch}/rank, {args.accum} micro-batches per "
             f"step; AdamW, {'bf16 mixed precision' if args.mixed else 'fp32'}; median of "
-            f"{args.rounds} rounds, the worst rank")
+            f"{counted(args.rounds, 'round')}, the worst rank")
 
 
 def _ratio(a: float, b: float) -> str:

@@ -20,16 +20,22 @@ from typing import Sequence
 
 import torch
 
+from .options import ArgParser, UsageError, usage_failed
+
 MISS = 0.25
 """A measurement further than this fraction from its prediction is flagged as a miss."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the tables."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench primepar", err)
     from topocoll import collectives
     from topocoll.primepar.cost import Costs, Hardware
     from topocoll.primepar import Model, baselines, search
+    from topocoll.topology.limits import counted
 
     comm = collectives.init()
     P = comm.size
@@ -55,8 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [(name, plan, statistics.median(runs[name].times), runs[name].memory(comm))
             for name, plan in plans.items()]
     if comm.rank == 0:
-        print(f"# {P} ranks ({topo.num_nodes} nodes) on this machine (shared, noisy), float32, "
-              f"model: {args.layers} layers, hidden {args.hidden}, heads {args.heads}, seq "
+        print(f"# {counted(P, 'rank')} ({counted(topo.num_nodes, 'node')}) on this machine "
+              f"(shared, noisy), float32, model: {counted(args.layers, 'layer')}, hidden "
+              f"{args.hidden}, heads {args.heads}, seq "
               f"{args.seq}, batch {args.batch}; calibrated {flops / 1e9:.1f} GFLOP/s per rank; "
               f"budget {args.memory}; median of {args.iters}")
         print("# links priced: " + ", ".join(f"{k} {v}" for k, v in topo.links.items()))
@@ -154,6 +161,7 @@ def _predicted_at_scale(args) -> None:
     from topocoll.primepar.__main__ import compare, format_plan
     from topocoll.primepar.cost import Costs, default_topology
     from topocoll.primepar import Model, baselines, search
+    from topocoll.topology.limits import counted
 
     big = Model(24, 4096, 32, 2048, 8)
     for devices in args.scale:
@@ -161,14 +169,30 @@ def _predicted_at_scale(args) -> None:
         start = time.perf_counter()
         plan = search(big, costs, 40e9)
         took = time.perf_counter() - start
-        print(f"\n# predicted, 24 layers x hidden 4096, seq 2048, batch 8, {devices} devices "
+        print(f"\n# predicted, 24 layers x hidden 4096, seq 2048, batch 8, "
+              f"{counted(devices, 'device')} "
               f"(nodes of 8, default links), 100 TFLOP/s, 40 GB; search {took:.1f} s")
         print(format_plan(plan))
         print(compare(plan, baselines(big, costs), 40e9))
 
 
+SCALE = (32, 64)
+"""Device counts of the predicted comparison when ``--scale`` names none."""
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The flags, with ``scale`` resolved: a bare ``--scale`` (or none) means ``SCALE``,
+    ``--no-scale`` none."""
+    args = _parser().parse_args(None if argv is None else list(argv))
+    args.scale = [] if args.no_scale else (args.scale or list(SCALE))
+    bad = [n for n in args.scale if n < 1]
+    if bad:
+        raise UsageError(f"--scale: device counts must be at least 1, got {bad[0]}")
+    return args
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="topocoll bench primepar", description=__doc__.splitlines()[0])
+    p = ArgParser(prog="topocoll bench primepar", description=__doc__.splitlines()[0])
     for name, default in (("layers", 2), ("hidden", 512), ("heads", 8), ("seq", 128),
                           ("batch", 8), ("iters", 5)):
         p.add_argument(f"--{name}", type=int, default=default)
@@ -177,8 +201,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="price on these probed links (topocoll topology --probe --out FILE)")
     p.add_argument("--baselines", default="1-D TP,RTP,DP",
                    help="comma-separated uniform plans to run beside the searched one")
-    p.add_argument("--scale", type=int, nargs="*", default=[32, 64],
-                   help="device counts for the predicted comparison")
+    p.add_argument("--scale", type=int, nargs="*", default=None, metavar="DEVICES",
+                   help="device counts for the predicted comparison at scale (a 24-layer model); "
+                        f"bare --scale, like no --scale, means {' '.join(map(str, SCALE))}")
+    p.add_argument("--no-scale", action="store_true",
+                   help="skip the predicted comparison at scale")
     return p
 
 

@@ -37,6 +37,7 @@ import topocoll.rtp as rtp
 from topocoll.rtp.models import GPT
 
 from .memory import fixed_mmap_threshold, reset_high_water_mark, status
+from .options import ArgParser, UsageError, check_output, usage_failed
 
 if TYPE_CHECKING:
     from topocoll.rtp.ring import RowShards
@@ -44,7 +45,10 @@ if TYPE_CHECKING:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; print a table on rank 0 (and save a plot with ``--plot``)."""
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench rtp", err)
     torch.set_num_threads(args.threads)
     if args.peak:
         fixed_mmap_threshold()
@@ -210,27 +214,43 @@ def _local_bytes(tensors: Any) -> float:
 
 
 def _report(rows: list[dict], p: int, args: argparse.Namespace) -> None:
-    mib = 1 / 2 ** 20
-    ddp = next((x for x in rows if x["name"] == "ddp"), rows[0])
-    ddp_state = ddp["params"] + ddp["grads"] + ddp["optim"]
-    fsdp = next((x for x in rows if x["name"] == "fsdp"), None)
-    print(f"# RTP benchmark: GPT layers={args.layers} d_model={args.d_model} heads={args.heads} "
-          f"seq={args.seq} vocab={args.vocab} micro-batch={args.micro}/rank, p={p}, Adam, "
-          f"{args.steps} timed steps, {args.threads} thread(s)/rank, DDP/FSDP over "
-          f"{args.backend}")
-    print("| method | params MiB | grads MiB | optim MiB | model state vs DDP/p | "
-          "activations MiB | rotation buffers MiB | peak MiB | peak vs FSDP | steps/s | vs DDP |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for x in rows:
-        state = x["params"] + x["grads"] + x["optim"]
-        vs_fsdp = f"{x['peak'] / fsdp['peak']:.2f}x" if fsdp and fsdp["peak"] > 0 else "-"
-        print(f"| {x['name']} | {x['params'] * mib:.2f} | {x['grads'] * mib:.2f} | "
-              f"{x['optim'] * mib:.2f} | {state / (ddp_state / p):.3f} | {x['acts'] * mib:.2f} | "
-              f"{x['buffers'] * mib:.2f} | {x['peak'] * mib:.1f} | {vs_fsdp} | "
-              f"{x['steps_per_s']:.3f} | {x['steps_per_s'] / ddp['steps_per_s']:.2f}x |")
+    print("\n".join(table(rows, p, args)))
     if args.plot:
         _plot(rows, args.plot, p)
         print(f"plot: {args.plot}")
+
+
+def table(rows: list[dict], p: int, args: argparse.Namespace) -> list[str]:
+    """The header and the markdown table. Model state is compared with DDP's share ``DDP/p``
+    and throughput with DDP's, when DDP ran; without it, throughput with the first method's
+    (the column says which) and model state not at all ("-"). Peak memory shows "-" with
+    ``--no-peak`` (not measured)."""
+    mib = 1 / 2 ** 20
+    ddp = next((x for x in rows if x["name"] == "ddp"), None)
+    base = ddp or rows[0]
+    base_name = "DDP" if ddp else base["name"]
+    fsdp = next((x for x in rows if x["name"] == "fsdp"), None)
+    lines = [f"# RTP benchmark: GPT layers={args.layers} d_model={args.d_model} "
+             f"heads={args.heads} seq={args.seq} vocab={args.vocab} micro-batch={args.micro}/rank, "
+             f"p={p}, Adam, {args.steps} timed {'step' if args.steps == 1 else 'steps'}, "
+             f"{args.threads} {'thread' if args.threads == 1 else 'threads'}/rank, DDP/FSDP over "
+             f"{args.backend}",
+             "| method | params MiB | grads MiB | optim MiB | model state vs DDP/p | "
+             "activations MiB | rotation buffers MiB | peak MiB | peak vs FSDP | steps/s | "
+             f"vs {base_name} |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        state = x["params"] + x["grads"] + x["optim"]
+        share = f"{state / ((ddp['params'] + ddp['grads'] + ddp['optim']) / p):.3f}" if ddp \
+            else "-"
+        peak = f"{x['peak'] * mib:.1f}" if args.peak else "-"
+        vs_fsdp = f"{x['peak'] / fsdp['peak']:.2f}x" if args.peak and fsdp and fsdp["peak"] > 0 \
+            else "-"
+        lines.append(f"| {x['name']} | {x['params'] * mib:.2f} | {x['grads'] * mib:.2f} | "
+                     f"{x['optim'] * mib:.2f} | {share} | {x['acts'] * mib:.2f} | "
+                     f"{x['buffers'] * mib:.2f} | {peak} | {vs_fsdp} | "
+                     f"{x['steps_per_s']:.3f} | {x['steps_per_s'] / base['steps_per_s']:.2f}x |")
+    return lines
 
 
 def _plot(rows: list[dict], path: str, p: int) -> None:
@@ -278,7 +298,7 @@ def _init_torch(comm: Any, backend: str) -> None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="topocoll bench rtp", description=__doc__.split("\n")[0])
+    ap = ArgParser(prog="topocoll bench rtp", description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--heads", type=int, default=8)
@@ -288,7 +308,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--methods", default="ddp,fsdp,rtp,rtp-no-overlap")
+    ap.add_argument("--methods", default="ddp,fsdp,rtp,rtp-no-overlap",
+                    help=f"comma list of {', '.join(BUILDERS)}; model state and throughput are "
+                         f"compared with ddp's (with the first method's when ddp is not listed)")
     ap.add_argument("--backend", default="gloo", choices=["gloo", "topocoll"],
                     help="torch.distributed backend of DDP and FSDP (gloo: one machine only)")
     ap.add_argument("--no-peak", dest="peak", action="store_false",
@@ -296,7 +318,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--peak-rounds", type=int, default=2,
                     help="measured rounds of peak-memory runs (median), after a warm-up round")
     ap.add_argument("--plot", default=None, help="save a PNG here")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in names if m not in BUILDERS]
+    if unknown or not names:
+        raise UsageError(f"--methods: unknown method {', '.join(map(repr, unknown))}; valid: "
+                         f"{', '.join(BUILDERS)}" if unknown else "--methods: none given")
+    args.methods = ",".join(names)
+    check_output(args.plot, "--plot")
+    return args
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ import sys
 from typing import Any, Sequence
 
 from .colls import busbw_factor
+from topocoll.topology.limits import counted
+
+from .options import check_output
+from .options import UsageError as _Usage
 from .sizes import format_size, parse_size, sweep
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -25,6 +29,8 @@ def main(argv: Sequence[str]) -> int:
     """Entry point: print predicted (or predicted vs measured) tables."""
     try:
         args = _parse(argv)
+        if not args.validate:  # every topology built before the first line is printed
+            topos = _scaled(_topology(args.topology, args.links, args.nics), args.ranks)
     except _Usage as err:
         print(f"topocoll simulate: error: {err}", file=sys.stderr)
         return 2
@@ -32,14 +38,14 @@ def main(argv: Sequence[str]) -> int:
         return _validate(args)
     from topocoll.topology.cost import CostModel
 
-    base = _topology(args.topology, args.links, args.nics)
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor)
     results: list[dict[str, Any]] = []
-    for topo in _scaled(base, args.ranks):
+    for topo in topos:
         model = CostModel(topo, step_overhead_s=args.step_overhead,
                           reduce_bytes_per_s=args.reduce_rate)
-        print(f"# {args.op} on {topo.world_size} ranks: {topo.num_nodes} nodes x "
-              f"{topo.local_size(0)} ranks, {topo.num_switches} switches, NICs per node: "
+        print(f"# {args.op} on {counted(topo.world_size, 'rank')}: "
+              f"{counted(topo.num_nodes, 'node')} x {counted(topo.local_size(0), 'rank')}, "
+              f"{counted(topo.num_switches, 'switch', 'switches')}, NICs per node: "
               f"{topo.nics_per_node or 'one per rank'}; links " +
               ", ".join(f"{k}={v}" for k, v in topo.links.items()))
         results += _table(args, topo, model, sizes)
@@ -82,18 +88,22 @@ def _scaled(base: Any, ranks: list[int] | None) -> list[Any]:
     """The base topology, or copies with as many nodes as ``ranks`` asks (node size kept)."""
     if not ranks:
         return [base]
-    from topocoll.topology import parse_spec
+    from topocoll.topology import TopologyError, parse_spec
 
     L = base.local_size(0)
     per_switch = max(1, base.num_nodes // max(base.num_switches, 1))
     out = []
     for p in ranks:
-        if p % L:
-            raise _Usage(f"--ranks {p} is not a multiple of the node size {L}")
+        if p < L or p % L:
+            raise _Usage(f"--ranks {p} is not a multiple of the node size {L} (this topology "
+                         f"keeps {L} ranks per node; try {max(L, p - p % L)})")
         nodes = p // L
         spec = (f"{nodes // per_switch}x{per_switch}x{L}" if nodes % per_switch == 0
                 and nodes > per_switch else f"{nodes}x{L}")
-        out.append(parse_spec(spec, links=base.links, nics_per_node=base.nics_per_node))
+        try:
+            out.append(parse_spec(spec, links=base.links, nics_per_node=base.nics_per_node))
+        except TopologyError as err:
+            raise _Usage(f"--ranks {p}: {err}") from None
     return out
 
 
@@ -154,10 +164,6 @@ def _runner(comm: Any, op: str, algo: str, x: Any, out: Any):
 
 
 # -- helpers ------------------------------------------------------------------------------------
-class _Usage(ValueError):
-    pass
-
-
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         raise _Usage(message)
@@ -190,9 +196,17 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--json", default=None)
     p.add_argument("--plot", default=None)
     args = p.parse_args(list(argv))
-    args.minbytes, args.maxbytes = parse_size(args.minbytes), parse_size(args.maxbytes)
+    for flag, name in (("-b/--minbytes", "minbytes"), ("-e/--maxbytes", "maxbytes")):
+        try:
+            setattr(args, name, parse_size(getattr(args, name)))
+        except ValueError as err:
+            raise _Usage(f"{flag}: {err}") from None
     if args.minbytes > args.maxbytes:
         raise _Usage(f"-b {args.minbytes} is larger than -e {args.maxbytes}")
+    try:
+        sweep(args.minbytes, args.maxbytes, args.stepfactor)
+    except ValueError as err:
+        raise _Usage(f"bad size range: {err}") from None
     args.algo = [a.strip() for a in args.algo.split(",") if a.strip()]
     from topocoll.collectives.schedules import MODELLED, STEP_OVERHEAD_S
 
@@ -201,7 +215,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     if bad:
         raise _Usage(f"no schedule for {', '.join(bad)} on {args.op}; modelled: "
                      f"{', '.join(MODELLED[args.op])}")
-    args.ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else None
+    args.ranks = _ranks(args.ranks) if args.ranks else None
+    check_output(args.json, "--json")
+    check_output(args.plot, "--plot")
     if args.step_overhead is None:
         args.step_overhead = STEP_OVERHEAD_S
     if args.reduce_rate is None:
@@ -214,6 +230,17 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def _ranks(text: str) -> list[int]:
+    """``--ranks 16,1024``: world sizes, each a positive whole number."""
+    out = []
+    for word in text.split(","):
+        if not word.strip().isdigit() or int(word) < 1:
+            raise _Usage(f"--ranks: expected positive rank counts such as 16,1024, got "
+                         f"{word.strip()!r}")
+        out.append(int(word))
+    return out
+
+
 def _rate(text: str) -> float:
     from topocoll.topology import parse_links
 
@@ -224,9 +251,15 @@ def _rate(text: str) -> float:
 
 
 def _topology(source: str, links: str | None, nics: str | None) -> Any:
-    from topocoll.topology import TopologyError, load, parse_links, parse_spec
+    from pathlib import Path
+
+    from topocoll.topology import TopologyError, bundled_clusters, load, parse_links, parse_spec
     from topocoll.topology.virtual import is_spec
 
+    if not is_spec(source) and not Path(source).exists() and source not in bundled_clusters():
+        raise _Usage(f"--topology {source!r}: no such file, nor a topology shipped with "
+                     f"topocoll ({', '.join(bundled_clusters()) or 'none'}); or give a spec "
+                     f"such as 4x8 (nodes x ranks) or 2x4x8 (switches x nodes x ranks)")
     try:
         topo = parse_spec(source) if is_spec(source) else load(source)
         changes: dict[str, Any] = {}

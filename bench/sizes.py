@@ -32,8 +32,8 @@ def parse_size(text: str) -> int:
 
 
 def format_size(nbytes: int) -> str:
-    """Short human form of a byte count: ``8 B``, ``64 KiB``, ``4 MiB``, ``1.5 GiB``."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    """Short human form of a byte count: ``8 B``, ``64 KiB``, ``4 MiB``, ``1.5 GiB``, ``2 TiB``."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             value = nbytes / scale
             return f"{value:g} {unit}" if value == int(value) else f"{value:.1f} {unit}"

@@ -18,6 +18,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from topocoll.topology.limits import counted
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the table. Returns the exit status."""
@@ -98,9 +100,10 @@ def _grid_shape(p: int, q: int | None, d: int | None) -> tuple[int, int]:
 def _print(args: argparse.Namespace, p: int, q: int, d: int, ffn: int,
            times: dict[str, list[float]], sent: dict[str, float], formula: dict[str, float],
            itemsize: int) -> None:
-    print(f"# MLP block rows={args.rows} hidden={args.hidden} ffn={ffn} {args.dtype}, {p} ranks, "
-          f"2.5-D grid [q={q}, q={q}, d={d}], {args.iters} iterations after {args.warmup} "
-          f"warm-up, agreement check {'on' if args.check else 'off'}")
+    print(f"# MLP block rows={args.rows} hidden={args.hidden} ffn={ffn} {args.dtype}, "
+          f"{counted(p, 'rank')}, 2.5-D grid [q={q}, q={q}, d={d}], "
+          f"{counted(args.iters, 'iteration')} after {args.warmup} warm-up, agreement check "
+          f"{'on' if args.check else 'off'}")
     print(f"{'model':<8}{'ms/iter (median)':>18}{'min':>10}{'MiB sent/rank':>16}"
           f"{'formula MiB':>14}")
     for name in times:
@@ -129,14 +132,17 @@ def _print_placement(grid: Any, topo: Any) -> None:
     for r, (i, _, k) in enumerate(grid.coords):
         rows.setdefault((k, i), []).append(r)
     spans = grid.spans()
-    print(f"# placement ({topo.num_nodes} nodes of {'/'.join(map(str, topo.node_sizes()))} ranks, "
+    sizes = topo.node_sizes()
+    print(f"# placement ({counted(topo.num_nodes, 'node')} of {'/'.join(map(str, sizes))} "
+          f"{'rank' if sizes == [1] * len(sizes) else 'ranks'}, "
           f"inner={grid.inner}): row groups {sorted(rows.values())}; groups crossing nodes: "
           + ", ".join(f"{name} {n} of {grid.q * grid.d if name != 'dep' else grid.q * grid.q}"
                       for name, n in spans.items()))
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="topocoll bench tesseract", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="topocoll bench tesseract",
+                                 description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--rows", type=int, default=2048, help="tokens (batch x sequence)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--ffn", type=int, default=None, help="default 4*hidden")

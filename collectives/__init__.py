@@ -113,16 +113,18 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
 def _log_init(comm: Communicator, MPI: Any) -> None:
     """What a user debugging a run wants to see first (``TOPOCOLL_DEBUG=INFO``)."""
     from topocoll import __version__
+    from topocoll.topology.limits import counted
 
     topo = comm.topology
     library = MPI.Get_library_version().strip().splitlines()[0]
     shm = comm.backend.arena_unavailable()
     say = log.logger.info
-    say(f"topocoll {__version__}, backend {comm.backend.name}, {comm.size} ranks, "
+    say(f"topocoll {__version__}, backend {comm.backend.name}, {counted(comm.size, 'rank')}, "
         f"timeout {comm.timeout:g} s, check {'on' if comm.check else 'off'}")
     say(f"MPI: {library}")
-    say(f"topology: {topo.world_size} ranks, {topo.num_nodes} nodes, {topo.num_switches} "
-        f"switches (source: {topo.source or 'detected'}); links "
+    say(f"topology: {counted(topo.world_size, 'rank')}, {counted(topo.num_nodes, 'node')}, "
+        f"{counted(topo.num_switches, 'switch', 'switches')} "
+        f"(source: {topo.source or 'detected'}); links "
         + ", ".join(f"{k}={v}" for k, v in topo.links.items()))
     say("shared memory: " + (f"on, {comm.backend.arena().slot_bytes} B slots"  # type: ignore[union-attr]
                              if shm is None else f"off ({shm})"))

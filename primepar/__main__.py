@@ -10,6 +10,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+from topocoll.topology.limits import counted
+
 from .cost import Costs, Hardware, default_topology
 from .planner import Model, Plan, PlanError, baselines, search
 
@@ -37,9 +39,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"topocoll primepar plan: {err}", file=sys.stderr)
         return 1
     took = time.perf_counter() - start
-    print(f"model: {args.layers} layers, hidden {args.hidden}, {args.heads} heads, seq "
-          f"{args.seq}, batch {args.batch}; {topo.world_size} devices "
-          f"({topo.num_nodes} nodes), {args.flops / 1e12:g} TFLOP/s, budget {memory / 1e9:g} GB")
+    print(f"model: {counted(args.layers, 'layer')}, hidden {args.hidden}, "
+          f"{counted(args.heads, 'head')}, seq {args.seq}, batch {args.batch}; "
+          f"{counted(topo.world_size, 'device')} ({counted(topo.num_nodes, 'node')}), "
+          f"{args.flops / 1e12:g} TFLOP/s, budget {memory / 1e9:g} GB")
     print("links: " + ", ".join(f"{k} {v}" for k, v in topo.links.items()))
     print(f"search took {took:.2f} s")
     print(format_plan(plan))

@@ -133,6 +133,13 @@ def test_three_ranks_blocking_and_every_root():
     (["all_reduce", "--algo", "ring,warp"], "unknown algorithm 'warp' for all_reduce"),
     (["all_reduce", "-b", "1M", "-e", "1K"], "larger than maxbytes"),
     (["broadcast", "-r", "5", "-b", "8", "-e", "8"], "-r/--root 5 is out of range for 2 rank"),
+    # checked before the run, on every rank: once a traceback after it (exit 1, "#wrong")
+    (["all_reduce", "-b", "8", "-e", "8", "--json", "/nonexistent/r.json"],
+     "-J/--json /nonexistent/r.json: folder /nonexistent does not exist"),
+    # once numpy's MemoryError traceback on every rank
+    (["all_reduce", "-b", "1T", "-e", "1T"], "all_reduce needs 2 TiB of buffers per rank (input "
+                                             "and output), 4 TiB for the 2 ranks on this host"),
+    (["rtp", "--plot", "/nonexistent/r.png"], "--plot /nonexistent/r.png: folder /nonexistent"),
 ])
 def test_bad_flag_fails_on_every_rank(argv, msg):
     out = run_ranks("bench_cli.py", 2, ["2", *argv], timeout=60)

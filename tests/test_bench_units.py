@@ -422,3 +422,163 @@ def test_tensors_give_topocoll_torch_tensors_over_the_buffers_mpi4py_reads():
     assert np.all(a.view == 3) and a.guard_damage() == 0
     assert type(_Array("float", 5).user) is np.ndarray
     assert _Array("bfloat16", 5, tensors=True).user.dtype == torch.bfloat16
+
+
+# -- usability: bare flags, honest labels, output paths, sizes, help, plurals ------------------
+
+def test_primepar_bare_scale_means_the_default_counts():
+    """docs/primepar.md runs ``bench primepar --memory 40MB --scale``: a bare --scale once gave
+    [] and the table at scale was skipped without a word."""
+    pytest.importorskip("torch")
+    from topocoll.bench.primepar import SCALE, _parse
+
+    assert _parse(["--memory", "40MB", "--scale"]).scale == list(SCALE) == [32, 64]
+    assert _parse([]).scale == [32, 64]
+    assert _parse(["--scale", "16", "128"]).scale == [16, 128]
+    assert _parse(["--no-scale"]).scale == []
+    with pytest.raises(UsageError, match="--scale: device counts must be at least 1"):
+        _parse(["--scale", "0"])
+
+
+def _rtp_rows(*names, peak=0.0):
+    return [{"name": n, "params": 4.0 * 2 ** 20, "grads": 4.0 * 2 ** 20, "optim": 8.0 * 2 ** 20,
+             "acts": 2 ** 20, "buffers": 0.0, "steps_per_s": 2.0 + i, "peak": peak}
+            for i, n in enumerate(names)]
+
+
+def _rtp_args(*argv):
+    pytest.importorskip("torch")
+    from topocoll.bench.rtp import _parse
+
+    return _parse(list(argv))
+
+
+def test_rtp_table_says_what_it_compares_with():
+    """Without ddp among --methods the columns named DDP compared with the first method: the
+    throughput column now names it, model state vs DDP/p is "-", and --no-peak prints "-"."""
+    from topocoll.bench.rtp import table
+
+    lines = table(_rtp_rows("rtp", "rtp-per-call"), 2,
+                  _rtp_args("--methods", "rtp,rtp-per-call", "--no-peak"))
+    head, rows = lines[1].split("|")[1:-1], [ln.split("|")[1:-1] for ln in lines[3:]]
+    assert head[-1].strip() == "vs rtp" and "DDP" not in head[-1]
+    assert [r[4].strip() for r in rows] == ["-", "-"]         # model state vs DDP/p
+    assert [r[7].strip() for r in rows] == ["-", "-"]         # peak MiB, not 0.0
+    assert [r[-1].strip() for r in rows] == ["1.00x", "1.50x"]
+    lines = table(_rtp_rows("ddp", "rtp", peak=3 * 2 ** 20), 2, _rtp_args())
+    head, rows = lines[1].split("|")[1:-1], [ln.split("|")[1:-1] for ln in lines[3:]]
+    assert head[4].strip() == "model state vs DDP/p" and head[-1].strip() == "vs DDP"
+    assert rows[0][4].strip() == "2.000" and rows[1][7].strip() == "3.0"
+    assert "1 timed step," not in lines[0] and "8 timed steps, 1 thread/rank" in lines[0]
+
+
+def test_rtp_refuses_unknown_methods():
+    with pytest.raises(UsageError, match="unknown method 'rpt'"):
+        _rtp_args("--methods", "ddp,rpt")
+
+
+@pytest.mark.parametrize("flag", ["-J", "--json", "--csv", "--plot"])
+def test_output_paths_are_checked_before_the_run(tmp_path, flag):
+    """An output in a missing folder once failed after the whole run with a traceback (exit 1,
+    the status of a wrong result); now it is a usage error before anything runs."""
+    name = "r.png" if flag == "--plot" else "r.out"
+    with pytest.raises(UsageError, match=f"folder {tmp_path / 'no'} does not exist"):
+        parse("all_reduce", [flag, str(tmp_path / "no" / name)])
+    (tmp_path / "d.png").mkdir()
+    with pytest.raises(UsageError, match="is a folder"):
+        parse("all_reduce", [flag, str(tmp_path / "d.png")])
+    assert parse("all_reduce", [flag, str(tmp_path / name)]) is not None
+
+
+def test_tools_check_their_output_paths(tmp_path, capsys):
+    from topocoll.bench import paro, simulate
+
+    missing = str(tmp_path / "no" / "x.png")
+    with pytest.raises(UsageError, match="does not exist"):
+        paro._parse(["--json", missing])
+    with pytest.raises(UsageError, match="--from-json: no file"):
+        paro._parse(["--from-json", missing])
+    assert simulate.main(["--topology", "2x2", "-b", "1K", "-e", "1K", "--plot", missing]) == 2
+    err = capsys.readouterr()
+    assert err.out == "" and err.err.count("error:") == 1 and "does not exist" in err.err
+    p = _bench("rtp", "--plot", missing)
+    assert p.returncode == 2 and p.stderr.count("error:") == 1 and "Traceback" not in p.stderr
+    assert "topocoll bench rtp: error: --plot" in p.stderr
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--topology", "nosuch"], "--topology 'nosuch': no such file, nor a topology shipped with "
+                               "topocoll (h100-fat-tree)"),
+    (["--topology", "h100-fat-tree", "--ranks", "0"], "--ranks: expected positive rank counts"),
+    (["--topology", "h100-fat-tree", "--ranks", "x"], "--ranks: expected positive rank counts"),
+    (["--topology", "h100-fat-tree", "--ranks", "16,7"], "--ranks 7 is not a multiple of the "
+                                                        "node size 8"),
+    (["--topology", "2x2", "-b", "8X"], "-b/--minbytes: bad size suffix"),
+    (["--topology", "2x2", "-f", "0.5"], "bad size range: step factor must be >= 1"),
+    (["--topology", "2x2", "--algo", "foo"], "no schedule for foo"),
+])
+def test_simulate_usage_errors_are_one_line_and_exit_2(argv, msg, capsys):
+    from topocoll.bench.simulate import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr()
+    assert err.out == "", "nothing printed before the error (--ranks 16,7: not the 16 table)"
+    assert err.err.strip().splitlines() == [f"topocoll simulate: error: {err.err.split(': ', 2)[2]}"
+                                            .strip()]
+    assert msg in err.err
+
+
+def test_sizes_that_cannot_fit_in_memory_are_refused():
+    from topocoll.bench.options import check_memory
+
+    with pytest.raises(UsageError, match=r"-e/--maxbytes 1 TiB: all_reduce needs 2 TiB of "
+                                         r"buffers per rank \(input and output\)"):
+        parse("all_reduce", ["-b", "1T", "-e", "1T"])
+    with pytest.raises(UsageError, match=r"broadcast needs 3 GiB of buffers per rank \(in place\)"
+                                         r", 12 GiB for the 4 ranks on this host, more than "
+                                         r"this host's 8 GiB"):
+        check_memory("broadcast", 3 << 30, memory=8 << 30, ranks=4)
+    check_memory("all_reduce", 2 << 30, memory=8 << 30, ranks=2)  # 8 GiB: fits exactly
+    assert format_size(1 << 40) == "1 TiB"
+
+
+def test_sizes_below_one_element_are_noted():
+    """-b 3 -e 3: nccl-tests times such rows as calls of 0 elements, and so does the bench, but
+    it says so (on stderr, once, as its other notes)."""
+    from topocoll.bench.micro import empty_rows_notes
+
+    note, = empty_rows_notes(parse("all_reduce", ["-b", "3", "-e", "3"]), 2)
+    assert note.startswith("size 3 B holds no whole float element (4 B): its row times calls "
+                           "of 0 elements")
+    int8, flt = empty_rows_notes(parse("all_gather", ["-b", "1", "-e", "16", "-f", "2",
+                                                      "-d", "int8,float"]), 2)
+    assert int8.startswith("size 1 B holds no whole int8 element (1 B per rank x 2 ranks)")
+    assert flt.startswith("sizes 1, 2, 4 B hold no whole float element (4 B per rank x 2 ranks)")
+    assert "give -b 8 or more" in flt
+    assert empty_rows_notes(parse("all_reduce", ["-b", "0", "-e", "0"]), 2) == []
+    assert empty_rows_notes(parse("all_reduce", ["-b", "4", "-e", "64", "-f", "2"]), 4) == []
+    p = _bench("all_reduce", "-b", "3", "-e", "3", "-n", "1", "-w", "0", "--quiet")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("topocoll bench: note: size 3 B holds no whole float element") == 1
+
+
+def test_help_summaries_are_whole_sentences():
+    from topocoll.bench.__main__ import summary
+
+    assert tools()["tesseract"].endswith("measured side by side in one run.")
+    assert all(doc.endswith((".", "?")) for doc in tools().values()), tools()
+    assert summary("First line\ngoes on.\n\nNot this.") == "First line goes on."
+    text = usage()
+    assert "measured side by side in one run." in text and max(map(len, text.splitlines())) <= 100
+
+
+def test_counts_in_printed_lines_agree_with_their_nouns():
+    from topocoll.topology import parse_spec
+    from topocoll.topology.__main__ import describe
+    from topocoll.topology.limits import counted
+
+    assert [counted(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
+    assert counted(1, "switch", "switches") == "1 switch" and \
+        counted(3, "switch", "switches") == "3 switches"
+    assert describe(parse_spec("1")).startswith("1 rank, 1 node, 1 leaf switch (")
+    assert describe(parse_spec("2x4")).startswith("8 ranks, 2 nodes, 1 leaf switch (")

@@ -427,6 +427,30 @@ def test_commands_are_recognised():
     assert _commands("rank 0 --> rank 1") == []
 
 
+LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+"""A markdown link or image, ``[text](target "title")``: group 1 is the target."""
+
+
+def _relative_links(text: str) -> list[str]:
+    """The targets of ``text``'s links that name a file of the repository (not a URL, not an
+    anchor of the page itself), code blocks left out."""
+    prose = FENCE.sub("", text)
+    return [t for t in LINK.findall(prose)
+            if not re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+def test_relative_links_resolve():
+    """Every link of README.md and docs/*.md to a file of the repository names one that is
+    there, relative to the page (docs/cost-model.md once linked clusters/... for
+    topology/clusters/...)."""
+    assert _relative_links("[a](b.md#x) [c](https://e.org) [d](#y) ![f](g.png)\n```\n[h](i)\n```") \
+        == ["b.md#x", "g.png"]
+    broken = [f"{page.relative_to(ROOT)}: {target}" for page in PAGES
+              for target in _relative_links(page.read_text(encoding="utf-8"))
+              if not (page.parent / target.split("#")[0]).exists()]
+    assert not broken, f"links to files that are not there: {broken}"
+
+
 @pytest.mark.parametrize("key,page,line,src", [_param("imports", *b) for b in PYTHON])
 def test_example_compiles_and_imports_resolve(key, page, line, src):
     where = f"{page.relative_to(ROOT)}:{line}"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from .limits import TopologyError
+from .limits import TopologyError, counted
 from .model import Topology, load, parse_spec
 
 
@@ -40,8 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def describe(topo: Topology) -> str:
     """Indented text tree: top switches down to nodes and their ranks, then links."""
-    lines = [f"{topo.world_size} ranks, {topo.num_nodes} nodes, {topo.num_switches} leaf "
-             f"switches (source: {topo.source or '?'})"]
+    lines = [f"{counted(topo.world_size, 'rank')}, {counted(topo.num_nodes, 'node')}, "
+             f"{counted(topo.num_switches, 'leaf switch', 'leaf switches')} "
+             f"(source: {topo.source or '?'})"]
     top = len(topo.levels) - 1
 
     def walk(level: int, group: int, indent: str) -> None:

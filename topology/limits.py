@@ -1,5 +1,6 @@
 """The bounds every topology reader holds its input to, and the error it raises when input breaks
-them or is malformed (TopologyError; ``brief`` quotes the input in messages). The bottom of
+them or is malformed (TopologyError; ``brief`` quotes the input in messages, ``counted`` counts in
+them: ``1 node``, ``2 nodes``). The bottom of
 ``topology/``: it imports nothing from the package, so the model and every grammar and reader can.
 """
 from __future__ import annotations
@@ -32,6 +33,12 @@ def brief(value: Any) -> str:
     """Repr of a user-given value for an error message, cut short: long strings, big, deep or
     self-referencing containers cannot make a message huge or slow."""
     return _BRIEF.repr(value)
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and ``noun``, plural unless ``n`` is 1: ``counted(1, "node")`` is ``"1 node"``,
+    ``counted(4, "switch", "switches")`` is ``"4 switches"`` (the plural defaults to noun + s)."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
 _BRIEF = reprlib.Repr()
