@@ -89,12 +89,6 @@ RUN_WITH: dict[str, tuple[str, str]] = {
         grads = lambda: np.ones(1 << 20, np.float32)
         other_work = lambda: None
         """, "persistent all_reduce fragment; the prose supplies comm, np and the loop's helpers"),
-    "docs/paro.md#0": (
-        """
-        import torch
-        net = torch.nn.Linear(4, 4)
-        my_micro_batches = [(torch.randn(2, 4), torch.randn(2, 4))] * 4
-        """, "the user's model and data; NIG on a singleton world"),
     "docs/primepar.md#1": (
         """
         import json
@@ -106,7 +100,6 @@ RUN_WITH: dict[str, tuple[str, str]] = {
         """
         from topocoll import collectives, paro
         comm = collectives.init()
-        model_params = 1_000_000
         """, "fragment continuing the page's earlier example"),
 }
 
@@ -153,8 +146,6 @@ RUN_RANKS: dict[str, Ranks] = {
 
 COMPILE_ONLY: dict[str, tuple[set[str], str]] = {
     "docs/nccl.md#0": (set(), "needs CuPy, NCCL and a GPU per rank"),
-    "docs/rtp.md#0": ({"loss", "opt"}, "sketch: the loss and optimizer lines stand for a training "
-                                        "step; the default GPT is too big to run here"),
 }
 
 KNOWN_BROKEN: dict[str, tuple[str, str]] = {}  # block -> (which check fails, why)
