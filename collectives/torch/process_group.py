@@ -195,15 +195,14 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
     @follows_caller
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """All-reduce several tensors in place, one Work for all."""
-        stand_ins: list[torch.Tensor] = []
+        def issue(i: int) -> tuple[list[Handle], Any]:
+            t = _check(tensors[i], f"allreduce_coalesced tensors[{i}]", written=True,
+                       stand_in=self._copy_in)
+            h = self.comm.all_reduce(t, op=_op(opts, t), async_op=True)
+            return [h], _copy_back([tensors[i]], [t])
 
-        def issue(i: int) -> Handle:
-            stand_ins.append(_check(tensors[i], f"allreduce_coalesced tensors[{i}]", written=True,
-                                    stand_in=self._copy_in))
-            return self.comm.all_reduce(stand_ins[i], op=_op(opts, stand_ins[i]), async_op=True)
-
-        handles = self._each("allreduce_coalesced", len(tensors), issue)
-        return self._work("allreduce_coalesced", tensors, handles, _copy_back(tensors, stand_ins))
+        issued = self._each("allreduce_coalesced", len(tensors), issue)
+        return self._work("allreduce_coalesced", tensors, *_together(issued))
 
     @follows_caller
     @rejected_together
@@ -665,17 +664,22 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         except CollectiveTimeoutError as err:
             raise torch_error(err, getattr(method, "__name__", "collective")) from err
 
-    def _each(self, name: str, count: int, issue: Any) -> list[Any]:
-        """``issue(0..count-1)``: the calls of a coalesced collective. If call ``i`` raises
-        (what ``rejected_together`` tells the peers of), the peers (who issue all ``count``) still get one rejection for it
-        and for each call after it (``Communicator._reject``, queued), so every rank stays in
-        step instead of pairing their leftover calls with this rank's next ones."""
+    def _each(self, name: str, count: int,
+              issue: Callable[[int], tuple[list[Handle], Any]]) -> list[tuple[list[Handle], Any]]:
+        """``issue(0..count-1)``: the calls of a coalesced collective, each its handles and
+        ``post``. If call ``i`` raises (what ``rejected_together`` tells the peers of), the
+        peers (who issue all ``count``) still get one rejection for it and for each call after
+        it (``Communicator._reject``, queued), so every rank stays in step instead of pairing
+        their leftover calls with this rank's next ones; the calls before ``i`` run on every
+        rank, and their ``post`` (a stand-in's copy back) still runs here once they complete."""
         comm, issued = self.comm, []
         for i in range(count):
             comm._local.submitted = False     # a wrapper inside issue() sets it once told
             try:
                 issued.append(issue(i))
             except Exception as err:
+                for handles, post in issued:
+                    _post_when_done(handles, post)
                 if not for_peers(err):
                     raise
                 for _ in range(i if not comm._local.submitted else i + 1, count):
@@ -896,6 +900,17 @@ def _MPI() -> Any:
     from mpi4py import MPI
 
     return MPI
+
+
+def _post_when_done(handles: Sequence[Handle], post: Any) -> None:
+    """Run ``post`` once ``handles`` completed without error (at once where there are none:
+    the call ran inline), for a call no Work will finish."""
+    if post is None:
+        return
+    if not handles:
+        post()
+        return
+    handles[-1].add_done_callback(lambda h: post() if h.exception() is None else None)
 
 
 def _together(issued: Sequence[tuple[list[Handle], Any]]) -> tuple[list[Handle], Any]:

@@ -348,13 +348,52 @@ def issue_order(r, p):
         assert got == [summed if k == r else float(k + r) for k in range(p)], (trial, got)
 
 
+def rejected_midway(r, p):
+    """A coalesced call rejected at its second tensor on rank 0: the first tensor's call ran
+    on every rank, so its result lands in rank 0's (non-contiguous) tensor too, as in the
+    peers' (contiguous) ones; the group stays in step."""
+    if p < 2:
+        return
+    for blocking in (False, True):
+        first = (torch.ones(4, 3) * (r + 1)).t() if r == 0 else torch.ones(3, 4) * (r + 1)
+        second = torch.zeros(1).expand(5) if r == 0 else torch.zeros(5)
+        try:
+            w = dist.all_reduce_coalesced([first, second, torch.ones(2)], async_op=not blocking)
+            if w is not None:
+                w.wait()
+        except (ValueError, collectives.MismatchError) as err:
+            assert isinstance(err, ValueError if r == 0 else collectives.MismatchError), err
+        else:
+            raise AssertionError("a coalesced call with a rejected tensor went through")
+        dist.barrier()  # the first call has run everywhere by now
+        assert torch.all(first == sum(range(1, p + 1))), (blocking, first)
+        staged = torch.full((p, 2), -1.0).t() if r == 0 else torch.full((2, p), -1.0)
+        bad = torch.zeros(1).expand(p * 2) if r == 0 else torch.zeros(p * 2)
+        try:
+            with dist._coalescing_manager(async_ops=True) as cm:
+                dist.all_gather_into_tensor(staged, torch.full((2,), float(r)))
+                dist.all_gather_into_tensor(bad, torch.full((2,), float(r)))
+            cm.wait()
+        except (ValueError, collectives.MismatchError):
+            pass
+        else:
+            raise AssertionError("a coalesced all_gather with a rejected output went through")
+        dist.barrier()
+        want = torch.arange(float(p)).repeat_interleave(2)
+        assert torch.equal(staged.reshape(-1), want), (blocking, staged)  # in logical order
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    assert torch.all(x == p), x
+
+
 def body():
     global TOPO, GLOO, PG, RANK, SIZE
     dist.init_process_group("topocoll")
     RANK, SIZE = r, p = dist.get_rank(), dist.get_world_size()
     TOPO, GLOO = dist.group.WORLD, dist.new_group(backend="gloo")
     PG = dist.distributed_c10d._get_default_group()  # our ProcessGroupTopocoll itself
-    for check in (collectives_, coalesced_, point_to_point, parameters, refused, issue_order):
+    for check in (collectives_, coalesced_, point_to_point, parameters, refused, issue_order,
+                  rejected_midway):
         check(r, p)
         dist.barrier()
     dist.destroy_process_group()
