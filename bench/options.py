@@ -12,6 +12,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from topocoll.collectives.arrays import physical_memory
+
 from .colls import BASELINE, DTYPE_ALIASES, DTYPES, SPECS, valid_algos, valid_op
 from .sizes import format_size, parse_size, sweep
 
@@ -290,14 +292,6 @@ def local_ranks() -> int:
     return 1
 
 
-def physical_memory() -> int | None:
-    """This host's memory in bytes (None where the system doesn't say)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return None
-
-
 def check_memory(collective: str, maxbytes: int, memory: int | None = None,
                  ranks: int | None = None) -> None:
     """Raise UsageError when the buffers of the largest size can't fit in this host's memory:
@@ -306,8 +300,6 @@ def check_memory(collective: str, maxbytes: int, memory: int | None = None,
     launcher's count). nccl-tests likewise bounds its maxBytes by the device's memory."""
     memory = physical_memory() if memory is None else memory
     ranks = local_ranks() if ranks is None else ranks
-    if memory is None:
-        return
     buffers = 2 if "oop" in SPECS[collective].modes else 1
     need = buffers * maxbytes * ranks
     if need > memory:

@@ -3,6 +3,8 @@ views; GPU arrays (CuPy, torch CUDA, ``__cuda_array_interface__``) as CuPy views
 fenced through gpu.py)."""
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -141,6 +143,16 @@ def check_memory(buf: Buffer, backend: Any, name: str) -> None:
     if buf.memory == "cuda" and device is not None and buf.device != device:
         raise TypeError(f"{name} is on {buf.where} but this communicator's GPU is cuda:{device}; "
                         f"each rank uses one GPU (see collectives.init(device=...))")
+
+
+@functools.lru_cache(maxsize=1)
+def physical_memory() -> int:
+    """This machine's memory in bytes: an upper bound for what one allocation, or all of one
+    host's ranks' buffers, can take (2**62 where the system doesn't say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 1 << 62
 
 
 def _torch() -> Any:

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import select, takeover, watchdog
 from .algorithms import hierarchy
-from .arrays import Buffer, as_buffer, check_memory, check_writable
+from .arrays import Buffer, as_buffer, check_memory, check_writable, physical_memory
 from .backends.base import Backend
 from .call import Call, split_bounds, writes_input
 from .context import OpContext, spin
@@ -635,9 +635,9 @@ class Communicator:
             if any(d < 0 for d in dims):
                 raise ValueError(f"alloc: shape {list(dims)} has a negative dimension")
             nbytes = math.prod(dims) * storage.itemsize
-            if nbytes > _physical_memory():
+            if nbytes > physical_memory():
                 raise ValueError(f"alloc: {nbytes} bytes ({storage.name}{list(dims)}) exceed this "
-                                 f"machine's memory ({_physical_memory()} bytes)")
+                                 f"machine's memory ({physical_memory()} bytes)")
         except (TypeError, ValueError):
             if arena is not None:
                 arena.alloc(-1, OpContext("alloc", self.timeout))  # the others learn it too
@@ -1432,11 +1432,3 @@ def _positive(t: float) -> float:
         raise ValueError(f"timeout must be a positive number of seconds, got {t!r}")
     return float(t)
 
-
-@functools.lru_cache(maxsize=1)
-def _physical_memory() -> int:
-    """This machine's memory in bytes (an upper bound for one allocation)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return 1 << 62

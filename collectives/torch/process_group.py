@@ -108,7 +108,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self._issuing = threading.RLock()  # one thread's call at a time (follows_caller)
         self._rooted_tags = itertools.count()  # monitored_barrier's, at issue
         self._next_agreed_tag = 0  # gather's and scatter's next proposal (_agreement)
-        self._agreed_tags = threading.Lock()  # guards it: issuing and agreeing threads
+        self._agreed_tag_lock = threading.Lock()  # guards it: issuing and agreeing threads
         self._group_name = ""
         self._group_desc = ""
 
@@ -513,22 +513,24 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Work:
         """Start receiving one tensor from group rank ``src``."""
-        t, user = _one(tensors, "recv", written=True, stand_in="empty"), tensors[0]
-        host = torch.empty_like(t, device="cpu") if _on_gpu(t) else t
-        req = self._mpi.irecv(_bytes(host), self._peer(src, "src"), self._tag(tag), channel="p2p")
-        post = None if host is user else (lambda: user.detach().copy_(host))
-        return RequestWork(f"recv from rank {src}", [user], self._mpi, [req], self.timeout,
-                           post=post, source=src)
+        return self._receive(tensors, src, tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Work:
         """``recv(src=None)``: receive one tensor from whichever rank sends first with ``tag``
         (MPI_ANY_SOURCE, as torch's MPI backend does); ``Work._source_rank()`` names it."""
+        return self._receive(tensors, None, tag)
+
+    def _receive(self, tensors: list[torch.Tensor], src: int | None, tag: int) -> Work:
+        """``recv`` from ``src`` (None: any rank): a CUDA or non-contiguous tensor receives
+        into a host or contiguous stand-in, copied into it once the message is in."""
         t, user = _one(tensors, "recv", written=True, stand_in="empty"), tensors[0]
         host = torch.empty_like(t, device="cpu") if _on_gpu(t) else t
-        req = self._mpi.irecv(_bytes(host), _MPI().ANY_SOURCE, self._tag(tag), channel="p2p")
+        peer = _MPI().ANY_SOURCE if src is None else self._peer(src, "src")
+        req = self._mpi.irecv(_bytes(host), peer, self._tag(tag), channel="p2p")
         post = None if host is user else (lambda: user.detach().copy_(host))
-        return RequestWork("recv from any rank", [user], self._mpi, [req], self.timeout,
-                           post=post, any_source=True)
+        name = "recv from any rank" if src is None else f"recv from rank {src}"
+        return RequestWork(name, [user], self._mpi, [req], self.timeout, post=post, source=src,
+                           any_source=src is None)
 
     def shutdown(self) -> None:
         """Finish queued work and free the communicators (destroy_process_group calls this).
@@ -608,7 +610,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         calls a rank skipped, and larger than any earlier call's, which may still be in flight."""
         fields = [("rejected by rank + 1", 0), ("collective", kind), ("root", root),
                   ("element count", t.numel()), ("dtype", t.dtype)]  # as a call's signature
-        with self._agreed_tags:
+        with self._agreed_tag_lock:
             proposal = self._next_agreed_tag
             self._next_agreed_tag += 1
         mine = np.array([[0, _ROOTED.index(kind), root, t.numel(),
@@ -619,7 +621,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             self.comm._check_agreement(OpContext(kind, None), signatures.min(axis=0),
                                        signatures.max(axis=0), fields)
             agreed = int(every[:, -1].max())
-            with self._agreed_tags:  # a rank behind catches up
+            with self._agreed_tag_lock:  # a rank behind catches up
                 self._next_agreed_tag = max(self._next_agreed_tag, agreed + 1)
             return agreed % _AGREED_TAGS
 
