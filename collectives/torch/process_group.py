@@ -161,12 +161,20 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         if _op(opts) != "sum":
             raise ValueError(f"allreduce of a sparse tensor supports ReduceOp.SUM only, got "
                              f"{getattr(opts, 'reduceOp', None)}")
-        mine = t.coalesce()
+        # ranks must agree on the sparse/dense split and the dense part's shape and dtype; the
+        # count is of ``t`` as the calls issued before leave it (in issue order, as a dense one)
+        meta = torch.tensor([t.sparse_dim(), t.dense_dim(), *t.shape, 0], dtype=torch.int64)
+        coalesced: list[torch.Tensor] = []
+
+        def coalesce() -> None:
+            coalesced.append(t.coalesce())
+            meta[-1] = coalesced[0]._nnz()
+
+        self.comm._in_order("coalesce", coalesce)
+        metas = self._now(self.comm.all_gather, meta.view(1, -1))
+        mine = coalesced[0]
         indices, values = mine.indices(), mine.values()
         p, nnz = self.size(), int(mine._nnz())
-        # ranks must agree on the sparse/dense split and the dense part's shape and dtype
-        shape = [t.sparse_dim(), t.dense_dim(), *t.shape, nnz]
-        metas = self._now(self.comm.all_gather, torch.tensor(shape, dtype=torch.int64).view(1, -1))
         if not bool((metas[:, :-1] == metas[0, :-1]).all()):
             bad = int((metas[:, :-1] != metas[0, :-1]).any(dim=1).nonzero()[0])
             raise ValueError(f"allreduce of sparse tensors: rank {bad} has sparse/dense dims and "

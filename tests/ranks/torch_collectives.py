@@ -331,6 +331,19 @@ def torch_suite_features(r, p):
 
     both(sparse, "sparse all_reduce")
 
+    # two in flight on one tensor: the second sums what the first left (p times the first sum),
+    # as a dense tensor's second all_reduce would
+    idx = torch.tensor([[r % 3, 2, 4], [1, r % 2, 3]])
+    t = torch.sparse_coo_tensor(idx, data((3, 2), torch.float32, r), (5, 4, 2),
+                                check_invariants=True)
+    dense = t.to_dense()
+    dist.all_reduce(dense, group=GLOO)
+    works = [dist.all_reduce(t, group=TOPO, async_op=True) for _ in range(2)]
+    for w in works:
+        w.wait()
+    assert torch.equal(t.to_dense(), dense * p), f"two async sparse all_reduces: " \
+        f"{t.to_dense().flatten()[:8]} != {(dense * p).flatten()[:8]}"
+
     def anysource(g):
         senders = []
         if r == 0:
