@@ -21,6 +21,7 @@ import shlex
 import sys
 from typing import Any, Sequence
 
+from ..topology.limits import counted
 from .description import from_mapping, load
 from .errors import ClusterError, DescriptionError
 from .launcher import NETMODS
@@ -109,8 +110,9 @@ def _down(opts: argparse.Namespace, _command: list[str]) -> int:
     if result["prefix"] is None:
         print(f"nothing to take down at {result['state']}")
     else:
-        print(f"took down {result['prefix']}: {len(found['netns'])} hosts, "
-              f"{len(found['interfaces'])} interfaces, {len(found['processes'])} processes")
+        print(f"took down {result['prefix']}: {counted(len(found['netns']), 'host')}, "
+              f"{counted(len(found['interfaces']), 'interface')}, "
+              f"{counted(len(found['processes']), 'process', 'processes')}")
     if result["left"]:
         print(f"still there: {', '.join(result['left'])}", file=sys.stderr)
         return 1

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from ..topology.limits import counted
 from .errors import DescriptionError as ClusterError
 
 MAX_HOSTS = 250
@@ -170,12 +171,12 @@ def _leaves(value: Any, hosts: int, where: str) -> tuple[int, ...]:
         if not per:
             raise ClusterError(f"{where}: leaves must list at least one leaf switch")
         if sum(per) != hosts:
-            raise ClusterError(f"{where}: leaves {list(per)} hold {sum(per)} hosts, but hosts "
+            raise ClusterError(f"{where}: leaves {list(per)} hold {counted(sum(per), 'host')}, but hosts "
                                f"is {hosts}")
         return per
     n = _count(value, "leaves", where, MAX_HOSTS)
     if n > hosts:
-        raise ClusterError(f"{where}: {n} leaf switches for {hosts} hosts leaves a switch empty; "
+        raise ClusterError(f"{where}: {n} leaf switches for {counted(hosts, 'host')} leave a switch empty; "
                            f"use at most {hosts}")
     return tuple(hosts // n + (1 if i < hosts % n else 0) for i in range(n))
 
@@ -190,8 +191,8 @@ def _uplinks(norm: dict[str, Any], leaves: tuple[int, ...], host_rate: float | N
     if given is not None:
         if isinstance(given, (list, tuple)):
             if len(given) != len(leaves):
-                raise ClusterError(f"{where}: uplink_rate lists {len(given)} rates for "
-                                   f"{len(leaves)} leaf switches")
+                raise ClusterError(f"{where}: uplink_rate lists {counted(len(given), 'rate')} for "
+                                   f"{counted(len(leaves), 'leaf switch', 'leaf switches')}")
             return tuple(parse_rate(g, f"{where}: uplink_rate") for g in given)
         return (parse_rate(given, f"{where}: uplink_rate"),) * len(leaves)
     if over is None:
@@ -221,6 +222,7 @@ def _subnet(value: Any, hosts: int, where: str) -> str | None:
         raise ClusterError(f"{where}: subnet {net} is not a private network (use one inside "
                            f"10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16)")
     if net.num_addresses - 2 < hosts + 1:
-        raise ClusterError(f"{where}: subnet {net} has room for {net.num_addresses - 2} "
-                           f"addresses; {hosts} hosts and mpiexec need {hosts + 1}")
+        raise ClusterError(f"{where}: subnet {net} has room for "
+                           f"{counted(net.num_addresses - 2, 'address', 'addresses')}; "
+                           f"{counted(hosts, 'host')} and mpiexec need {hosts + 1}")
     return str(net)

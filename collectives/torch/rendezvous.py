@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch.distributed as dist
 
+from ...topology.limits import counted
 from . import pmi
 
 torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not the
@@ -122,7 +123,7 @@ def world_comm(rank: int, size: int, store: Any = None, timeout: float = 1800.0)
     world = MPI.COMM_WORLD
     if world.Get_size() != size:
         raise RuntimeError(f"topocoll: torch world size is {size} but MPI COMM_WORLD has "
-                           f"{world.Get_size()} ranks; {_mismatch_hint(world.Get_size(), imported_early)}")
+                           f"{counted(world.Get_size(), 'rank')}; {_mismatch_hint(world.Get_size(), imported_early)}")
     ranks = world.allgather(rank)
     if sorted(ranks) != list(range(size)):
         raise RuntimeError(f"topocoll: torch ranks over the MPI ranks are {ranks}, not a "
@@ -154,7 +155,7 @@ def group_comm(global_ranks: Sequence[int], group_id: str) -> Any:
         if dist.is_initialized() and dist.get_world_size() != parent.Get_size():
             raise RuntimeError(f"topocoll: a topocoll subgroup needs an MPI world of all "
                                f"{dist.get_world_size()} torch ranks, but this process's MPI "
-                               f"world has {parent.Get_size()} (not started by mpiexec); under "
+                               f"world has {counted(parent.Get_size(), 'rank')} (not started by mpiexec); under "
                                f"torchrun make the default group topocoll "
                                f"(init_process_group('topocoll')) so the ranks join one MPI world")
         if dist.is_initialized() and dist.get_rank() != parent.Get_rank():
