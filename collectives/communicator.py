@@ -390,40 +390,42 @@ class Communicator:
                         timeout: float | None = None) -> "Persistent":
         """Prepare ``all_reduce(x, op, algo, out=out)`` once; ``start()`` it many times. See
         :class:`Persistent`."""
-        return self._init(self.all_reduce, x, op=op, algo=algo, out=out, timeout=timeout)
+        return self._init(self._all_reduce, x, op=op, algo=algo, out=out, timeout=timeout)
 
     def all_gather_init(self, x: Any, out: Any = None, algo: str = "auto",
                         timeout: float | None = None) -> "Persistent":
         """Prepare ``all_gather(x, out, algo)`` once (``out`` is allocated if None)."""
-        return self._init(self.all_gather, x, out=out, algo=algo, timeout=timeout)
+        return self._init(self._all_gather, x, out=out, algo=algo, timeout=timeout)
 
     def reduce_scatter_init(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
                             timeout: float | None = None) -> "Persistent":
         """Prepare ``reduce_scatter(x, out, op, algo)`` once."""
-        return self._init(self.reduce_scatter, x, out=out, op=op, algo=algo, timeout=timeout)
+        return self._init(self._reduce_scatter, x, out=out, op=op, algo=algo, timeout=timeout)
 
     def broadcast_init(self, x: Any, root: int = 0, algo: str = "auto",
                        timeout: float | None = None) -> "Persistent":
         """Prepare ``broadcast(x, root, algo)`` once."""
-        return self._init(self.broadcast, x, root=root, algo=algo, timeout=timeout)
+        return self._init(self._broadcast, x, root=root, algo=algo, timeout=timeout)
 
     def reduce_init(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                     timeout: float | None = None) -> "Persistent":
         """Prepare ``reduce(x, root, op, algo)`` once."""
-        return self._init(self.reduce, x, root=root, op=op, algo=algo, timeout=timeout)
+        return self._init(self._reduce, x, root=root, op=op, algo=algo, timeout=timeout)
 
     def all_to_all_init(self, x: Any, out: Any = None, algo: str = "auto",
                         timeout: float | None = None) -> "Persistent":
         """Prepare ``all_to_all(x, out, algo)`` once."""
-        return self._init(self.all_to_all, x, out=out, algo=algo, timeout=timeout)
+        return self._init(self._all_to_all, x, out=out, algo=algo, timeout=timeout)
 
     def rotate_init(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
                     timeout: float | None = None) -> "Persistent":
         """Prepare ``rotate(x, out, shift, algo)`` once (``out`` is allocated if None)."""
-        return self._init(self.rotate, x, out=out, shift=shift, algo=algo, timeout=timeout)
+        return self._init(self._rotate, x, out=out, shift=shift, algo=algo, timeout=timeout)
 
     def _init(self, method: Any, *args: Any, **kwargs: Any) -> "Persistent":
-        self._local.persistent = True  # _launch hands back the prepared call instead of running
+        """``method`` (the general path: a front method's lane would run a repeated call or a
+        form's template at once) with ``_launch`` handing back the prepared call unrun."""
+        self._local.persistent = True
         try:
             return method(*args, **kwargs)
         finally:

@@ -157,8 +157,43 @@ def refused_on_one_rank(c):
     refused(ar.start, ar, "storage changed")
 
 
+def init_after_repeats(c):
+    """An ``*_init`` on arrays that plain calls repeated before (a prepared entry), or on a new
+    array of a form called before (a one-off template), prepares and moves nothing."""
+    p, r = c.size, c.rank
+    for n in (8, 70000):  # one shot; steps (and registered-size gate)
+        a = np.full(n, r + 1.0, np.float32)
+        for _ in range(3):
+            a[:] = r + 1
+            c.all_reduce(a)
+        for _ in range(3):
+            c.all_reduce(np.ones(n, np.float32))  # the form's template
+        for x, make in ((a, lambda x: c.all_reduce_init(x)),
+                        (np.full(n, r + 1.0, np.float32), lambda x: c.all_reduce_init(x))):
+            x[:] = r + 1
+            ar = make(x)
+            assert isinstance(ar, collectives.Persistent), (n, type(ar))
+            assert np.all(x == r + 1), (n, "init moved data", x[:4])
+            assert np.all(ar() == p * (p + 1) / 2), (n, x[:4])
+        g, o = np.full(n, r, np.int32), np.empty(n * p, np.int32)
+        for _ in range(3):
+            c.all_gather(g, out=o)
+            c.broadcast(g, root=p - 1)
+            c.rotate(g, out=o[:n])
+        for make in (lambda: c.all_gather_init(g, out=o), lambda: c.broadcast_init(g),
+                     lambda: c.rotate_init(g, out=o[:n]), lambda: c.reduce_init(g),
+                     lambda: c.reduce_scatter_init(o, out=g), lambda: c.all_to_all_init(o)):
+            g[:], o[:] = r, -1
+            op = make()
+            assert isinstance(op, collectives.Persistent), type(op)
+            assert np.all(g == r) and np.all(o == -1), "init moved data"
+            op.start()
+            op.wait()
+
+
 def body():
     c = collectives.init(timeout=60)
+    init_after_repeats(c)
     exact_over_many_starts(c)
     errors(c)
     torch_resize(c)
