@@ -58,7 +58,10 @@ def dtype_of_numpy(dt: np.dtype) -> DType:
     if dt.hasobject:
         raise TypeError(f"dtype {dt} holds Python objects; only fixed-size binary dtypes can be sent")
     numeric = dt.kind in "iufc" and dt.isnative
-    found = DType(dt.name, dt, numeric, dt.kind in "fc")
+    # named so that what differs in the bytes differs in the name (the cross-rank check and
+    # out='s compare names): byte order ('>i8'), a record's fields ("[('a', '<i4'), ...]")
+    name = dt.name if dt.isnative and dt.names is None else str(dt)
+    found = DType(name, dt, numeric, dt.kind in "fc")
     if len(_NUMPY_DTYPES) < 256:
         _NUMPY_DTYPES[dt] = found
     return found
@@ -89,6 +92,9 @@ def check_reducible(dtype: DType, op: str) -> None:
                             f"{', '.join(BOOL_OPS)} (min is 'all', max is 'any'); to count, "
                             f"cast to an integer type and use 'sum'")
         return
+    if dtype.storage.kind in "iufc" and not dtype.storage.isnative:
+        raise TypeError(f"dtype {dtype.name} has non-native byte order and can't be reduced "
+                        f"with {op!r}; convert it first: x.astype(x.dtype.newbyteorder('='))")
     if not dtype.reducible:
         raise TypeError(f"dtype {dtype.name} can't be reduced with {op!r}: only numeric dtypes "
                         f"(int, uint, float, complex, bfloat16) and bool reduce; records and "

@@ -28,6 +28,13 @@ def local_errors(c):
     expect(TypeError, lambda: c.all_reduce(np.ones(3, np.complex64), op="max"), "complex")
     expect(ValueError, lambda: c.all_gather(x, out=np.empty(3, np.float32)), "out has shape")
     expect(TypeError, lambda: c.all_gather(x, out=np.empty(8 * c.size, np.float64)), "dtype")
+    # byte order and a record's fields are part of the dtype (the bytes would be misread)
+    i8 = np.arange(4, dtype=np.int64)
+    expect(TypeError, lambda: c.all_reduce(i8, out=np.zeros(4, ">i8")), "dtype", ">i8")
+    expect(TypeError, lambda: c.all_gather(i8, out=np.zeros(4 * c.size, ">i8")), ">i8")
+    expect(TypeError, lambda: c.rotate(i8, out=np.zeros(4, ">i8")), ">i8")
+    expect(TypeError, lambda: c.all_reduce(i8.astype(">i8")), "non-native byte order",
+           "newbyteorder")
     expect(ValueError, lambda: c.broadcast(x, root=c.size), "root", "out of range")
     expect(ValueError, lambda: c.reduce(x, root=-1), "out of range")
     expect(TypeError, lambda: c.broadcast(x, root="0"), "root must be an int")
@@ -55,6 +62,15 @@ def mismatches(c):
     # Different dtypes.
     x = np.ones(10, np.float32 if c.rank else np.float64)
     expect(MismatchError, lambda: c.all_reduce(x), "dtype")
+    # Byte orders, record layouts of one size: the same name to numpy ("int64", "void64").
+    x = np.arange(4, dtype=">i8" if c.rank == 0 else "<i8")
+    expect(MismatchError, lambda: c.all_gather(x), "dtype")
+    expect(MismatchError, lambda: c.broadcast(x, root=0), "dtype")
+    rec = np.zeros(2, [("a", "i4"), ("b", "i4")] if c.rank == 0 else [("a", "i8")])
+    expect(MismatchError, lambda: c.all_gather(rec), "dtype")
+    both = np.arange(4, dtype=">i8")  # alike everywhere: moving its bytes is right
+    got = c.all_gather(both)
+    assert got.dtype == both.dtype and np.array_equal(got, np.tile(np.arange(4), c.size)), got
     # Different roots.
     expect(MismatchError, lambda: c.broadcast(np.ones(3), root=c.rank), "root")
     # Different ops and algorithms.
