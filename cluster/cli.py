@@ -21,7 +21,8 @@ import shlex
 import sys
 from typing import Any, Sequence
 
-from ..topology.limits import counted
+from topocoll.topology.limits import counted
+
 from .description import from_mapping, load
 from .errors import ClusterError, DescriptionError
 from .launcher import NETMODS

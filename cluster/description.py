@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..topology.limits import counted
+from topocoll.topology.limits import counted
+
 from .errors import DescriptionError as ClusterError
 
 MAX_HOSTS = 250

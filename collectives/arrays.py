@@ -72,20 +72,46 @@ def as_buffer(x: Any, name: str = "x") -> Buffer:
             raise TypeError(f"{name} is on device {x.device}; only CPU and CUDA tensors are "
                             f"supported")
         _check_torch(x, name, torch)
-        t = x.detach()
-        if t.dtype == torch.bfloat16:
-            return Buffer(x, t.view(torch.int16).numpy().view(np.uint16), BFLOAT16, "torch")
-        if t.dtype == torch.bool:
-            return Buffer(x, t.numpy(), dtype_of_numpy(np.dtype(bool)), "torch")
         try:
-            view = t.numpy()
+            storage = torch_storage_dtype(x.dtype)
         except TypeError as err:
-            raise TypeError(f"{name} has dtype {t.dtype}, which has no numpy equivalent") from err
-        return Buffer(x, view, dtype_of_numpy(view.dtype), "torch")
+            raise TypeError(f"{name} has dtype {x.dtype}, which has no numpy equivalent") from err
+        view = np.asarray(_TensorMemory(x, storage))
+        return Buffer(x, view, BFLOAT16 if x.dtype == torch.bfloat16 else
+                      dtype_of_numpy(storage), "torch")
     if is_gpu_array(x):
         return as_gpu_buffer(x, name)
     raise TypeError(f"{name} must be a numpy array or a torch tensor (CPU or CUDA) or a GPU array "
                     f"(CuPy, __cuda_array_interface__), got {type(x).__name__}")
+
+
+def torch_storage_dtype(dtype: Any) -> np.dtype:
+    """The numpy dtype of a torch dtype's elements (bfloat16's raw bits as uint16); TypeError
+    where numpy has none (complex32, float8 ...)."""
+    found = _TORCH_STORAGE.get(dtype)
+    if found is None:
+        torch = _torch()
+        found = np.dtype(np.uint16) if dtype == torch.bfloat16 else \
+            torch.empty(0, dtype=dtype).numpy().dtype
+        _TORCH_STORAGE[dtype] = found
+    return found
+
+
+_TORCH_STORAGE: dict[Any, np.dtype] = {}
+
+
+class _TensorMemory:
+    """A CPU tensor's memory as numpy sees it (``__array_interface__``); the view made from it
+    holds the tensor. Not ``Tensor.numpy()``, which marks the storage unresizable for good:
+    code that frees a buffer after its collective with ``untyped_storage().resize_(0)`` (as
+    FSDP does; gloo and NCCL allow it) then raises."""
+
+    __slots__ = ("tensor", "__array_interface__")
+
+    def __init__(self, t: Any, storage: np.dtype) -> None:
+        self.tensor = t
+        self.__array_interface__ = {"data": (t.data_ptr(), False), "shape": tuple(t.shape),
+                                    "typestr": storage.str, "version": 3}
 
 
 def as_gpu_buffer(x: Any, name: str = "x") -> Buffer:
@@ -166,6 +192,10 @@ def _check_torch(x: Any, name: str, torch: Any) -> None:
     if not x.is_contiguous():
         raise ValueError(f"{name} is not contiguous; pass {name}.contiguous() — "
                          f"collectives never copy silently")
+    if x.is_conj() or x.is_neg():
+        raise ValueError(f"{name} is a lazy {'conjugate' if x.is_conj() else 'negative'} view "
+                         f"(its memory holds the values before that); pass "
+                         f"{name}.resolve_conj().resolve_neg()")
 
 
 def _torch_view(x: Any, torch: Any, cupy: Any) -> tuple[Any, DType]:

@@ -21,7 +21,8 @@ import numpy as np
 
 from . import select, takeover, watchdog
 from .algorithms import hierarchy
-from .arrays import Buffer, as_buffer, check_memory, check_writable, physical_memory
+from .arrays import (Buffer, as_buffer, check_memory, check_writable, physical_memory,
+                     torch_storage_dtype)
 from .backends.base import Backend
 from .call import Call, split_bounds, writes_input
 from .context import OpContext, spin
@@ -186,10 +187,15 @@ class Communicator:
 
         Collective: a rank whose ``color`` or ``key`` is bad raises TypeError and its peers raise
         MismatchError naming it (nobody is left waiting in the split)."""
-        problem = None
+        problem: Exception | None = None
         for what, value in (("color", color), ("key", key)):
-            if not (value is None and what == "key") and not isinstance(value, (int, np.integer)):
+            if value is None and what == "key":
+                continue
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 problem = TypeError(f"split: {what} must be an int, got {type(value).__name__}")
+            elif not -_INT_LIMIT <= value < _INT_LIMIT:  # MPI takes C ints
+                problem = ValueError(f"split: {what} {value} is out of range (a C int: "
+                                     f"{-_INT_LIMIT} to {_INT_LIMIT - 1})")
         rejected = self._submit("split", lambda: self._agree_on_rejection(
             "split", problem is not None), async_op=False)
         if problem is not None:
@@ -631,9 +637,12 @@ class Communicator:
         arena = self.backend.arena()
         try:
             torch_dtype = dtype if type(dtype).__module__ == "torch" else None
-            storage = _torch_numpy(torch_dtype) if torch_dtype is not None else np.dtype(dtype)
-            dims = (int(shape),) if isinstance(shape, (int, np.integer)) else \
-                tuple(int(s) for s in shape)
+            storage = torch_storage_dtype(torch_dtype) if torch_dtype is not None else \
+                np.dtype(dtype)
+            if storage.hasobject or storage.itemsize == 0:
+                raise TypeError(f"alloc: dtype {storage} has no fixed-size binary form (Python "
+                                f"objects, or zero bytes an item)")
+            dims = _dims(shape)
             if any(d < 0 for d in dims):
                 raise ValueError(f"alloc: shape {list(dims)} has a negative dimension")
             nbytes = math.prod(dims) * storage.itemsize
@@ -1385,6 +1394,22 @@ def _torch_pointer(x: Any) -> tuple[int, int] | None:
     return None
 
 
+def _dims(shape: Any) -> tuple[int, ...]:
+    """``alloc``'s shape as a tuple of ints (an int, or a sequence of them); TypeError else."""
+    def whole(v: Any) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+    if whole(shape):
+        return (int(shape),)
+    if isinstance(shape, (tuple, list)) and all(whole(s) for s in shape):
+        return tuple(int(s) for s in shape)
+    raise TypeError(f"alloc: shape must be an int or a sequence of ints, got {shape!r}")
+
+
+_INT_LIMIT = 1 << 31
+"""C ints (what MPI takes for a split's color and key) lie in [-_INT_LIMIT, _INT_LIMIT)."""
+
+
 def _signature(call: Call, algo: str, buf: Buffer) -> tuple[np.ndarray, list[tuple[str, Any]]]:
     """The int64 vector ranks compare, and the matching (label, this rank's value) pairs."""
     return _signature_of(0, call.kind, algo, buf.dtype.name, int(buf.flat().size),
@@ -1404,15 +1429,6 @@ def _signature_of(*values: Any) -> tuple[np.ndarray, list[tuple[str, Any]]]:
 
 _SIGNATURE_LABELS = ("rejected by rank + 1", "collective", "algorithm", "dtype", "element count",
                      "shape", "root", "reduction op", "shift", "memory (host or GPU)")
-
-
-def _torch_numpy(dtype: Any) -> np.dtype:
-    """The numpy storage dtype of a torch dtype (raw bits for bfloat16)."""
-    import torch
-
-    if dtype == torch.bfloat16:
-        return np.dtype(np.int16)
-    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def _default_timeout() -> float:

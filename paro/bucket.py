@@ -13,16 +13,14 @@ shards parameters its storage is resized to nothing between uses (the views stay
 the data again once it is gathered back), the way FSDP frees gathered parameters.
 
 Buffers that live only while a collective runs (``full``, a micro-batch's gradients, the
-optimizer-level gradient, the update's source) reach the collective as an alias (``_alias``), and
-are freed here by resizing once it has landed: freed at once, on this thread, whoever still holds
-the alias.
+optimizer-level gradient, the update's source) are freed here by resizing once it has landed:
+freed at once, on this thread, whoever still holds the tensor (the collectives' views of a tensor
+leave its storage resizable).
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from .groups import Groups, Layout
@@ -70,7 +68,7 @@ class Bucket:
             return
         self.full.untyped_storage().resize_(self.layout.padded * self.full.element_size())
         comm, algo = self.groups.use(self.groups.level_comm(self.strategy.params))
-        self._gather = comm.all_gather(self.shard, out=_alias(self.full), algo=algo,
+        self._gather = comm.all_gather(self.shard, out=self.full, algo=algo,
                                        async_op=True)
 
     def ready(self) -> None:
@@ -126,7 +124,7 @@ class Bucket:
             lo, hi = self.layout.range_of(level)
             micro[lo:hi].add_(self.acc)
         comm, algo = self.groups.use(self.groups.level_comm(level))
-        return comm.reduce_scatter(_alias(micro), out=self.acc, algo=algo, async_op=True)
+        return comm.reduce_scatter(micro, out=self.acc, algo=algo, async_op=True)
 
     def _pack(self) -> torch.Tensor:
         """Copy the stashed gradients into a new padded ``micro`` buffer (returned) and let
@@ -159,7 +157,7 @@ class Bucket:
             which = "global" if s.grads == "N" else "rail"
             comm, algo = self.groups.use(which)
             self.opt_grad = _new(self.layout.length(s.states), self.dtype)
-            self._boundary = comm.reduce_scatter(self.acc, out=_alias(self.opt_grad), algo=algo,
+            self._boundary = comm.reduce_scatter(self.acc, out=self.opt_grad, algo=algo,
                                                  async_op=True)
 
     def take_opt_grad(self, scale: float) -> torch.Tensor:
@@ -195,7 +193,7 @@ class Bucket:
         else:                                                # I -> N in the group, G -> N
             comm, algo = self.groups.use("group" if s.states == "I" else "global")
             out = self.full
-        self._update = (comm.all_gather(_alias(src), out=out, algo=algo, async_op=True), src)
+        self._update = (comm.all_gather(src, out=out, algo=algo, async_op=True), src)
 
     def settle(self) -> None:
         """Wait for the update started by ``propagate`` and free its source."""
@@ -252,21 +250,6 @@ class Bucket:
 def _new(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """An uninitialised 1-D buffer that ``_free`` can free."""
     return torch.empty(numel, dtype=dtype)
-
-
-def _alias(t: torch.Tensor) -> torch.Tensor:
-    """A tensor over ``t``'s memory with a storage of its own, to hand to a collective.
-
-    Collectives read torch tensors through ``Tensor.numpy()``, which marks the storage as never
-    resizable again, and the communicator's thread may hold the tensor after the collective has
-    finished. The alias takes both; ``t`` stays resizable and owns its memory, which the caller
-    keeps until the collective has landed."""
-    nbytes = t.numel() * t.element_size()
-    if not nbytes:
-        return torch.empty(t.shape, dtype=t.dtype)
-    memory = (ctypes.c_char * nbytes).from_address(t.data_ptr())
-    raw = np.frombuffer(memoryview(memory), np.uint8)
-    return torch.from_numpy(raw).view(t.dtype).view(t.shape)
 
 
 def _free(t: torch.Tensor) -> None:

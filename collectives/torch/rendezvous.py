@@ -18,7 +18,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import torch.distributed as dist
 
-from ...topology.limits import counted
+from topocoll.topology.limits import counted
+
 from . import pmi
 
 torch_rendezvous = importlib.import_module("torch.distributed.rendezvous")  # the module, not the

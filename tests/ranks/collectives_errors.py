@@ -51,6 +51,13 @@ def local_errors(c):
     if c.size > 1:
         y = np.zeros(8 * c.size, np.float32)
         expect(ValueError, lambda: c.all_gather(y[:8], out=y), "overlaps")
+    try:
+        import torch
+    except ImportError:
+        return
+    z = torch.ones(3, dtype=torch.complex64)
+    expect(ValueError, lambda: c.all_reduce(z.conj()), "lazy conjugate", "resolve_conj")
+    expect(ValueError, lambda: c.all_gather(torch._neg_view(z)), "lazy negative")
 
 
 def mismatches(c):

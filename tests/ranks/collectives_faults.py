@@ -156,10 +156,13 @@ def split_rejects_on_every_rank():
     the communicator still splits afterwards."""
     c = collectives.init(timeout=20)
     bad = c.size - 1
-    for what in ("color", "key"):
+    for args, exc, words in ((("a", None), TypeError, ("color", "must be an int")),
+                             ((0, "k"), TypeError, ("key", "must be an int")),
+                             ((True, None), TypeError, ("color", "must be an int")),
+                             ((2**31, None), ValueError, ("color", "out of range")),
+                             ((0, -2**31 - 1), ValueError, ("key", "out of range"))):
         if c.rank == bad:
-            args = ("a", None) if what == "color" else (0, "k")
-            expect_raises(TypeError, lambda: c.split(*args), what, "must be an int")
+            expect_raises(exc, lambda: c.split(*args), *words)
         else:
             expect_raises(MismatchError, lambda: c.split(0), f"rank {bad} rejected")
     sub = c.split(c.rank % 2)

@@ -88,8 +88,23 @@ def torch_resize(c):
     t = torch.ones(4)
     ar = c.all_reduce_init(t)
     assert torch.all(ar() == c.size)
-    t.set_(torch.ones(8))  # new storage (a resize is refused: numpy views the old one)
+    t.set_(torch.ones(8))  # new storage
     expect_raises(ValueError, ar, "storage changed")
+    # the collectives leave a tensor's storage resizable (FSDP frees buffers so, as gloo allows);
+    # a persistent call whose tensor's memory moved or went refuses to start
+    for free in (lambda u: u.untyped_storage().resize_(0), lambda u: u.resize_(1 << 20)):
+        u = torch.ones(4)
+        c.all_gather(u, out=torch.empty(4 * c.size))
+        c.all_reduce(u)
+        ar = c.all_reduce_init(u)
+        free(u)
+        expect_raises(ValueError, ar, "storage changed")
+    full = torch.empty(4 * c.size)
+    for _ in range(3):  # gathered into, freed, grown back: as FSDP's unsharded parameters
+        full.untyped_storage().resize_(4 * c.size * 4)
+        c.all_gather(torch.full((4,), float(c.rank)), out=full)
+        assert torch.equal(full, torch.arange(c.size).repeat_interleave(4).float()), full
+        full.untyped_storage().resize_(0)
 
 
 def freed_buffers(c):

@@ -172,6 +172,16 @@ def check_api(c):
             expect_raises(TypeError, lambda: c.alloc(4, "no-such-dtype"), "not understood")
         else:
             expect_raises(ValueError, lambda: c.alloc(4), "another rank")
+        # refused before the collective allocation, so the peers learn of it (no leaked window)
+        for bad, exc, words in ((np.dtype(object), TypeError, "no fixed-size"),
+                                ("V0", TypeError, "no fixed-size"),
+                                (2.5, TypeError, "shape must be"), (True, TypeError, "shape")):
+            shape, dtype = (bad, np.float32) if exc is TypeError and words.startswith("shape") \
+                else (4, bad)
+            if r == 1:
+                expect_raises(exc, lambda: c.alloc(shape, dtype), words)
+            else:
+                expect_raises(ValueError, lambda: c.alloc(4), "another rank")
     if c.backend.arena() is not None:
         expect_raises(ValueError, lambda: c.free(np.zeros(4)), "not a registered buffer")
         expect_raises(ValueError, lambda: c.free("x" if r == 0 else np.zeros(4)), "registered")

@@ -15,10 +15,10 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 class _Bad(torch.Tensor):
-    """A tensor subclass whose detach fails (a library's tensor with a bug)."""
+    """A tensor subclass whose memory can't be found (a library's tensor with a bug)."""
 
-    def detach(self):
-        raise RuntimeError("detach failed on this tensor")
+    def data_ptr(self):
+        raise RuntimeError("data_ptr failed on this tensor")
 
 
 def raises(kind, words, fn):
@@ -120,7 +120,7 @@ def body():
             dist.all_reduce(same)
             assert torch.all(same == p), same
         # coalesced: an error other than TypeError/ValueError on one rank's second tensor
-        one_rank(RuntimeError, ["detach failed"],
+        one_rank(RuntimeError, ["data_ptr failed"],
                  lambda: dist.all_reduce_coalesced([torch.ones(4), torch.ones(4).as_subclass(_Bad),
                                                     torch.ones(4)]),
                  lambda: dist.all_reduce_coalesced(good))
