@@ -744,7 +744,7 @@ class Communicator:
         hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
             self.backend.abandon()
-        self.backend.close()
+        self.backend.close(self.timeout)
 
     def __repr__(self) -> str:
         return f"<Communicator {self.name} rank {self.rank}/{self.size} {self.backend.name}>"

@@ -47,6 +47,11 @@ def test_split_rejection_without_shared_memory():
     run(2, ["split"], timeout=90, env={"TOPOCOLL_SHM": "0"})
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_close_after_a_peers_fault_returns(n):
+    run(n, ["close"], timeout=120)
+
+
 def test_a_second_thread_is_refused_clearly():
     run(2, ["threads"], timeout=90)
 

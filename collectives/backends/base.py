@@ -110,8 +110,10 @@ class Backend(ABC):
         """A backend over the ranks that passed the same ``color`` (None where color < 0)."""
 
     @abstractmethod
-    def close(self) -> None:
-        """Release the backend's resources (idempotent)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Release the backend's resources (idempotent); a release that needs every rank
+        waits for them at most ``timeout`` seconds (None: the backend's default), then leaves
+        that resource to the OS."""
 
     def native_supports(self, dtype: DType, op: str | None) -> bool:
         """Whether the native collective can reduce ``dtype`` with ``op`` without a user op."""

@@ -146,8 +146,8 @@ class EmulatedBackend(Backend):
         world = [self.world_ranks[r] for r in sub.parent_ranks]
         return EmulatedBackend(sub, self.topology, world, self.clock)
 
-    def close(self) -> None:
-        self.inner.close()
+    def close(self, timeout: float | None = None) -> None:
+        self.inner.close(timeout)
 
     def abandon(self) -> None:
         self.inner.abandon()

@@ -268,9 +268,9 @@ class MPIBackend(Backend):
         except Exception:  # noqa: BLE001 - not an MPI exception after all
             return super().describe_error(err)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         if self._arena is not None:
-            self._arena.close()
+            self._arena.close(timeout)
             self._arena = None
         owned = [self.parent] if self._owns_parent else []
         for c in [self.coll, self.p2p, *owned]:

@@ -249,7 +249,7 @@ class NCCLBackend(Backend):
             for comm in self._comms.values():
                 comm.abort()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         if self._comms and self._aborted is None:
             for comm in self._comms.values():
                 comm.destroy()
@@ -258,7 +258,7 @@ class NCCLBackend(Backend):
             self._headers.Free()
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
-        self.host.close()
+        self.host.close(timeout)
 
     # -- the NCCL collectives --
     def _all_reduce(self, ctx: OpContext, buf: Any, dtype: DType, op: str) -> None:

@@ -40,6 +40,13 @@ GAVE_UP = -1
 """A rank's flag once it abandoned the arena (a barrier that timed out, a failed call): below
 every epoch, so it never counts as arrived, and peers waiting on it raise at once."""
 
+CLOSING_OFFSET = 8
+"""Byte offset in a rank's header of its closing word: 1 once it reached ``close`` healthy."""
+
+CLOSE_TIMEOUT = 300.0
+"""Seconds ``close`` waits for every rank to reach it before freeing the windows (which waits
+for them all) where the caller gives none; a peer that gave up is seen at once."""
+
 STEP, PUBLISHED, EPOCH = 0, 1, 2
 """Indices of ``SharedArena.counters`` (``_shmrun.c`` steps them in the same order)."""
 
@@ -75,6 +82,7 @@ class SharedArena:
         self._broken = False
         self._flags: list[np.ndarray] = []
         self._flag_words: list[memoryview] = []
+        self._closing: list[np.ndarray] = []
         self._areas: list[np.ndarray] = []
         self._halves: list[tuple[np.ndarray, np.ndarray]] = []
         self._views: dict[tuple[int, Any], list[np.ndarray]] = {}  # slots()' typed views
@@ -95,6 +103,7 @@ class SharedArena:
             seg = np.frombuffer(mem, dtype=np.uint8)
             self._flags.append(seg[:8].view(np.int64))
             self._flag_words.append(memoryview(self._flags[-1]))  # type: ignore[arg-type]  # ints
+            self._closing.append(seg[CLOSING_OFFSET:CLOSING_OFFSET + 8].view(np.int64))
             words = seg[WORDS_OFFSET:WORDS_OFFSET + 16 * AREA_WORDS].view(np.int64)
             self._areas.append(words.reshape(2, AREA_WORDS))
             data = seg[HEADER_BYTES:HEADER_BYTES + 2 * slot_bytes]
@@ -116,7 +125,7 @@ class SharedArena:
         win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, so Win.Sync may fence memory
         arena = cls(win, comm.Get_rank(), comm.Get_size(), slot)
         arena._comm = comm
-        arena._flags[arena.rank][0] = 0
+        arena._flags[arena.rank][0] = arena._closing[arena.rank][0] = 0
         arena.peer_memory = cma.probe(comm)  # ends in an allreduce: every flag is zeroed after
         return arena
 
@@ -387,14 +396,19 @@ class SharedArena:
             if not ORDERED_STORES and self._win is not None:
                 self._win.Sync()  # the flag before any later reuse of this rank's buffers
 
-    def close(self) -> None:
-        """Free the windows (collective); skipped after a timeout, when a peer may be gone."""
+    def close(self, timeout: float | None = None) -> None:
+        """Free the windows (collective) once every rank has reached ``close`` healthy; skipped
+        after a timeout (this rank's, or a peer's, which gave up), and where a peer doesn't
+        come within ``timeout`` seconds (``CLOSE_TIMEOUT`` if None): freeing would wait for it
+        for ever. The OS reclaims skipped windows at exit."""
         if self._win is None:
             return
+        if not self._broken and not self._all_closing(timeout):
+            self.abandon()  # a peer still waiting here sees at once that this rank left
         win, self._win = self._win, None
         windows = [w for w, _segs in self._windows.values()]
         self._flags, self._areas, self._halves, self._windows, self._mine = [], [], [], {}, {}
-        self._flag_words = []
+        self._flag_words, self._closing = [], []
         self._views = {}
         if self._broken:
             return  # freeing would wait for the missing peer; the OS reclaims the memory at exit
@@ -408,6 +422,31 @@ class SharedArena:
                 win.Free()
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
+
+    def _all_closing(self, timeout: float | None) -> bool:
+        """Raise this rank's closing word and wait for every rank's: True once all are raised,
+        False where a peer gave up (``GAVE_UP``) or ``timeout`` passes first. (A word of its
+        own, not the barrier flag: a peer may still be reading that flag in the barrier this
+        rank passed last.)"""
+        if not ORDERED_STORES:
+            self._win.Sync()
+        self._closing[self.rank][0] = 1
+        words, flags = self._closing, self._flag_words
+
+        def settled() -> bool:
+            return all(w[0] == 1 for w in words) or any(f[0] == GAVE_UP for f in flags)
+
+        def waiting_for() -> str:
+            late = [q for q in range(self.size) if words[q][0] != 1]
+            return ", ".join(self.peer_name(q) for q in late) + " to close the communicator"
+
+        ctx = OpContext("close", CLOSE_TIMEOUT if timeout is None else timeout)
+        try:
+            ctx.poll(settled, waiting_for)
+        except CollectiveTimeoutError:
+            words[self.rank][0] = 0  # a peer coming later must not count this rank in
+            return False
+        return all(w[0] == 1 for w in words) and not any(f[0] == GAVE_UP for f in flags)
 
     def _missing(self, among: Sequence[int] | None = None) -> str:
         late = [q for q in (range(self.size) if among is None else among)

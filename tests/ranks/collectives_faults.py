@@ -171,6 +171,41 @@ def split_rejects_on_every_rank():
     assert np.all(x == sub.size)
 
 
+def close_after_a_fault():
+    """close() frees shared windows collectively only where every rank reached it healthy: a
+    peer that timed out on a sub-communicator (skipping its frees) no longer leaves the others
+    in MPI_Win_free for ever; a peer that never closes costs one timeout; otherwise all free."""
+    c = collectives.init(timeout=30)
+    sub = c.split(0)
+    sub.timeout = 2
+    if sub.rank == 0:
+        expect_raises(CollectiveTimeoutError, lambda: sub.all_reduce(np.ones(100)), "rank 1")
+    else:
+        time.sleep(2.5)  # misses that call: its copy of the communicator stays healthy
+    start = time.monotonic()
+    sub.close()
+    assert time.monotonic() - start < 1.5, f"close after a peer's fault took {time.monotonic() - start:.1f} s"
+    healthy = c.split(0)
+    reg = healthy.alloc(1 << 14, np.float32)  # a registered window too
+    healthy.all_reduce(reg)
+    healthy.close()
+    assert healthy.backend._arena is None
+    late = c.split(0)
+    late.timeout = 1
+    if late.rank == 1:
+        start = time.monotonic()
+        late.close()  # rank 0 closes only after the barrier below
+        took = time.monotonic() - start
+        assert 0.9 < took < 10, f"close with a peer that never came took {took:.1f} s"
+    c.barrier()
+    if late.rank == 0:
+        late.close()  # the peer left: nothing waits for it
+    c.barrier()
+    x = np.ones(4)
+    c.all_reduce(x)
+    assert np.all(x == c.size)
+
+
 def two_threads():
     """A second thread issuing calls on a communicator gets RuntimeError; bind_thread hands the
     communicator over; callbacks on the progress thread may still issue async calls."""
@@ -336,6 +371,7 @@ SCENARIOS = {
     "late": late_peer_writes_no_freed_memory, "queued": queued_calls_fail_at_once,
     "stopped": stopped_peer, "nan": nan_max_min_same_everywhere,
     "split": split_rejects_on_every_rank, "threads": two_threads, "minor": minor,
+    "close": close_after_a_fault,
     "hier": hier_names_world_ranks, "hier_gave_up": hier_gave_up, "killed": killed_peer,
     "mpi_error": mpi_error, "exit_status": exit_status,
 }
