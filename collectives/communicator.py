@@ -1359,8 +1359,7 @@ class Persistent:
         same start learns as a MismatchError naming this rank, as for a rejected call), and a
         GPU input's queued work is fenced."""
         handle = self._handle
-        if handle is not None and not (handle.claimed if isinstance(handle, StartedHandle)
-                                       else handle.done):  # as MPI_Start: wait or test first
+        if handle is not None and not handle.claimed:  # as MPI_Start: wait or test first
             raise CollectiveError(f"persistent {self.kind}: started again before the previous "
                                   f"start finished (wait() for it first)")
         refused = None
@@ -1382,8 +1381,8 @@ class Persistent:
             as_buffer(self._fenced, "x")  # on the producer stream now (records its fence)
 
     def __repr__(self) -> str:
-        state = "idle" if self.test() else "active"
-        return f"<Persistent {self.kind} {state} on {self.comm.name}>"
+        state = "idle" if self._handle is None or self._handle.claimed else "active"
+        return f"<Persistent {self.kind} {state} on {self.comm.name}>"  # looking claims nothing
 
 
 def _torch_pointer(x: Any) -> tuple[int, int] | None:

@@ -49,15 +49,26 @@ class Handle:
         self._error: BaseException | None = None
         self._callbacks: list[Callable[["Handle"], None]] = []
         self._lock = threading.Lock()
+        self._claimed = False
 
     @property
     def done(self) -> bool:
         """True once the operation finished, successfully or not."""
-        return self._event.is_set()
+        return self.test()
 
     def test(self) -> bool:
         """Non-blocking: whether the operation has finished."""
-        return self._event.is_set()
+        if self._event.is_set():
+            self._claimed = True
+            return True
+        return False
+
+    @property
+    def claimed(self) -> bool:
+        """Whether ``wait``, ``test`` or ``done`` has seen it finish: as with MPI's persistent
+        requests, only then may its persistent operation start again (on every rank alike,
+        whichever thread finished it and when)."""
+        return self._claimed
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until done and return the result; raise its error, or a timeout after ``timeout`` s.
@@ -70,6 +81,7 @@ class Handle:
             spin(self._event.is_set, HANDOFF_SPIN_SECONDS)
         if not self._event.wait(timeout):
             raise CollectiveTimeoutError(f"{self.name}: not finished after waiting {timeout:g} s")
+        self._claimed = True
         if self._error is not None:
             raise self._error
         return self._result
@@ -98,7 +110,7 @@ class Handle:
         run_done_callbacks(self, [fn])
 
     def __repr__(self) -> str:
-        state = "done" if self.done else "pending"
+        state = "done" if self._event.is_set() else "pending"  # looking claims nothing
         return f"<Handle {self.name} {state}>"
 
     # -- used by the executor --

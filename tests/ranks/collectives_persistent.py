@@ -3,6 +3,8 @@ bad arguments still raise on every rank (at init, and at a start that pairs diff
 import _common  # noqa: F401
 from _common import expect_raises, rank_main, reference
 
+import time
+
 import numpy as np
 
 from topocoll import collectives
@@ -63,6 +65,24 @@ def errors(c):
     ar.start()
     expect_raises(RuntimeError, ar.start, "started again")
     ar.wait()
+    # the same rule whether a start ran inline or queued (behind a pending call, or an algorithm
+    # that always queues) and however long ago it finished: only wait/test/done free it
+    for algo, behind in (("auto", False), ("auto", True), ("native", False)):
+        y = np.ones(4)
+        pa = c.all_reduce_init(y, algo=algo)
+        pending = c.all_reduce(np.ones(1 << 16), async_op=True) if behind else None
+        h = pa.start()
+        if pending is not None:
+            pending.wait()
+        time.sleep(0.3)  # long enough for a queued start to finish on the progress thread
+        expect_raises(RuntimeError, pa.start, "started again")
+        assert "active" in repr(pa) and "active" in repr(pa), repr(pa)  # looking claims nothing
+        expect_raises(RuntimeError, pa.start, "started again")
+        assert np.all(h.wait() == p) and pa.test() and "idle" in repr(pa)
+        y[:] = 1
+        pa.start()
+        assert pa.test() or pa.wait() is y
+        assert pa.wait() is y and np.all(y == p), (algo, behind, y)
     if p == 1:
         return
     # a mismatch at init raises on every rank
