@@ -24,6 +24,7 @@ from .algorithms import hierarchy
 from .arrays import (Buffer, as_buffer, check_memory, check_writable, physical_memory,
                      torch_storage_dtype)
 from .backends.base import Backend
+from .backends.shm import registered_segments, releases, segments_live
 from .call import Call, split_bounds, writes_input
 from .context import OpContext, spin
 from .dtypes import check_reducible, parse_op
@@ -117,7 +118,6 @@ class Communicator:
         self._chosen: dict[tuple[str, int, str], str] = {}  # algorithm_for's answers
         self._prepared = PreparedCalls()  # small calls kept ready to repeat
         self._barrier_x = np.empty(0, np.uint8)  # every barrier's (empty) input: it repeats
-        self._frees = 0  # how many times free() released registered memory here
         self._started: tuple[StartedHandle, Prepared | Rebound, Repeats] | None = None
         # the started async repeat, and its flight record (whose last run it is)
         self._completing = threading.Lock()  # held while the started repeat completes
@@ -675,7 +675,6 @@ class Communicator:
                 flat = None  # not an array: every rank's free raises below, none waits forever
             arena.free(flat, OpContext("free", self.timeout))
             self._prepared.clear()  # no kept run may outlive the window it cut views of
-            self._frees += 1  # persistent operations check their windows at their next start
 
     def algorithm_for(self, collective: str, nbytes: int, algo: str = "auto") -> str:
         """The algorithm ``algo`` stands for when ``collective`` moves ``nbytes`` of ``x`` here
@@ -893,19 +892,12 @@ class Communicator:
         return Persistent(self, entry, self._windows_of(buf.view, entry.result),
                           fenced=None if buf.memory == "host" else buf.user, limit=limit)
 
-    def _windows_of(self, *arrays: Any) -> frozenset[int]:
-        """The registered allocations (``alloc``'s windows) that ``arrays`` lie in."""
-        arena = self.backend.arena()
-        if arena is None:
-            return frozenset()
+    @staticmethod
+    def _windows_of(*arrays: Any) -> frozenset[int]:
+        """The registered allocations (``alloc``'s, of any communicator) ``arrays`` lie in."""
         views = [as_buffer(a, "x").view for a in arrays]
-        return frozenset(where[0] for where in (arena.locate(v) for v in views
-                                                if isinstance(v, np.ndarray)) if where)
-
-    def _freed(self, windows: frozenset[int]) -> bool:
-        """Whether ``free`` released any of ``windows`` (``_windows_of``)."""
-        arena = self.backend.arena()
-        return bool(windows) and (arena is None or not all(arena.holds(w) for w in windows))
+        return frozenset().union(*(registered_segments(v) for v in views
+                                   if isinstance(v, np.ndarray)))
 
     def _complete_now(self) -> bool:
         return self._complete(False)
@@ -1327,7 +1319,7 @@ class Persistent:
         self._pointer = _torch_pointer(entry.result)
         self._handle: Any = None
         self._windows = windows  # registered allocations its buffers lie in
-        self._frees = comm._frees  # the communicator's free() count when last checked
+        self._frees = releases()  # registered memory unmapped so far, when last checked
         self._limit = limit  # its timeout, for telling the peers of a start this rank refuses
 
     def start(self) -> Any:
@@ -1367,13 +1359,14 @@ class Persistent:
             refused = ValueError(f"persistent {self.kind}: the tensor's storage changed since "
                                  f"init (resized or replaced); prepare a new one with "
                                  f"{self.kind}_init")
-        elif self._frees != self.comm._frees:  # memory was freed since: is its buffer there?
-            if self.comm._freed(self._windows):
+        elif self._frees != releases():  # memory was unmapped since: is its buffer there?
+            if not segments_live(self._windows):
                 refused = ValueError(f"persistent {self.kind}: its buffer was released by "
-                                     f"free() since {self.kind}_init; prepare a new one on live "
+                                     f"free() (or close() of the communicator that allocated "
+                                     f"it) since {self.kind}_init; prepare a new one on live "
                                      f"memory")
             else:
-                self._frees = self.comm._frees
+                self._frees = releases()
         if refused is not None:
             self.comm._reject(self.kind, self._limit, async_op, refused)
             raise refused

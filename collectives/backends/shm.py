@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import os
+import itertools
 import platform
 from typing import Any, Callable, Sequence
 
@@ -67,6 +68,32 @@ OVERSUBSCRIBED_SLOT_BYTES = 8 << 20
 fewer, larger steps win over cache-sized ones (measured in docs/shm.md)."""
 
 
+def registered_segments(buf: np.ndarray) -> frozenset[int]:
+    """The registered allocations of this process (from any communicator's ``alloc``) that
+    ``buf``'s memory lies in, as serials for ``segments_live``."""
+    addr = buf.__array_interface__["data"][0]
+    return frozenset(serial for serial, (base, size) in _LIVE_SEGMENTS.items()
+                     if base <= addr and addr + buf.nbytes <= base + size)
+
+
+def segments_live(serials: frozenset[int]) -> bool:
+    """Whether all the allocations ``serials`` are still mapped (no ``free`` or ``close``)."""
+    return all(serial in _LIVE_SEGMENTS for serial in serials)
+
+
+def releases() -> int:
+    """How many times registered memory was unmapped in this process: while it stays the same,
+    ``segments_live`` can't have changed."""
+    return _RELEASES[0]
+
+
+_LIVE_SEGMENTS: dict[int, tuple[int, int]] = {}
+"""Serial -> (address, bytes) of this rank's segment of every live registered allocation."""
+
+_RELEASES = [0]
+_SERIALS = itertools.count(1)
+
+
 class SharedArena:
     """One writable segment per rank, readable by all ranks of the node, plus a flag barrier."""
 
@@ -90,6 +117,7 @@ class SharedArena:
         self.peer_name: Callable[[int], str] = lambda q: f"rank {q}"  # how errors name a rank
         self._windows: dict[int, tuple[Any, list[np.ndarray]]] = {}  # id -> (window, segments)
         self._mine: dict[int, tuple[int, int]] = {}  # id -> (address, bytes) of my segment
+        self._serials: dict[int, int] = {}  # id -> its serial in _LIVE_SEGMENTS
         self._next_window = 1
         self._scratch = np.empty(0, np.uint8)
         self.progress: Callable[[], None] | None = None
@@ -344,6 +372,8 @@ class SharedArena:
         self._windows[wid] = (win, segs)
         seg = segs[self.rank]
         self._mine[wid] = (seg.__array_interface__["data"][0], max(seg.nbytes, 1))
+        self._serials[wid] = next(_SERIALS)
+        _LIVE_SEGMENTS[self._serials[wid]] = self._mine[wid]
         mine = seg[:nbytes]
         mine[:] = 0
         return mine
@@ -358,12 +388,8 @@ class SharedArena:
                              "(or ranks passed different allocations)")
         win, _segs = self._windows.pop(int(lo[0]))
         del self._mine[int(lo[0])]
+        self._forget(self._serials.pop(int(lo[0])))
         win.Free()
-
-    def holds(self, window: int) -> bool:
-        """Whether the registered allocation ``window`` (``locate``'s first value) is still
-        allocated (not yet released by ``free``)."""
-        return window in self._windows
 
     def locate(self, buf: np.ndarray, empty_ok: bool = False) -> tuple[int, int] | None:
         """(window id, byte offset) of ``buf`` inside this rank's registered memory, or None.
@@ -407,6 +433,9 @@ class SharedArena:
             self.abandon()  # a peer still waiting here sees at once that this rank left
         win, self._win = self._win, None
         windows = [w for w, _segs in self._windows.values()]
+        for serial in self._serials.values():
+            self._forget(serial)
+        self._serials = {}
         self._flags, self._areas, self._halves, self._windows, self._mine = [], [], [], {}, {}
         self._flag_words, self._closing = [], []
         self._views = {}
@@ -422,6 +451,13 @@ class SharedArena:
                 win.Free()
         except Exception:  # noqa: BLE001 - freeing is best effort at shutdown
             pass
+
+    @staticmethod
+    def _forget(serial: int) -> None:
+        """An allocation is about to be unmapped (``free``, ``close``): persistent operations
+        bound to it refuse to start (``segments_live``)."""
+        del _LIVE_SEGMENTS[serial]
+        _RELEASES[0] += 1
 
     def _all_closing(self, timeout: float | None) -> bool:
         """Raise this rank's closing word and wait for every rank's: True once all are raised,

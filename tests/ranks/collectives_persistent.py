@@ -152,6 +152,20 @@ def freed_buffers(c):
     c.free(second)
     expect_raises(ValueError, on_second.start, "released by free()")
     assert np.all(on_plain() == 1)
+    # bound on another communicator than the one that allocated: its free, or its close,
+    # unmaps the memory just the same (a start read unmapped memory: SIGSEGV)
+    for release in ("free", "close"):
+        owner = c.split(0)
+        buf = owner.alloc(1 << 12, np.float32)
+        other = c.split(0)
+        on_other = other.all_reduce_init(buf)
+        buf[...] = 1
+        assert np.all(on_other() == p)
+        owner.free(buf) if release == "free" else owner.close()
+        expect_raises(ValueError, on_other.start, "released by free()")
+        other.close()
+        if release == "free":
+            owner.close()
 
 
 def refused_on_one_rank(c):
