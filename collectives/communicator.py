@@ -132,7 +132,8 @@ class Communicator:
             lane.complete
         """``_complete_py(block, soon=False)``, from C where compiled."""
         self._completion = Completion(self._complete, self._complete_later, self._completing,
-                                      lambda fn: self._executor.submit("callback", fn))
+                                      lambda fn: self._executor.submit("callback", fn),
+                                      self._started_overdue)
         self._local = threading.local()  # .submitted: this thread's call reached _submit
         self._host_p2p = "host" in getattr(backend, "memories", ("host",))
         """Whether send and recv of numpy arrays may take the inline way (``_p2p_inline``)."""
@@ -1056,6 +1057,13 @@ class Communicator:
             error = self._failure(entry.kind, error, self._flight.take(record.last))
         record.running = 0  # done (or taken out of the record, failed)
         return handle.settle(None if error else entry.result, error)
+
+    def _started_overdue(self) -> bool:
+        """Whether the started prepared call, polled without blocking, has outlived its
+        timeout (``Run.overdue``; False where none is started or its run can't tell)."""
+        started = self._started
+        overdue = None if started is None else started[1].lean.overdue
+        return overdue is not None and overdue()
 
     def _complete_later(self) -> None:
         """Complete the started prepared call on the progress thread (a done-callback was added

@@ -65,6 +65,9 @@ class OpContext:
     name: str
     timeout: float | None
     deadline: float | None = None
+    armed: int = -1
+    """Which run of a reused context armed ``deadline`` from a poll (the shared-memory runs'
+    barrier count; see ``algorithms.shm._overdue``), -1: none."""
 
     def __post_init__(self) -> None:
         if self.timeout is not None and self.deadline is None:

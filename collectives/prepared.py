@@ -291,12 +291,14 @@ class Completion:
     same, queued for the progress thread), ``lock``, held while a started call completes, and
     ``call_after(fn)`` (queue ``fn()`` for the progress thread behind what is queued)."""
 
-    __slots__ = ("finish", "finish_later", "lock", "call_after")
+    __slots__ = ("finish", "finish_later", "lock", "call_after", "overdue")
 
     def __init__(self, finish: Callable[[bool], bool], finish_later: Callable[[], None],
-                 lock: threading.Lock, call_after: Callable[[Callable[[], Any]], Any]) -> None:
+                 lock: threading.Lock, call_after: Callable[[Callable[[], Any]], Any],
+                 overdue: Callable[[], bool]) -> None:
         self.finish, self.finish_later, self.lock = finish, finish_later, lock
         self.call_after = call_after
+        self.overdue = overdue  # whether the started call, polled, outlived its timeout
 
 
 class StartedHandle(DrivenHandle):
@@ -320,7 +322,7 @@ class StartedHandle(DrivenHandle):
     @property
     def done(self) -> bool:
         """True once the operation finished (checks, without waiting, whether it can)."""
-        if self._done or self._completion.finish(False):
+        if self._done or self._drive(False):
             self._claimed = True
             return True
         return False
@@ -336,7 +338,13 @@ class StartedHandle(DrivenHandle):
         return self._claimed
 
     def _drive(self, block: bool) -> bool:
-        return self._completion.finish(block)
+        """Complete it (``block``: waiting for the peers); whether it is done. Polled without
+        blocking past its timeout (counted from the first poll that found it unfinished), it
+        completes blocking, whose wait raises the timeout at once, into this handle."""
+        completion = self._completion
+        if completion.finish(block):
+            return True
+        return completion.overdue() and completion.finish(True)
 
     def _waited(self) -> None:
         self._claimed = True

@@ -30,6 +30,11 @@ def test_absent_peer_times_out_naming_the_operation(n, algo):
     assert not leaked_mpich_segments(out)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_polled_handle_times_out_too(n):
+    run_ranks("collectives_timeout.py", n, args=["polled"], timeout=90, launcher=NO_CLEANUP)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_async_handles_keep_order_and_overlap(n):
     run_ranks("collectives_async.py", n, timeout=120)

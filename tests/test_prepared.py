@@ -617,7 +617,8 @@ def test_a_done_callback_never_waits_for_another_thread_completing_the_call():
         handle.settle("result", None)
         return True
 
-    handle = StartedHandle("all_reduce", Completion(finish, lambda: None, lock, queued.append))
+    handle = StartedHandle("all_reduce", Completion(finish, lambda: None, lock, queued.append,
+                                                        lambda: False))
     lock.acquire()
     handle.add_done_callback(seen.append)
     assert seen == [] and len(queued) == 1 and handle._callbacks is None

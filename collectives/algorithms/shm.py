@@ -20,6 +20,7 @@ ranks share a node (the world, or a node sub-communicator of a hierarchical algo
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -27,7 +28,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from ..backends.base import Backend
-from ..backends.shm import ORDERED_STORES, SharedArena
+from ..backends.shm import EPOCH, ORDERED_STORES, SharedArena
 from ..call import Call, split_bounds, take_source
 from ..context import OpContext
 from . import compiled, native
@@ -175,7 +176,19 @@ def prepare(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
             done(first.state[1])
         return True
 
-    return Run(start, complete)
+    return Run(start, complete, overdue=functools.partial(_overdue, arena, ctx))
+
+
+def _overdue(arena: SharedArena, ctx: OpContext) -> bool:
+    """``Run.overdue`` of a one-barrier run: the first poll that misses arms ``ctx``'s deadline
+    for this run (stamped with the arena's barrier count, so a later run's wait knows it for
+    another's); later ones say whether it has passed."""
+    epoch, now = arena.counters[EPOCH], time.monotonic()
+    if ctx.deadline is None or ctx.armed != epoch:
+        ctx.deadline = None if ctx.timeout is None else now + ctx.timeout
+        ctx.armed = epoch
+        return False
+    return now > ctx.deadline
 
 
 def _from_registered_root(arena: SharedArena, ctx: OpContext,
@@ -376,14 +389,20 @@ class Run:
     (A run that meets a registered peer at ``_copied_in`` waits there for the late ranks' copy
     alone, as the general gate does.)"""
 
-    __slots__ = ("start", "complete", "go", "soon", "starts_inline", "_both")
+    __slots__ = ("start", "complete", "go", "soon", "starts_inline", "overdue", "_both")
 
     def __init__(self, start: Callable[[], None], complete: Callable[[bool], bool],
                  both: Callable[[], None] | None = None, starts_inline: bool = True,
-                 soon: Callable[[], bool] | None = None) -> None:
+                 soon: Callable[[], bool] | None = None,
+                 overdue: Callable[[], bool] | None = None) -> None:
         self.start = start
         self.complete = complete
         self.soon = soon
+        self.overdue = overdue
+        """Whether a started run polled without blocking (``complete(False)`` missing) has
+        outlived its timeout, counted from the first such poll; then ``complete(True)`` raises
+        the timeout at once. None: the run never lingers so (its later barriers go to a thread
+        that blocks)."""
         """``complete(False)`` after a short spin of its own (the compiled run's, in C), or None:
         the caller polls ``complete(False)`` itself."""
         self.starts_inline = starts_inline
@@ -507,7 +526,8 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
     the gate's second barrier or a reduction left to numpy come back to Python, in
     ``finish``."""
     def finish(plan: Any, code: int) -> None:  # takes the plan: holding it would be a cycle
-        ctx.deadline = None  # armed by this run's first wait (a code 3 waits too)
+        if ctx.armed != arena.counters[EPOCH]:  # else a poll of this run armed it (_overdue)
+            ctx.deadline = None  # armed by this run's first wait (a code 3 waits too)
         if code == 0:
             arena.wait(ctx)
             code = plan.complete(0)
@@ -524,7 +544,8 @@ def _compiled_run(arena: SharedArena, ctx: OpContext, plan: Any, after: AfterBar
             after.reduce(plan.state()[1])
 
     plan.on_wait(finish, COMPILED_SPINS)
-    return Run(plan.start, plan.wait, plan.go, soon=functools.partial(plan.wait, SOON_SPINS))
+    return Run(plan.start, plan.wait, plan.go, soon=functools.partial(plan.wait, SOON_SPINS),
+               overdue=functools.partial(_overdue, arena, ctx))
 
 
 def _mv(a: np.ndarray) -> memoryview:

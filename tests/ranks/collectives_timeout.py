@@ -14,7 +14,47 @@ from topocoll.collectives import faults
 from topocoll.collectives import CollectiveTimeoutError, CommunicatorBrokenError
 
 
+def polled():
+    """Handles only polled (test(), done, wait(timeout=small)) still end in the communicator's
+    timeout, naming the absent rank: a started prepared call, persistent or repeated async."""
+    absent = MPI.COMM_WORLD.Get_size() - 1
+    for how in ("test", "wait(timeout)", "done"):
+        me_absent = MPI.COMM_WORLD.Get_rank() == absent
+        c = collectives.init(timeout=30.0 if me_absent else 1.0)
+        x = np.ones(8, np.float32)
+        per = c.all_reduce_init(x)
+        for _ in range(2):
+            per()
+            c.all_reduce(x, async_op=True).wait()  # kept: an async repeat starts inline
+        if me_absent:
+            continue  # never joins the call below
+        h = c.all_reduce(x, async_op=True) if how == "done" else per.start()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            if how == "test" and h.test() or how == "done" and h.done:
+                break
+            if how == "wait(timeout)":
+                try:
+                    h.wait(timeout=0.2)
+                    break
+                except CollectiveTimeoutError as err:
+                    if "not finished after waiting" not in str(err):
+                        break
+            time.sleep(0.01)
+        took = time.monotonic() - t0
+        assert took < 5, f"{how}: still pending after {took:.1f} s (timeout 1 s)"
+        try:
+            h.wait()
+        except CollectiveTimeoutError as err:
+            assert f"rank {absent}" in str(err) and "all_reduce" in str(err), str(err)
+        else:
+            raise AssertionError(f"{how}: the absent rank's call completed")
+    MPI.COMM_WORLD.Barrier()
+
+
 def body():
+    if sys.argv[1] == "polled":
+        return polled()
     c = collectives.init(timeout=1.5)
     absent = c.size - 1
     print_mpich_segments()
