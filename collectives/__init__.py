@@ -58,6 +58,9 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    problem = _bad_setting(timeout, check)  # told to the peers below, after the collective set-up
+    if problem is not None:
+        timeout, check = None, None
     try:
         from mpi4py import MPI
     except ImportError as err:  # pragma: no cover - depends on the install
@@ -99,7 +102,7 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
 
         backend_obj = EmulatedBackend.create(backend_obj, topo)
     comm_obj = Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
-    _agree_on_checking(comm_obj)
+    _agree_on_checking(comm_obj, problem)
     if select.hierarchical(topo) and "TOPOCOLL_STEP_OVERHEAD" not in os.environ:
         # auto and HO-Ring's chunking follow the cost model: give it this machine's step cost
         from .schedules import ensure_calibrated
@@ -131,18 +134,42 @@ def _log_init(comm: Communicator, MPI: Any) -> None:
     say(f"environment: {log.environment()}")
 
 
-def _agree_on_checking(comm: Communicator) -> None:
+def _bad_setting(timeout: Any, check: Any) -> Exception | None:
+    """The error ``init``'s ``timeout`` or ``check`` calls for, or None."""
+    import numpy as np
+
+    from .communicator import _positive
+
+    if check is not None and not isinstance(check, (bool, np.bool_)):
+        return TypeError(f"check must be True, False or None, got {check!r}")
+    if timeout is not None:
+        try:
+            _positive(timeout)
+        except ValueError as err:
+            return err
+    return None
+
+
+def _agree_on_checking(comm: Communicator, problem: Exception | None = None) -> None:
     """Raise ValueError on every rank if ranks differ in ``check`` (or ``TOPOCOLL_CHECK``): a
-    checking rank would compare its signature with words an unchecking peer never wrote.
-    Sub-communicators (``split``) inherit the agreed setting."""
-    if comm.size == 1:
-        return
+    checking rank would compare its signature with words an unchecking peer never wrote; and
+    ``problem`` (a bad ``timeout`` or ``check`` here) on this rank, a ValueError naming it on
+    the others, at once. Sub-communicators (``split``) inherit the agreed setting."""
     import numpy as np
 
     from .context import OpContext
 
-    lo, hi = comm.backend.agree(np.array([int(comm.check)], np.int64),
-                                OpContext("init", comm.timeout))
+    if comm.size == 1:
+        lo = hi = np.array([int(problem is not None) << 1])
+    else:
+        lo, hi = comm.backend.agree(np.array([int(problem is not None) << 1 | int(comm.check)],
+                                             np.int64), OpContext("init", comm.timeout))
+    if hi[0] >> 1:
+        comm.close()
+        if problem is not None:
+            raise problem
+        raise ValueError(f"init: another rank passed a bad timeout= or check= (the error raised "
+                         f"there says which); this rank (rank {comm.rank}) passed valid ones")
     if lo[0] != hi[0]:
         comm.close()
         raise ValueError(f"init: ranks disagree on checking calls across ranks (check= or "

@@ -366,7 +366,7 @@ class Communicator:
                 async_op: bool = False, timeout: float | None = None) -> Any:
         given = (shift, algo, async_op, timeout)
         buf = as_buffer(x, "x")
-        if not isinstance(shift, (int, np.integer)):
+        if isinstance(shift, (bool, np.bool_)) or not isinstance(shift, (int, np.integer)):
             raise TypeError(f"shift must be an int, got {type(shift).__name__}")
         shift = int(shift) % self.size
         target = self._out(out, buf, buf.shape, "rotate", overlap_ok=True)
@@ -687,6 +687,10 @@ class Communicator:
         if collective not in select.ALGORITHMS:
             raise ValueError(f"unknown collective {collective!r}; one of "
                              f"{', '.join(select.ALGORITHMS)}")
+        if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         chosen, why = select.choose(collective, algo, nbytes, self.size, self.topology,
                                     has_shm=self.backend.arena_unavailable() is None)
         logger.info("%s: %s of %d B: %s -> %s (%s)", self.name, collective, nbytes, algo,
@@ -1428,7 +1432,8 @@ def _signature_of(*values: Any) -> tuple[np.ndarray, list[tuple[str, Any]]]:
 
 
 _SIGNATURE_LABELS = ("rejected by rank + 1", "collective", "algorithm", "dtype", "element count",
-                     "shape", "root", "reduction op", "shift", "memory (host or GPU)")
+                     "shape", "root", "reduction op", "shift (modulo the number of ranks)",
+                     "memory (host or GPU)")
 
 
 def _default_timeout() -> float:

@@ -86,7 +86,10 @@ alike on every rank), else native."""
 
 def algorithms_for(kind: str) -> tuple[str, ...]:
     """The algorithm names valid for a collective (``auto`` included)."""
-    return ("auto", *ALGORITHMS[kind])
+    table = ALGORITHMS.get(kind)
+    if table is None:
+        raise ValueError(f"unknown collective {kind!r}; one of {', '.join(ALGORITHMS)}")
+    return ("auto", *table)
 
 
 def resolve(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,

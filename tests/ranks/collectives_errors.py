@@ -48,6 +48,10 @@ def local_errors(c):
     expect(ValueError, lambda: c.all_reduce(ro), "read-only")
     expect(ValueError, lambda: c.all_reduce(x, timeout=-1), "timeout")
     expect(ValueError, lambda: collectives.init(backend="gloo"), "unknown backend")
+    expect(ValueError, lambda: collectives.algorithms_for("nope"), "unknown collective")
+    expect(ValueError, lambda: c.algorithm_for("all_reduce", -5), "nbytes")
+    expect(TypeError, lambda: c.algorithm_for("all_reduce", 8.5), "nbytes")
+    expect(TypeError, lambda: c.rotate(x, out=np.empty_like(x), shift=True), "shift must be")
     if c.size > 1:
         y = np.zeros(8 * c.size, np.float32)
         expect(ValueError, lambda: c.all_gather(y[:8], out=y), "overlaps")
@@ -231,11 +235,20 @@ def one_rank_rejects(c):
 
 
 def check_setting_differs():
-    """check= (TOPOCOLL_CHECK) set differently on some rank: ValueError at init, every rank."""
+    """check= (TOPOCOLL_CHECK) set differently on some rank: ValueError at init, every rank;
+    a bad timeout= or check= on one rank: its error there, ValueError at once elsewhere."""
+    rank = MPI.COMM_WORLD.Get_rank()
+    expect(TypeError, lambda: collectives.init(check="0"), "check must be")
+    expect(ValueError, lambda: collectives.init(timeout=-1), "timeout")
     if MPI.COMM_WORLD.Get_size() > 1:
-        rank = MPI.COMM_WORLD.Get_rank()
         expect(ValueError, lambda: collectives.init(timeout=30, check=rank != 1),
                "disagree on checking", f"rank {rank}")
+        start = time.monotonic()
+        if rank == 1:
+            expect(ValueError, lambda: collectives.init(timeout=-1), "timeout")
+        else:
+            expect(ValueError, lambda: collectives.init(timeout=30), "another rank passed a bad")
+        assert time.monotonic() - start < 20, "a peer waited out its timeout"
 
 
 def body():
