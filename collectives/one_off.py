@@ -69,6 +69,11 @@ class Rebound:
         call a cycle for the garbage collector, whose pauses a stream of calls then feels)."""
         return self
 
+    @property
+    def overdue(self) -> Any:
+        """The template's run's ``overdue`` (a started call polled past its timeout)."""
+        return self._run.overdue
+
     def start(self) -> None:
         """Copy the input in; start the template's run (never waits)."""
         np.copyto(self._in[0], self._in[1])
