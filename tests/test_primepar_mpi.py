@@ -24,6 +24,14 @@ def test_bad_input_raises_on_every_rank(n):
     assert out.count("DONE") == n
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ranks_that_build_or_call_a_layer_differently_raise_on_every_rank(n):
+    # a different spec on one rank used to give wrong numbers; a bad input on one rank, a
+    # timeout on the others (4 ranks: a different dp, which used to hang in the split)
+    out = run_ranks("primepar_agree.py", n, timeout=120)
+    assert out.count("DONE") == n
+
+
 def test_benchmark_runs_and_prints_every_plan():
     out = run_ranks("primepar_bench.py", 2, timeout=120)
     for name in ("searched", "1-D TP", "RTP"):
