@@ -12,7 +12,7 @@ from topocoll.topology import LinkParams
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_layers_match_dense_over_sgd_steps(n):
     out = run_ranks("primepar_layers.py", n, timeout=150)
     assert out.count("DONE") == n
