@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from .grid import Grid
+from .._agree import agree
+from .grid import ring_size
 from .linear import PrimeLinear
 from .spec import Spec, parse
 
@@ -28,20 +29,9 @@ class PrimeAttention(torch.nn.Module):
                  wo: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
                  seed: int = 0) -> None:
         super().__init__()
-        qkv_spec, out_spec = parse(qkv_spec), parse(out_spec)
-        if hidden % heads:
-            raise ValueError(f"hidden={hidden} is not a multiple of heads={heads}")
-        if qkv_spec.dp != out_spec.dp:
-            raise ValueError(f"QKV and output specs must share dp, got {qkv_spec.dp} and "
-                             f"{out_spec.dp}")
+        qkv_spec, out_spec, n = _agreed_layout(comm, hidden, heads, seq, qkv_spec, out_spec,
+                                               dtype)
         core = qkv_spec.split_dim("Y")
-        if CORE_LAYOUT[core] != out_spec.split_dim("X"):
-            raise ValueError(f"QKV spec {qkv_spec.label()} leaves the attention output split along "
-                             f"{CORE_LAYOUT[core] or 'nothing'}, but out spec {out_spec.label()} "
-                             f"takes its input split along {out_spec.split_dim('X') or 'nothing'}")
-        n = Grid.of(comm, qkv_spec.dp).n
-        if core == "N" and heads % n:
-            raise ValueError(f"{heads} heads do not split over a ring of {n} devices")
         self.heads, self.seq, self.hidden = heads, seq, hidden
         self.core_split = core
         self.ring_n = n
@@ -57,6 +47,44 @@ class PrimeAttention(torch.nn.Module):
             raise ValueError(f"{rows} local rows after the QKV projection are not whole samples of "
                              f"seq={self.seq}; split M by data so each device keeps whole samples")
         return self.out(core(y, rows // self.seq, self.seq, local_heads))
+
+
+def _agreed_layout(comm: Any, hidden: int, heads: int, seq: int, qkv_spec: Spec | str,
+                   out_spec: Spec | str, dtype: torch.dtype) -> tuple[Spec, Spec, int]:
+    """The two parsed specs and the ring size, once every rank of ``comm`` has checked its
+    arguments and found them the same as the others' (collective, before any split: a rank with
+    a bad or different argument raises ValueError on every rank instead of leaving the others in
+    a split, or computing with another seq)."""
+    parsed: tuple[Spec, Spec, int] | None = None
+    problem = None
+    try:
+        parsed = _check_layout(comm.size, hidden, heads, parse(qkv_spec), parse(out_spec))
+    except (TypeError, ValueError) as err:
+        problem = err
+    agree(comm, "PrimeAttention", problem,
+          same={"hidden": hidden, "heads": heads, "seq": seq, "dtype": dtype,
+                "specs": f"{parsed[0].label()} / {parsed[1].label()}" if parsed else ""})
+    assert parsed is not None  # agree raised on a problem
+    return parsed
+
+
+def _check_layout(size: int, hidden: int, heads: int, qkv_spec: Spec,
+                  out_spec: Spec) -> tuple[Spec, Spec, int]:
+    """ValueError naming the problem unless the heads and the two specs fit ``size`` ranks."""
+    if hidden % heads:
+        raise ValueError(f"hidden={hidden} is not a multiple of heads={heads}")
+    if qkv_spec.dp != out_spec.dp:
+        raise ValueError(f"QKV and output specs must share dp, got {qkv_spec.dp} and "
+                         f"{out_spec.dp}")
+    core = qkv_spec.split_dim("Y")
+    if CORE_LAYOUT[core] != out_spec.split_dim("X"):
+        raise ValueError(f"QKV spec {qkv_spec.label()} leaves the attention output split along "
+                         f"{CORE_LAYOUT[core] or 'nothing'}, but out spec {out_spec.label()} "
+                         f"takes its input split along {out_spec.split_dim('X') or 'nothing'}")
+    n = ring_size(size, qkv_spec.dp)
+    if core == "N" and heads % n:
+        raise ValueError(f"{heads} heads do not split over a ring of {n} devices")
+    return qkv_spec, out_spec, n
 
 
 def core(qkv: torch.Tensor, batch: int, seq: int, heads: int) -> torch.Tensor:

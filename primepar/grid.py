@@ -21,11 +21,9 @@ class Grid:
     """A communicator cut into ``dp`` rings of ``size // dp`` consecutive ranks."""
 
     def __init__(self, comm: Any, dp: int = 1) -> None:
-        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1 or comm.size % dp:
-            raise ValueError(f"dp={dp!r} must be a positive divisor of the {comm.size} ranks")
         self.comm = comm
         self.dp = dp
-        self.n = comm.size // dp
+        self.n = ring_size(comm.size, dp)
         self.group = comm.rank // self.n
         self.ring = comm.split(self.group) if dp > 1 else comm
         self.dp_comm = comm.split(comm.rank % self.n) if dp > 1 else None
@@ -37,6 +35,14 @@ class Grid:
         if key not in _GRIDS:
             _GRIDS[key] = cls(comm, dp)
         return _GRIDS[key]
+
+
+def ring_size(size: int, dp: int) -> int:
+    """Devices per ring when ``size`` ranks form ``dp`` rings; ValueError unless ``dp`` divides
+    ``size`` (checked before any split, so layers can agree on it first)."""
+    if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1 or size % dp:
+        raise ValueError(f"dp={dp!r} must be a positive divisor of the {size} ranks")
+    return size // dp
 
 
 def shard(full: torch.Tensor, spec: Spec, tensor: str, grid: Grid) -> torch.Tensor:

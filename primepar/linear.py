@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from .._agree import agree
 from .engine import Product, Trace, run
-from .grid import Grid, gather, lengths, shard
+from .grid import Grid, gather, lengths, ring_size, shard
 from .spec import TENSORS, Spec, check_shapes, parse
 
 FORWARD = [Product("Y", ("M", "N"), "X", "W", "mk,kn->mn")]
@@ -32,17 +33,12 @@ class PrimeLinear(torch.nn.Module):
                  weight: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
                  seed: int = 0) -> None:
         super().__init__()
-        self.spec = parse(spec)
+        self.spec = _agreed_spec(comm, spec, in_features, out_features, weight, dtype, seed)
         self.grid = Grid.of(comm, self.spec.dp)
         self.in_features, self.out_features = in_features, out_features
-        check_shapes(self.spec, self.grid.n, {"M": self.spec.dp * self.grid.n,
-                                              "K": in_features, "N": out_features})
         if weight is None:
             local = _local_init(in_features, out_features, self.spec, self.grid, dtype, seed)
         else:
-            if tuple(weight.shape) != (in_features, out_features):
-                raise ValueError(f"weight must have shape (in, out) = ({in_features}, "
-                                 f"{out_features}), got {tuple(weight.shape)}")
             local = shard(weight.to(dtype), self.spec, "W", self.grid)
         self.weight = torch.nn.Parameter(local)
         self.trace = Trace()
@@ -82,9 +78,68 @@ class _Matmul(torch.autograd.Function):
         return grads["dX"], dw, None
 
 
+def _agreed_spec(comm: Any, spec: Spec | str, k: Any, n_out: Any, weight: Any,
+                 dtype: torch.dtype, seed: int) -> Spec:
+    """The parsed ``spec``, once every rank of ``comm`` has checked its arguments and found them
+    the same as the others' (collective, before any split). Ranks with different specs or sizes
+    exchange blocks of the same size with other meanings, and the forward returns wrong numbers
+    without an error; a rank with a bad argument would leave its peers waiting in a split. So
+    every rank raises ValueError here, naming the rank and the argument (``_agree.agree``)."""
+    parsed, problem = None, None
+    try:
+        parsed = parse(spec)
+        _check_features(k, n_out)
+        check_shapes(parsed, ring_size(comm.size, parsed.dp),
+                     {"M": comm.size, "K": k, "N": n_out})
+        if weight is not None and tuple(weight.shape) != (k, n_out):
+            raise ValueError(f"weight must have shape (in, out) = ({k}, {n_out}), "
+                             f"got {tuple(weight.shape)}")
+    except (TypeError, ValueError) as err:
+        problem = err
+    init = f"seed {seed}" if weight is None else "a given weight"
+    agree(comm, "PrimeLinear", problem,
+          same={"spec": parsed.label() if parsed else repr(spec), "in_features": k,
+                "out_features": n_out, "dtype": dtype, "init": init})
+    assert parsed is not None  # agree raised on a problem
+    return parsed
+
+
+def _check_features(k: Any, n_out: Any) -> None:
+    """TypeError unless both are ints (not bools), ValueError unless both are >= 1."""
+    for name, v in (("in_features", k), ("out_features", n_out)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"PrimeLinear {name} must be an int, got {type(v).__name__} {v!r}")
+        if v < 1:
+            raise ValueError(f"PrimeLinear {name} must be >= 1, got {v}")
+
+
 def _check_operands(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid) -> None:
-    """ValueError naming the mismatch unless ``x`` and ``w`` fit the spec's step loop (collective
-    where the spec rotates x's row blocks: the ring compares their lengths)."""
+    """Raise on every rank unless every rank's ``x`` and ``w`` fit the spec's step loop: the
+    rank with the problem raises its ValueError (TypeError for a dtype), the others a ValueError
+    naming it. Costs one all_reduce of two int64 over the layer's ranks per call (``agree``);
+    without it the others would wait for that rank's blocks until the communicator times out.
+    Where the spec rotates x's row blocks the ring also compares their lengths."""
+    problem = None
+    try:
+        _check_local(x, w, spec, grid)
+    except (TypeError, ValueError) as err:
+        problem = err
+    agree(grid.comm, "PrimeLinear", problem)
+    if spec.time == "M" and spec.role(TENSORS["X"]) == "time" and grid.n > 1:
+        # x's row blocks rotate, so every rank's must be as long; only the ring can tell (every
+        # rank asks, so every rank raises alike, before any block moves).
+        rows = lengths(grid.ring, x.shape[0])
+        if len(set(rows)) > 1:
+            raise ValueError(f"x dim M={sum(rows)} does not split into {grid.n} time blocks "
+                             f"(spec {spec.label()} rotates x's row blocks; the ring holds "
+                             f"{', '.join(map(str, rows))} rows)")
+
+
+def _check_local(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid) -> None:
+    """ValueError (TypeError for a dtype) naming the mismatch unless ``x`` and ``w`` fit the
+    spec's step loop on this rank."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2:
         raise ValueError(f"x must be 2-D (rows, features) here, got shape {tuple(x.shape)}")
     kx, kw = _step_width(x.shape[1], "X", spec, grid), _step_width(w.shape[0], "W", spec, grid)
@@ -101,14 +156,6 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid) ->
             if spec.role(dims) == "both" and t.shape[dims.index(spec.time)] % n:
                 raise ValueError(f"{name} dim {spec.time}={t.shape[dims.index(spec.time)]} does "
                                  f"not split into {n} time blocks")
-    if spec.time == "M" and spec.role(TENSORS["X"]) == "time" and grid.n > 1:
-        # x's row blocks rotate, so every rank's must be as long; only the ring can tell (every
-        # rank asks, so every rank raises alike, before any block moves).
-        rows = lengths(grid.ring, x.shape[0])
-        if len(set(rows)) > 1:
-            raise ValueError(f"x dim M={sum(rows)} does not split into {grid.n} time blocks "
-                             f"(spec {spec.label()} rotates x's row blocks; the ring holds "
-                             f"{', '.join(map(str, rows))} rows)")
 
 
 def _step_width(k: int, tensor: str, spec: Spec, grid: Grid) -> int:

@@ -7,7 +7,9 @@ Rank ``(i, j, k)`` sits in row ``i``, column ``j`` and depth slice ``k``. Its gr
 - ``col``  (same ``j``, ``k``; local rank ``i``): carries weight blocks (broadcast of B, reduce of dB);
 - ``dep``  (same ``i``, ``j``; local rank ``k``): all-reduce of weight gradients, once a step;
 - ``col_dep`` (same ``j``): all-reduce of the gradients of vectors replicated over rows and depth
-  (biases, LayerNorm scale and shift), once a step.
+  (biases, LayerNorm scale and shift), once a step;
+- ``agree`` (every rank: the parent communicator itself): the layers' input check, one all-reduce
+  of six int64 per forward (:func:`tesseract.layers.check_input`).
 
 Placement: the ranks are listed in topology order (:func:`topology.flat_ring`: node after node,
 nodes under one switch adjacent) and slot ``s`` of that list gets ``k = s // q^2``, then the row
@@ -41,6 +43,8 @@ class Grid:
         self.col = _split(comm, k * q + j, i, "col")
         self.dep = _split(comm, i * q + j, k, "dep")
         self.col_dep = _split(comm, j, k * q + i, "col_dep")
+        self.agree = _view(comm, "agree")
+        """The whole grid, for the layers' input agreement (metered as "agree" when metered)."""
 
     @property
     def size(self) -> int:
@@ -111,6 +115,12 @@ def _split(comm: Any, color: int, key: int, name: str) -> Any:
     if isinstance(comm, MeteredComm):
         return comm.split(color, key, group=name)
     return comm.split(color, key)
+
+
+def _view(comm: Any, group: str) -> Any:
+    from .meter import MeteredComm
+
+    return comm.view(group) if isinstance(comm, MeteredComm) else comm
 
 
 def _rank_order(topo: Any, size: int) -> list[int]:

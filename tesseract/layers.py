@@ -5,6 +5,11 @@ columns: see :mod:`tesseract.shard`). Weights are q x q blocks replicated over d
 column blocks replicated over rows and depth; each replicated parameter goes through
 :func:`tesseract.ops.copy_to` on its replica group, so after ``backward()`` every replica holds the
 same, full gradient and plain per-rank optimizer steps keep the replicas identical.
+
+Every layer's ``forward`` first checks its input on every rank of the grid at once
+(:func:`check_input`: one all-reduce of six int64 over the grid per call; a block checks once at
+its entry, its inner layers take what it hands them unchecked): a wrong block on one rank
+raises ValueError on every rank instead of leaving the others waiting in a broadcast.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .._agree import agree
 from .grid import Grid
 from .ops import all_reduce_, copy_to
 from .summa import summa
@@ -37,10 +43,12 @@ class Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Apply to this rank's activation block ``[..., in/q]``; returns ``[..., out/q]``."""
+        check_input(self.grid, "Linear", x, "[..., in_features/q]", self.weight)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` on an input already checked."""
         g = self.grid
-        if x.shape[-1] != self.weight.shape[0]:
-            raise ValueError(f"Linear expects input blocks with last dim in_features/q = "
-                             f"{self.weight.shape[0]}, got shape {list(x.shape)}")
         y = summa(x.reshape(-1, x.shape[-1]), copy_to(self.weight, g.dep), g.row, g.col)
         if self.bias is not None:
             y = y + copy_to(self.bias, g.col_dep)
@@ -60,6 +68,11 @@ class LayerNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Normalise this rank's block ``[..., hidden/q]`` with the statistics of the full rows."""
+        check_input(self.grid, "LayerNorm", x, "[..., hidden/q]", self.weight)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` on an input already checked."""
         g = self.grid
         y = _LayerNorm.apply(x.reshape(-1, x.shape[-1]), self.hidden, self.eps, g.row)
         y = y * copy_to(self.weight, g.col_dep) + copy_to(self.bias, g.col_dep)
@@ -78,8 +91,13 @@ class MLP(torch.nn.Module):
         self.fc2 = Linear(grid, ffn, hidden, dtype=dtype, seed=seed + 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """One block on this rank's activation block."""
-        return x + self.fc2(F.gelu(self.fc1(self.ln(x))))
+        """One block on this rank's activation block ``[..., hidden/q]``."""
+        check_input(self.ln.grid, "MLP", x, "[..., hidden/q]", self.ln.weight)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` on an input already checked (its shape carries through the block)."""
+        return x + self.fc2._forward(F.gelu(self.fc1._forward(self.ln._forward(x))))
 
 
 class SelfAttention(torch.nn.Module):
@@ -101,11 +119,16 @@ class SelfAttention(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """One block on this rank's ``[batch, seq, hidden/q]`` block."""
+        check_input(self.ln.grid, "SelfAttention", x, "[batch, seq, hidden/q]", self.ln.weight)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``forward`` on an input already checked (its shape carries through the block)."""
         b, s, h = x.shape
-        q, k, v = self.qkv(self.ln(x)).split(h, dim=-1)
+        q, k, v = self.qkv._forward(self.ln._forward(x)).split(h, dim=-1)
         q, k, v = (t.reshape(b, s, self.heads_local, -1).transpose(1, 2) for t in (q, k, v))
         o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return x + self.proj(o.transpose(1, 2).reshape(b, s, h))
+        return x + self.proj._forward(o.transpose(1, 2).reshape(b, s, h))
 
 
 class TransformerBlock(torch.nn.Module):
@@ -119,7 +142,9 @@ class TransformerBlock(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """One transformer layer on this rank's ``[batch, seq, hidden/q]`` block."""
-        return self.mlp(self.attn(x))
+        ln = self.attn.ln
+        check_input(ln.grid, "TransformerBlock", x, "[batch, seq, hidden/q]", ln.weight)
+        return self.mlp._forward(self.attn._forward(x))
 
 
 class _LayerNorm(torch.autograd.Function):
@@ -143,6 +168,38 @@ class _LayerNorm(torch.autograd.Function):
         sums = all_reduce_(sums, ctx.row) / ctx.hidden
         dx = rstd * (dxhat - sums[:, :1] - xhat * sums[:, 1:])
         return dx, None, None, None
+
+
+def check_input(grid: Grid, layer: str, x: Any, expected: str, param: torch.Tensor) -> None:
+    """Raise ValueError on every rank of ``grid`` unless every rank's ``x`` is a tensor shaped
+    ``expected`` (its last dim ``param``'s first; as many dims as ``expected`` names unless it
+    starts with ``...``) with ``param``'s dtype, and the ranks' blocks have one shape and dtype
+    (the layout gives every rank an equal block; different row counts would stall a broadcast).
+
+    Collective over the whole grid: one all-reduce of six int64 (``_agree.agree``) per call."""
+    problem = None
+    try:
+        _check_block(layer, x, expected, param)
+    except (TypeError, ValueError) as err:
+        problem = err
+    agree(grid.agree, f"tesseract.{layer}", problem,
+          same={"input shape": list(getattr(x, "shape", ())),
+                "input dtype": getattr(x, "dtype", None)})
+
+
+def _check_block(layer: str, x: Any, expected: str, param: torch.Tensor) -> None:
+    """This rank's half of :func:`check_input`: ValueError (TypeError for a non-tensor) naming
+    the layer, the block it expects and what it got."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"tesseract.{layer} expects a torch.Tensor block {expected}, got "
+                        f"{type(x).__name__}")
+    width, dims = param.shape[0], expected.strip("[]").split(", ")
+    if (dims[0] != "..." and x.dim() != len(dims)) or x.dim() < 1 or x.shape[-1] != width:
+        raise ValueError(f"tesseract.{layer} expects input blocks {expected}, last dim "
+                         f"{dims[-1]} = {width}; got shape {list(x.shape)}")
+    if x.dtype != param.dtype:
+        raise ValueError(f"tesseract.{layer} has {param.dtype} parameters but got a {x.dtype} "
+                         f"input; convert one of them (x.to({param.dtype}) or .to(x.dtype))")
 
 
 def _param(t: torch.Tensor, layout: tuple[str, int]) -> torch.nn.Parameter:

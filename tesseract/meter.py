@@ -61,6 +61,11 @@ class MeteredComm:
         sub = self._comm.split(color, key)
         return None if sub is None else MeteredComm(sub, self._meter, group or "split")
 
+    def view(self, group: str) -> "MeteredComm":
+        """The same communicator, its calls metered under ``group`` (the layers' input
+        agreement goes under "agree", apart from the data the formulas count)."""
+        return MeteredComm(self._comm, self._meter, group)
+
     def broadcast(self, x: Any, *args: Any, **kw: Any) -> Any:
         """Metered broadcast."""
         return self._call("broadcast", x, args, kw)

@@ -12,7 +12,7 @@ from topocoll.topology import LinkParams
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [2, 3, 4])
 def test_layers_match_dense_over_sgd_steps(n):
     out = run_ranks("primepar_layers.py", n, timeout=150)
     assert out.count("DONE") == n
@@ -21,6 +21,14 @@ def test_layers_match_dense_over_sgd_steps(n):
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_bad_input_raises_on_every_rank(n):
     out = run_ranks("primepar_errors.py", n, timeout=90)
+    assert out.count("DONE") == n
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ranks_that_build_or_call_a_layer_differently_raise_on_every_rank(n):
+    # a different spec on one rank used to give wrong numbers; a bad input on one rank, a
+    # timeout on the others (4 ranks: a different dp, which used to hang in the split)
+    out = run_ranks("primepar_agree.py", n, timeout=120)
     assert out.count("DONE") == n
 
 

@@ -23,3 +23,9 @@ def test_q2_d1_matches_dense_model_and_megatron_baseline():
 
 def test_invalid_grids_and_shapes_raise_on_every_rank():
     run_ranks("tesseract_errors.py", 4, timeout=90)
+
+
+def test_a_bad_block_on_one_rank_raises_on_every_rank():
+    # it used to raise on that rank only, the others timing out in a broadcast
+    out = run_ranks("tesseract_agree.py", 4, timeout=120)
+    assert out.count("DONE") == 4

@@ -94,8 +94,9 @@ def body():
     check_attention(comm, "column", "row-shift", heads=p, seq=3, batch=2)
     check_attention(comm, "column-rotate", "row-shift-m", heads=2 * p, seq=2, batch=p)
     check_attention(comm, "row-shift", "column-k", heads=p, seq=3, batch=2)
-    # Whole samples per device: RTP's weight rotation for both projections.
-    check_attention(comm, "rtp", "rtp", heads=2, seq=3, batch=p)
+    # Whole samples per device: RTP's weight rotation for both projections (p heads, so the
+    # hidden size 4p splits over any ring size).
+    check_attention(comm, "rtp", "rtp", heads=p, seq=3, batch=p)
     if p % 2 == 0 and p > 2:
         check_attention(comm, Spec("N", "M", dp=2), Spec("K", "N", dp=2), heads=p, seq=2, batch=4)
 

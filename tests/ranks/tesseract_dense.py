@@ -120,9 +120,13 @@ def check_replicas(grid, pparams, step):
 
 
 def check_volume(meter, grid, x, ffn):
-    """The metered bytes of one MLP forward+backward equal the analytic formula."""
+    """The metered bytes of one MLP forward+backward equal the analytic formula, plus the one
+    input agreement of its forward (an all-reduce of six int64 over the grid, metered apart)."""
     want = volume.mlp_2p5d(x.shape[0], x.shape[1], ffn, grid.q, grid.d, x.element_size())
-    got = meter.total_sent()
+    agreed = {k: v for k, v in meter.calls.items() if k[0] == "agree" and v}
+    assert agreed == ({("agree", "all_reduce"): 1} if grid.size > 1 else {}), agreed
+    assert meter.payload[("agree", "all_reduce")] == (48 if grid.size > 1 else 0)
+    got = meter.total_sent() - meter.sent[("agree", "all_reduce")]
     assert abs(got - want) <= 1e-9 * max(want, 1), f"metered {got} B, formula {want} B"
 
 
