@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from . import init
 from .functional import LinearKernel, rotated
 from .layers import (Linear, _bad_input, _from_dense, _positive_int, _sharded, gather_rows,
-                     load_rows)
+                     load_rows, reject)
 from .ring import RowShards, ring_for, split_bounds
 from .rotation import Rotation
 
@@ -108,11 +108,8 @@ class MultiheadAttention(nn.Module):
                 is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention output ``[B, L, E]`` and (if ``need_weights``) the attention weights
         ``[B, L, S]`` (``[B, H, L, S]`` without averaging)."""
-        problem = self._input_problem(query, key, value, key_padding_mask, attn_mask, is_causal)
-        if self.check_inputs:
-            self.ring.agree(problem is None, problem or self._expected())
-        elif problem is not None:
-            raise ValueError(problem)
+        reject(self.ring, self.check_inputs, self._input_problem(
+            query, key, value, key_padding_mask, attn_mask, is_causal))
         bsz, tgt, e = query.shape
         src = key.shape[1]
         mode = ("self" if key is query and value is query and self._allows("self") else
@@ -205,11 +202,6 @@ class MultiheadAttention(nn.Module):
                 got = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
                 return f"{name} must have shape {' or '.join(map(str, shapes[name]))}, got {got}"
         return None
-
-    def _expected(self) -> str:
-        dtype = self._in_proj()[0].dtype
-        return (f"expected {dtype} query [batch, L, {self.embed_dim}], key [batch, S, "
-                f"{self.kdim}] and value [batch, S, {self.vdim}]")
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         ws, b = gather_rows(self.ring, self.shards, self._in_proj(), self.in_proj_bias)

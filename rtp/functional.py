@@ -40,6 +40,12 @@ ACC = ("acc0", "acc1")
 
 Tensors = Sequence[torch.Tensor]
 
+DOUBLE_BACKWARD = (
+    "RTP layers do not support double backward (autograd.grad or backward with "
+    "create_graph=True): their backward rotates weight blocks and gradient sums through "
+    "collectives that autograd cannot differentiate; compute this gradient without "
+    "create_graph=True")
+
 
 class Kernel:
     """What one row-sharded layer computes with block ``o`` (rows ``shards.bounds[o]``) of its
@@ -196,6 +202,8 @@ class Rotated(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *gys_in: torch.Tensor) -> tuple[Any, ...]:
+        if torch.is_grad_enabled():  # create_graph=True: this backward is not differentiable
+            raise RuntimeError(DOUBLE_BACKWARD)
         saved, n_in = ctx.saved_tensors, ctx.n_in
         xs, ws, b = saved[:n_in], list(saved[n_in:-1]), saved[-1]
         rot, kernel, overlap = ctx.rot, ctx.kernel, ctx.overlap
