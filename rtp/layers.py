@@ -195,12 +195,16 @@ def _from_dense(cls: type, dense: nn.Module, args: tuple, comm: Any, kw: dict) -
     meta = any(p.is_meta for p in dense.parameters())
     dtype = next(dense.parameters()).dtype
     if meta:  # flyweight: draw this rank's rows from the generator, as the dense init would
-        return cls(*args, comm=comm, dtype=dtype, **kw)
-    # materialised: don't consume draws the dense init already took; copy this rank's rows
-    state = torch.get_rng_state()
-    layer = cls(*args, comm=comm, dtype=dtype, **kw)
-    torch.set_rng_state(state)
-    layer.load_state_dict(dense.state_dict())
+        layer = cls(*args, comm=comm, dtype=dtype, **kw)
+    else:  # materialised: don't consume draws the dense init already took; copy rank 0's rows
+        state = torch.get_rng_state()
+        layer = cls(*args, comm=comm, dtype=dtype, **kw)  # agrees on the sizes first
+        torch.set_rng_state(state)
+        layer.ring.copy_from([*dense.parameters(), *dense.buffers()])
+        layer.load_state_dict(dense.state_dict())
+    dense_params = dict(dense.named_parameters())
+    for name, p in layer.named_parameters():  # torch's names: a frozen dense weight stays frozen
+        p.requires_grad_(dense_params[name].requires_grad)
     return layer
 
 

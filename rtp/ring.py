@@ -62,6 +62,21 @@ class Ring:
         self.comm.broadcast(buf, root=root)
         return buf.tobytes().rstrip(b"\0").decode(errors="ignore")
 
+    def copy_from(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+        """Overwrite ``tensors`` (materialised, any dtypes) with ``root``'s values: one broadcast
+        of their bytes, so that ranks holding different values start from the same ones."""
+        parts = [t.detach().reshape(-1).view(torch.uint8) for t in tensors]
+        if not parts or sum(part.numel() for part in parts) == 0:
+            return
+        flat = torch.cat(parts)
+        self.comm.broadcast(flat, root=root)
+        pos = 0
+        with torch.no_grad():
+            for t, part in zip(tensors, parts):
+                # a clone: a slice at an odd byte offset can't be viewed as a wider dtype
+                t.copy_(flat[pos:pos + part.numel()].clone().view(t.dtype).view(t.shape))
+                pos += part.numel()
+
     def agree_on(self, values: tuple[int, ...], what: str) -> None:
         """Raise ValueError on every rank unless every rank passes the same ``values``."""
         mine = np.array(values, np.int64)

@@ -79,6 +79,15 @@ def test_model_that_reuses_inputs_and_modules_converts(n):
 @pytest.mark.parametrize("n", [1, 3])
 def test_bad_input_raises_on_every_rank(n):
     """One rank's bad input: the others name that rank and its problem; unsupported features
-    (scale_grad_by_freq, double backward) raise on every rank."""
-    out = run_ranks("rtp_errors.py", n, args=["inputs,unsupported"], timeout=120)
+    (scale_grad_by_freq, double backward) and different models per rank raise on every rank."""
+    out = run_ranks("rtp_errors.py", n, args=["inputs,unsupported,structure"], timeout=120)
+    assert out.count("DONE") == n
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_conversion_keeps_frozen_parameters_and_rank0_values(n):
+    """Frozen dense parameters stay frozen and untouched while the rest trains as the dense
+    model does; ranks whose materialised models differ all start from rank 0's values."""
+    out = run_ranks("rtp_convert.py", n, args=["frozen,rank0"], timeout=180)
     assert out.count("DONE") == n

@@ -1,5 +1,5 @@
 """Bad input to RTP layers raises a clear error on every rank, and nothing hangs; argv[1]: the
-comma-separated cases to run (inputs, unsupported)."""
+comma-separated cases to run (inputs, unsupported, structure)."""
 import sys
 
 import _common  # noqa: F401
@@ -75,7 +75,23 @@ def unsupported():
     assert x.grad is not None and lin.weight.grad is not None
 
 
-MODES = {"inputs": inputs, "unsupported": unsupported}
+def structure():
+    """Ranks whose models have different layers (or layer counts, or a layer frozen on one rank
+    only) raise on every rank when converted, not on one rank while the others go on."""
+    world = collectives.init(timeout=60)
+    r = world.rank
+    for model in (torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(1 + r % 2)]),
+                  torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4 + r % 2)),
+                  torch.nn.Sequential(torch.nn.Linear(4, 4).requires_grad_(r % 2 == 0))):
+        if world.size > 1:
+            raises(ValueError, lambda: rtp.RotatedTensorParallel(model, comm=world),
+                   "disagree", "build the same model on every rank")
+    # the communicator is still usable afterwards: the same model converts
+    model = rtp.RotatedTensorParallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), comm=world)
+    assert model(torch.randn(2, 4)).shape == (2, 4)
+
+
+MODES = {"inputs": inputs, "unsupported": unsupported, "structure": structure}
 
 if __name__ == "__main__":
     rank_main(lambda: [MODES[m]() for m in sys.argv[1].split(",")])
