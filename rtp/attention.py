@@ -127,20 +127,30 @@ class MultiheadAttention(nn.Module):
                    for t in (q, k, v))
         mask = _merge_masks(attn_mask, key_padding_mask, bsz, self.num_heads, tgt, src,
                             query.dtype)
-        drop = self.dropout if self.training else 0.0
-        if need_weights:
-            scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)
-            if mask is not None:
-                scores = scores + mask
-            weights = torch.softmax(scores, dim=-1)
-            out = F.dropout(weights, drop) @ v if drop else weights @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
-            weights = None
+        # RTP layers compute in their parameters' dtype; autocast would make this part bfloat16
+        # and out_proj would reject it
+        with torch.autocast(query.device.type, enabled=False):
+            out, weights = self._attend(q, k, v, mask, need_weights)
         out = self.out_proj(out.transpose(1, 2).reshape(bsz, tgt, e))
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         return out, weights
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None,
+                need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every head's attention ``[B, H, L, head_dim]`` and, if ``need_weights``, its weights
+        ``[B, H, L, S]`` (after dropout, as torch returns them)."""
+        drop = self.dropout if self.training else 0.0
+        if not need_weights:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop), None
+        scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)
+        if mask is not None:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)
+        if drop:
+            weights = F.dropout(weights, drop)
+        return weights @ v, weights
 
     def extra_repr(self) -> str:
         dims = "" if self._qkv_same_embed_dim else f", kdim={self.kdim}, vdim={self.vdim}"

@@ -60,7 +60,8 @@ def test_rtp_matches_dense_twin(n):
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_attention_matches_torch(n):
     """Self- and cross-attention (key = value or not, kdim/vdim), masks, weights: outputs, input
-    and weight gradients equal nn.MultiheadAttention's; flyweight init and conversion bit-equal."""
+    and weight gradients equal nn.MultiheadAttention's; flyweight init and conversion bit-equal;
+    with dropout the returned weights are torch's (after dropout); autocast changes nothing."""
     out = run_ranks("rtp_attention.py", n, timeout=240)
     assert out.count("DONE") == n
 
