@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from . import init
 from .functional import LinearKernel, rotated
 from .layers import (Linear, _bad_input, _from_dense, _positive_int, _sharded, gather_rows,
-                     load_rows)
+                     load_rows, reject)
 from .ring import RowShards, ring_for, split_bounds
 from .rotation import Rotation
 
@@ -108,11 +108,8 @@ class MultiheadAttention(nn.Module):
                 is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Attention output ``[B, L, E]`` and (if ``need_weights``) the attention weights
         ``[B, L, S]`` (``[B, H, L, S]`` without averaging)."""
-        problem = self._input_problem(query, key, value, key_padding_mask, attn_mask, is_causal)
-        if self.check_inputs:
-            self.ring.agree(problem is None, problem or self._expected())
-        elif problem is not None:
-            raise ValueError(problem)
+        reject(self.ring, self.check_inputs, self._input_problem(
+            query, key, value, key_padding_mask, attn_mask, is_causal))
         bsz, tgt, e = query.shape
         src = key.shape[1]
         mode = ("self" if key is query and value is query and self._allows("self") else
@@ -130,20 +127,30 @@ class MultiheadAttention(nn.Module):
                    for t in (q, k, v))
         mask = _merge_masks(attn_mask, key_padding_mask, bsz, self.num_heads, tgt, src,
                             query.dtype)
-        drop = self.dropout if self.training else 0.0
-        if need_weights:
-            scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)
-            if mask is not None:
-                scores = scores + mask
-            weights = torch.softmax(scores, dim=-1)
-            out = F.dropout(weights, drop) @ v if drop else weights @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
-            weights = None
+        # RTP layers compute in their parameters' dtype; autocast would make this part bfloat16
+        # and out_proj would reject it
+        with torch.autocast(query.device.type, enabled=False):
+            out, weights = self._attend(q, k, v, mask, need_weights)
         out = self.out_proj(out.transpose(1, 2).reshape(bsz, tgt, e))
         if weights is not None and average_attn_weights:
             weights = weights.mean(dim=1)
         return out, weights
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None,
+                need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every head's attention ``[B, H, L, head_dim]`` and, if ``need_weights``, its weights
+        ``[B, H, L, S]`` (after dropout, as torch returns them)."""
+        drop = self.dropout if self.training else 0.0
+        if not need_weights:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop), None
+        scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)
+        if mask is not None:
+            scores = scores + mask
+        weights = torch.softmax(scores, dim=-1)
+        if drop:
+            weights = F.dropout(weights, drop)
+        return weights @ v, weights
 
     def extra_repr(self) -> str:
         dims = "" if self._qkv_same_embed_dim else f", kdim={self.kdim}, vdim={self.vdim}"
@@ -205,11 +212,6 @@ class MultiheadAttention(nn.Module):
                 got = list(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
                 return f"{name} must have shape {' or '.join(map(str, shapes[name]))}, got {got}"
         return None
-
-    def _expected(self) -> str:
-        dtype = self._in_proj()[0].dtype
-        return (f"expected {dtype} query [batch, L, {self.embed_dim}], key [batch, S, "
-                f"{self.kdim}] and value [batch, S, {self.vdim}]")
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         ws, b = gather_rows(self.ring, self.shards, self._in_proj(), self.in_proj_bias)

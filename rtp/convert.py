@@ -10,6 +10,7 @@ several names, or called several times) becomes one RTP layer, as it was one den
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Mapping
 
 import torch
@@ -76,8 +77,40 @@ class RotatedTensorParallel(nn.Module):
 def convert(model: nn.Module, comm: Any = None, **kw: Any) -> nn.Module:
     """Replace, in place and in registration order, the convertible submodules of ``model``;
     materialise (``to_empty`` + ``reset_parameters``) the other meta ones. Returns the model.
-    A module registered under several names (shared) is converted once and stays shared."""
+    A module registered under several names (shared) is converted once and stays shared.
+
+    Every rank must pass the same model (checked first, so that every rank raises if not).
+    Materialised tensors start from rank 0's values, as under DDP: ranks that built their
+    models without a common seed would otherwise train different replicated parameters and
+    shard a patchwork of their copies."""
+    ring = ring_for(comm)
+    ring.agree_on(structure(model), "RotatedTensorParallel(model): the model's modules, "
+                  "parameters, buffers, and a digest of their names, types, shapes, dtypes, "
+                  "devices and requires_grad")
     return _convert(model, comm, kw, {})
+
+
+def structure(model: nn.Module) -> tuple[int, ...]:
+    """What every rank's model must share: the number of modules, parameters and buffers, and
+    a digest of each one's name and type (a tensor's shape, dtype, device and requires_grad; an
+    RTP layer's own shards only by name and requires_grad, as their sizes differ by rank)."""
+    lines: list[str] = []
+    for name, module in model.named_modules(remove_duplicate=False):
+        lines.append(f"{name}: {type(module).__module__}.{type(module).__qualname__}")
+        sharded = isinstance(module, RTP_LAYERS)
+        for pname, p in module.named_parameters(recurse=False):
+            lines.append(f"{name}.{pname} {p.requires_grad}" if sharded else
+                         f"{name}.{pname} {_describe(p)} {p.requires_grad}")
+        if not sharded:
+            lines.extend(f"{name}.{bname} {_describe(b)}"
+                         for bname, b in module.named_buffers(recurse=False))
+    digest = hashlib.sha256("\n".join(lines).encode()).digest()[:8]
+    return (len(list(model.modules())), len(list(model.parameters())),
+            len(list(model.buffers())), int.from_bytes(digest, "little", signed=True))
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{list(t.shape)} {t.dtype} {t.device}"
 
 
 def _convert(module: nn.Module, comm: Any, kw: dict,
@@ -89,8 +122,12 @@ def _convert(module: nn.Module, comm: Any, kw: dict,
         return seen[1]
     if type(module) in CONVERTERS:
         new = CONVERTERS[type(module)](module, comm=comm, **kw)
+    elif isinstance(module, RTP_LAYERS):  # already sharded (an rtp.TransformerBlock's layers)
+        new = module
     else:
-        _materialise(module)
+        if not _materialise(module):  # the user's values: rank 0's for every rank
+            ring_for(comm).copy_from([*module.parameters(recurse=False),
+                                      *module.buffers(recurse=False)])
         new = module
         # every name, not named_children(), which skips a child already seen under another name
         for name, child in list(module._modules.items()):
@@ -100,14 +137,16 @@ def _convert(module: nn.Module, comm: Any, kw: dict,
     return new
 
 
-def _materialise(module: nn.Module) -> None:
-    """Give a meta module's own tensors storage and its dense init (same draws, same order)."""
+def _materialise(module: nn.Module) -> bool:
+    """Give a meta module's own tensors storage and its dense init (same draws, same order);
+    False if they were materialised already."""
     own = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
     if not any(t.is_meta for t in own):
-        return
+        return False
     module.to_empty(device="cpu", recurse=False)
     reset = getattr(module, "reset_parameters", None)
     if reset is None:
         raise ValueError(f"{type(module).__name__} has meta tensors but no reset_parameters(); "
                          f"materialise it before RotatedTensorParallel")
     reset()
+    return True

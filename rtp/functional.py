@@ -16,9 +16,11 @@ the first gradient block is computed) and ending with the rank's own block:
 
 So each block's gradient travels round the ring with it and reaches its owner (step p-1) summed
 over every rank's micro-batch: a ring reduce-scatter interleaved with backward. It is divided by p,
-the mean over ranks that DDP gives. The parameters themselves never move: rotations go through
-scratch buffers (rtp.rotation: allocated once, rotated by persistent collectives), so a forward
-without backward (eval, no_grad) leaves every rank its own block.
+the mean over ranks that DDP gives. A frozen weight (requires_grad=False on every rank) skips the
+gradient sums; an input that needs no gradient skips the weight blocks. The parameters themselves
+never move: rotations go through scratch buffers (rtp.rotation: allocated once, rotated by
+persistent collectives), so a forward without backward (eval, no_grad) leaves every rank its own
+block.
 
 A layer may take several inputs and give several outputs from one rotation (attention's query,
 key and value through the q, k and v rows of the same block): the kernel says which input and
@@ -39,6 +41,12 @@ RECV = ("in", "own")
 ACC = ("acc0", "acc1")
 
 Tensors = Sequence[torch.Tensor]
+
+DOUBLE_BACKWARD = (
+    "RTP layers do not support double backward (autograd.grad or backward with "
+    "create_graph=True): their backward rotates weight blocks and gradient sums through "
+    "collectives that autograd cannot differentiate; compute this gradient without "
+    "create_graph=True")
 
 
 class Kernel:
@@ -196,22 +204,29 @@ class Rotated(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *gys_in: torch.Tensor) -> tuple[Any, ...]:
+        if torch.is_grad_enabled():  # create_graph=True: this backward is not differentiable
+            raise RuntimeError(DOUBLE_BACKWARD)
         saved, n_in = ctx.saved_tensors, ctx.n_in
         xs, ws, b = saved[:n_in], list(saved[n_in:-1]), saved[-1]
         rot, kernel, overlap = ctx.rot, ctx.kernel, ctx.overlap
         p, r, shards = rot.ring.size, rot.ring.rank, rot.shards
         gys = [g.contiguous() for g in gys_in]
-        # the first block overwrites them; the tensors come after rot, kernel, overlap, n_in
-        gxs = [torch.empty_like(x, memory_format=torch.contiguous_format)
-               if ctx.needs_input_grad[4 + i] else None for i, x in enumerate(xs)]
-        wants_gx = any(g is not None for g in gxs)
+        # which of xs, ws, b want a gradient (the tensors come after rot, kernel, overlap, n_in);
+        # a frozen weight (requires_grad=False, the same on every rank) gets no gradient work
+        wants = ctx.needs_input_grad[4:]
+        # the first block overwrites them
+        gxs = [torch.empty_like(x, memory_format=torch.contiguous_format) if wants[i] else None
+               for i, x in enumerate(xs)]
+        wants_gx, wants_gw = any(wants[:n_in]), any(wants[n_in:])
         if p == 1:
-            gws = [torch.empty_like(w) for w in ws]
-            gb = torch.empty_like(b) if b is not None else None
-            kernel.weight_grad(xs, gys, 0, gws, gb)
+            gws: list[torch.Tensor | None] = [None] * (len(ws) + 1)
+            if wants_gw:
+                gws = [torch.empty_like(w) for w in ws]
+                gws.append(torch.empty_like(b) if b is not None else None)
+                kernel.weight_grad(xs, gys, 0, gws[:-1], gws[-1])
             if wants_gx:
                 kernel.input_grad(gys, ws, 0, gxs, add=False)
-            return (None, None, None, None, *gxs, *gws, gb)
+            return (None, None, None, None, *gxs, *_wanted(gws, wants[n_in:]))
         bufs = rot.buffers(ws[0])
         # weights (only for the input gradient): block r+1 arrives in RECV[0], then block r+1+s
         # in RECV[s % 2], sent on from there while the other slot receives the next one
@@ -220,12 +235,13 @@ class Rotated(torch.autograd.Function):
         for s in range(p):
             o, last = (r + 1 + s) % p, s == p - 1
             acc = bufs[ACC[s % 2]]
-            kernel.weight_grad(xs, gys, o, *shards.views(acc, o))
-            if hg is not None:
-                hg.wait()
-                acc.add_(bufs["gin"])
-            if not last:
-                hg = _start(bufs.rotate(ACC[s % 2], "gin", -1), overlap)
+            if wants_gw:
+                kernel.weight_grad(xs, gys, o, *shards.views(acc, o))
+                if hg is not None:
+                    hg.wait()
+                    acc.add_(bufs["gin"])
+                if not last:
+                    hg = _start(bufs.rotate(ACC[s % 2], "gin", -1), overlap)
             if not wants_gx:
                 continue
             if last:
@@ -237,10 +253,17 @@ class Rotated(torch.autograd.Function):
                     hw = _start(bufs.rotate(RECV[s % 2], RECV[(s + 1) % 2], -1), overlap)
                 wo = shards.views(bufs[RECV[s % 2]], o)[0]
             kernel.input_grad(gys, wo, o, gxs, add=s > 0)
-        gwo, gbo = shards.views(acc, r)
-        gws = [g / p for g in gwo]
-        gb = gbo / p if gbo is not None else None
-        return (None, None, None, None, *gxs, *gws, gb)
+        gws = [None] * (len(ws) + 1)
+        if wants_gw:  # the last step's sum is this rank's own block's, summed over every rank
+            gwo, gbo = shards.views(acc, r)
+            gws = [g / p for g in gwo] + [gbo / p if gbo is not None else None]
+        return (None, None, None, None, *gxs, *_wanted(gws, wants[n_in:]))
+
+
+def _wanted(grads: Sequence[torch.Tensor | None],
+            wants: Sequence[bool]) -> list[torch.Tensor | None]:
+    """``grads`` with None where no gradient is wanted (a frozen weight or bias)."""
+    return [g if want else None for g, want in zip(grads, wants)]
 
 
 def _rows(ts: Tensors, reshape: bool = False) -> list[torch.Tensor]:

@@ -57,10 +57,8 @@ class Linear(nn.Module):
         """This rank's micro-batch through the whole (dense) layer."""
         ok = isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.in_features \
             and x.dtype == self.weight.dtype
-        if self.check_inputs:
-            self.ring.agree(ok, _bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
-        elif not ok:
-            raise ValueError(_bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
+        reject(self.ring, self.check_inputs,
+               None if ok else _bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
         return rotated(self.rotation, self.kernel, self.overlap, (x,), (self.weight,),
                        self.bias)[0]
 
@@ -112,21 +110,23 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up this rank's ids in the whole (dense) table."""
-        ok = isinstance(ids, torch.Tensor) and ids.dtype in (torch.int64, torch.int32) and (
-            ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < self.num_embeddings))
-        what = (f"rtp.Embedding needs int64/int32 ids in [0, {self.num_embeddings}), got "
-                + (f"{ids.dtype} ids" if isinstance(ids, torch.Tensor) else type(ids).__name__)
-                + (f" in [{int(ids.min())}, {int(ids.max())}]"
-                   if isinstance(ids, torch.Tensor) and ids.numel() and not ids.is_floating_point()
-                   else ""))
-        if self.check_inputs:
-            self.ring.agree(ok, what)
-        elif not ok:
-            raise ValueError(what)
+        reject(self.ring, self.check_inputs, self._ids_problem(ids))
         return rotated(self.rotation, self.kernel, self.overlap, (ids,), (self.weight,), None)[0]
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, ranks={self.ring.size}"
+
+    def _ids_problem(self, ids: Any) -> str | None:
+        """What is wrong with ``ids``, or None."""
+        ok = isinstance(ids, torch.Tensor) and ids.dtype in (torch.int64, torch.int32) and (
+            ids.numel() == 0 or (int(ids.min()) >= 0 and int(ids.max()) < self.num_embeddings))
+        if ok:
+            return None
+        return (f"rtp.Embedding needs int64/int32 ids in [0, {self.num_embeddings}), got "
+                + (f"{ids.dtype} ids" if isinstance(ids, torch.Tensor) else type(ids).__name__)
+                + (f" in [{int(ids.min())}, {int(ids.max())}]"
+                   if isinstance(ids, torch.Tensor) and ids.numel() and not ids.is_floating_point()
+                   else ""))
 
     def _save_to_state_dict(self, destination: dict, prefix: str, keep_vars: bool) -> None:
         destination[prefix + "weight"] = gather_rows(self.ring, self.shards, [self.weight])[0][0]
@@ -138,7 +138,8 @@ class Embedding(nn.Module):
     @classmethod
     def from_dense(cls, dense: nn.Embedding, comm: Any = None, **kw: Any) -> "Embedding":
         """Shard ``dense`` (materialised: keep its values; on meta: flyweight init)."""
-        for attr, default in (("padding_idx", None), ("max_norm", None), ("sparse", False)):
+        for attr, default in (("padding_idx", None), ("max_norm", None),
+                              ("scale_grad_by_freq", False), ("sparse", False)):
             if getattr(dense, attr) != default:
                 raise ValueError(f"rtp.Embedding does not support {attr}={getattr(dense, attr)!r}")
         return _from_dense(cls, dense, (dense.num_embeddings, dense.embedding_dim), comm, kw)
@@ -178,16 +179,32 @@ def load_rows(state_dict: dict, prefix: str, module: nn.Module,
             param.copy_(part)
 
 
+def reject(ring: Ring, check_inputs: bool, problem: str | None) -> None:
+    """Raise ValueError for ``problem`` (None: the input is fine): on every rank when
+    ``check_inputs`` (one small all-reduce, so that no rank is left waiting in a rotation),
+    else on this rank only."""
+    if check_inputs:
+        ring.agree(problem)
+    elif problem is not None:
+        raise ValueError(problem)
+
+
 def _from_dense(cls: type, dense: nn.Module, args: tuple, comm: Any, kw: dict) -> Any:
+    """The RTP layer ``cls(*args)`` holding ``dense``'s values (materialised: rank 0's, as DDP
+    starts; on meta: flyweight init) and its parameters' ``requires_grad``."""
     meta = any(p.is_meta for p in dense.parameters())
     dtype = next(dense.parameters()).dtype
     if meta:  # flyweight: draw this rank's rows from the generator, as the dense init would
-        return cls(*args, comm=comm, dtype=dtype, **kw)
-    # materialised: don't consume draws the dense init already took; copy this rank's rows
-    state = torch.get_rng_state()
-    layer = cls(*args, comm=comm, dtype=dtype, **kw)
-    torch.set_rng_state(state)
-    layer.load_state_dict(dense.state_dict())
+        layer = cls(*args, comm=comm, dtype=dtype, **kw)
+    else:  # materialised: don't consume draws the dense init already took; copy rank 0's rows
+        state = torch.get_rng_state()
+        layer = cls(*args, comm=comm, dtype=dtype, **kw)  # agrees on the sizes first
+        torch.set_rng_state(state)
+        layer.ring.copy_from([*dense.parameters(), *dense.buffers()])
+        layer.load_state_dict(dense.state_dict())
+    dense_params = dict(dense.named_parameters())
+    for name, p in layer.named_parameters():  # torch's names: a frozen dense weight stays frozen
+        p.requires_grad_(dense_params[name].requires_grad)
     return layer
 
 

@@ -19,6 +19,7 @@ from topocoll import collectives
 
 _RINGS: "weakref.WeakKeyDictionary[collectives.Communicator, Ring]" = weakref.WeakKeyDictionary()
 _WORLD: list[collectives.Communicator] = []
+TEXT_BYTES = 1024  # the longest error message one rank sends the others
 
 
 class Ring:
@@ -37,13 +38,44 @@ class Ring:
         """Start sending ``x`` ``shift`` ranks on and receiving into ``out``; returns the Handle."""
         return self.comm.rotate(x, out=out, shift=shift, async_op=True)
 
-    def agree(self, ok: bool, what: str) -> None:
-        """Raise ValueError on every rank if ``ok`` is False on any (``what`` says why)."""
-        flags = np.array([0 if ok else 1, self.rank if not ok else -1], np.int64)
+    def agree(self, problem: str | None) -> None:
+        """Raise ValueError on every rank if any rank has a ``problem`` (None: this rank has
+        none). A rank with a problem raises its own message; the others name the first such
+        rank and give that rank's message, not a description of their own (valid) input."""
+        # max over ranks: [anyone bad, -(first bad rank)]
+        flags = np.array([0, -self.size] if problem is None else [1, -self.rank], np.int64)
         self.comm.all_reduce(flags, op="max")
-        if flags[0]:
-            raise ValueError(what if not ok else f"rank {flags[1]} of the RTP communicator "
-                             f"rejected its input: {what}")
+        if not flags[0]:
+            return
+        theirs = self.send_text(problem or "", root=int(-flags[1]))
+        if problem is not None:
+            raise ValueError(problem)
+        raise ValueError(f"rank {int(-flags[1])} of the RTP communicator rejected its input: "
+                         f"{theirs}")
+
+    def send_text(self, text: str, root: int) -> str:
+        """``root``'s ``text`` on every rank (its first ``TEXT_BYTES`` bytes of UTF-8)."""
+        buf = np.zeros(TEXT_BYTES, np.uint8)
+        if self.rank == root:
+            raw = text.encode()[:TEXT_BYTES]
+            buf[:len(raw)] = np.frombuffer(raw, np.uint8)
+        self.comm.broadcast(buf, root=root)
+        return buf.tobytes().rstrip(b"\0").decode(errors="ignore")
+
+    def copy_from(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
+        """Overwrite ``tensors`` (materialised, any dtypes) with ``root``'s values: one broadcast
+        of their bytes, so that ranks holding different values start from the same ones."""
+        parts = [t.detach().reshape(-1).view(torch.uint8) for t in tensors]
+        if not parts or sum(part.numel() for part in parts) == 0:
+            return
+        flat = torch.cat(parts)
+        self.comm.broadcast(flat, root=root)
+        pos = 0
+        with torch.no_grad():
+            for t, part in zip(tensors, parts):
+                # a clone: a slice at an odd byte offset can't be viewed as a wider dtype
+                t.copy_(flat[pos:pos + part.numel()].clone().view(t.dtype).view(t.shape))
+                pos += part.numel()
 
     def agree_on(self, values: tuple[int, ...], what: str) -> None:
         """Raise ValueError on every rank unless every rank passes the same ``values``."""

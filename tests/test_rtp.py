@@ -60,7 +60,8 @@ def test_rtp_matches_dense_twin(n):
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_attention_matches_torch(n):
     """Self- and cross-attention (key = value or not, kdim/vdim), masks, weights: outputs, input
-    and weight gradients equal nn.MultiheadAttention's; flyweight init and conversion bit-equal."""
+    and weight gradients equal nn.MultiheadAttention's; flyweight init and conversion bit-equal;
+    with dropout the returned weights are torch's (after dropout); autocast changes nothing."""
     out = run_ranks("rtp_attention.py", n, timeout=240)
     assert out.count("DONE") == n
 
@@ -78,5 +79,16 @@ def test_model_that_reuses_inputs_and_modules_converts(n):
 @pytest.mark.mpi
 @pytest.mark.parametrize("n", [1, 3])
 def test_bad_input_raises_on_every_rank(n):
-    out = run_ranks("rtp_errors.py", n, timeout=90)
+    """One rank's bad input: the others name that rank and its problem; unsupported features
+    (scale_grad_by_freq, double backward) and different models per rank raise on every rank."""
+    out = run_ranks("rtp_errors.py", n, args=["inputs,unsupported,structure"], timeout=120)
+    assert out.count("DONE") == n
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_conversion_keeps_frozen_parameters_and_rank0_values(n):
+    """Frozen dense parameters stay frozen and untouched while the rest trains as the dense
+    model does; ranks whose materialised models differ all start from rank 0's values."""
+    out = run_ranks("rtp_convert.py", n, args=["frozen,rank0"], timeout=180)
     assert out.count("DONE") == n

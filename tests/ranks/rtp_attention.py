@@ -76,6 +76,40 @@ def case(world, name, kw, inputs, call):
     assert moved > 1e-3, f"{name}: gradients vanish, the comparison proves nothing"
 
 
+def dropout_weights(world):
+    """In train mode with dropout, torch returns (and averages) the attention weights after
+    dropout; so does RTP, with the same draws from the same seed (each rank its own batch)."""
+    torch.manual_seed(2)
+    dense = nn.MultiheadAttention(E, HEADS, dropout=0.5, batch_first=True)
+    layer = rtp.MultiheadAttention.from_dense(dense, comm=world)
+    x = torch.randn(MICRO, TGT, E, generator=torch.Generator().manual_seed(20 + world.rank))
+    for average in (True, False):
+        torch.manual_seed(3)
+        out_d, w_d = dense(x, x, x, average_attn_weights=average)
+        torch.manual_seed(3)
+        out_r, w_r = layer(x, x, x, average_attn_weights=average)
+        close(w_r, w_d, f"dropout, average={average}: attention weights")
+        close(out_r, out_d, f"dropout, average={average}: output")
+    assert (w_d.sum(-1) - 1).abs().max() > 0.1, "dropout dropped nothing: proves nothing"
+
+
+def autocast(world):
+    """RTP layers compute in their parameters' dtype inside torch.autocast too (as documented):
+    the same float32 results as outside it, attention included."""
+    torch.manual_seed(4)
+    layer = rtp.MultiheadAttention.from_dense(nn.MultiheadAttention(
+        E, HEADS, batch_first=True, dtype=torch.float32), comm=world)
+    head = rtp.Linear(E, 5, comm=world, dtype=torch.float32)
+    x = torch.randn(MICRO, TGT, E, generator=torch.Generator().manual_seed(world.rank),
+                    dtype=torch.float32)
+    for need_weights in (True, False):
+        plain = head(layer(x, x, x, need_weights=need_weights)[0])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            auto = head(layer(x, x, x, need_weights=need_weights)[0])
+        assert auto.dtype == torch.float32 and torch.equal(auto, plain), \
+            f"need_weights={need_weights}: {auto.dtype}, off by {(auto - plain).abs().max()}"
+
+
 def body():
     torch.set_default_dtype(torch.float64)
     world = collectives.init()
@@ -141,6 +175,8 @@ def body():
     layer.load_state_dict(other.state_dict())
     for k, v in other.state_dict().items():
         assert torch.equal(layer.state_dict()[k], v), f"loaded: {k} differs"
+    dropout_weights(world)
+    autocast(world)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Converting models that reuse things: the same normalised input computed more than once and fed
 to several layers, a module called twice, a module registered under two names, cross-attention;
 and rotation buffers reused across steps (persistent rotations) with the same results as buffers
-made per call, also after a parameter gets new storage or the model a new dtype."""
+made per call, also after a parameter gets new storage or the model a new dtype; frozen
+parameters stay frozen (and right); a materialised model starts from rank 0's values."""
+import copy
 import sys
 
 import _common  # noqa: F401
@@ -93,6 +95,95 @@ def reuse():
     assert moved > 1e-2, "training did not move the weights, the comparison proves nothing"
 
 
+class Mixed(nn.Module):
+    """Every layer RTP converts, plus replicated parameters and buffers (LayerNorm, BatchNorm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(11, E)
+        self.fc = nn.Linear(E, E)
+        self.ln = nn.LayerNorm(E)
+        self.attn = nn.MultiheadAttention(E, HEADS, batch_first=True)
+        self.bn = nn.BatchNorm1d(E)
+        self.head = nn.Linear(E, 7)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.fc(self.emb(ids))
+        n = self.ln(h)
+        h = h + self.attn(n, n, n, need_weights=False)[0]
+        return self.head(self.bn(h.transpose(1, 2)).transpose(1, 2))
+
+
+# frozen: a whole embedding, a weight without its bias, attention's in_proj but not its
+# out_proj, a replicated LayerNorm, and the last layer (whose input still needs its gradient)
+FROZEN = ("emb.weight", "fc.weight", "ln.weight", "ln.bias", "attn.in_proj_weight",
+          "attn.in_proj_bias", "head.weight", "head.bias")
+
+
+def frozen():
+    """Parameters frozen in the dense model stay frozen in the RTP one, get no gradient and keep
+    their values, while the gradients of everything else (through them) are the dense ones."""
+    torch.set_default_dtype(torch.float64)
+    world = collectives.init()
+    r = world.rank
+    torch.manual_seed(0)
+    dense = Mixed().eval()  # eval: BatchNorm's running statistics, the same on every rank
+    for name, prm in dense.named_parameters():
+        prm.requires_grad_(name not in FROZEN)
+    model = rtp.RotatedTensorParallel(copy.deepcopy(dense), comm=world).eval()
+    flags = {k: prm.requires_grad for k, prm in model.module.named_parameters()}
+    want = {k: prm.requires_grad for k, prm in dense.named_parameters()}
+    assert flags == want, f"requires_grad {flags} vs the dense {want}"
+    o_dense = torch.optim.SGD([q for q in dense.parameters() if q.requires_grad], lr=0.5)
+    o_rtp = torch.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.5)
+    start = {k: v.clone() for k, v in dense.state_dict().items()}
+    mine = slice(r * MICRO, (r + 1) * MICRO)
+    for step in range(3):
+        ids = torch.randint(0, 11, (world.size * MICRO, TGT),
+                            generator=torch.Generator().manual_seed(step))
+        out = dense(ids)
+        o_dense.zero_grad()
+        out.pow(2).mean().backward()  # = the mean over ranks of theirs
+        local = model(ids[mine])
+        err = (local - out[mine]).abs().max().item()
+        assert err < 1e-10, f"step {step}: output off by {err:.3g}"
+        o_rtp.zero_grad()
+        local.pow(2).mean().backward()
+        for k, prm in model.module.named_parameters():
+            assert (prm.grad is None) == (k in FROZEN), f"step {step}: {k}.grad is {prm.grad}"
+        o_dense.step()
+        o_rtp.step()
+        got = model.state_dict()
+        for k, v in dense.state_dict().items():
+            err = (got[k] - v).abs().max().item()
+            assert err < 1e-10, f"after step {step}: {k} off by {err:.3g}"
+    for k in FROZEN:
+        assert torch.equal(got[k], start[k]), f"frozen {k} changed"
+    assert not torch.equal(got["fc.bias"], start["fc.bias"]), "the trainable bias did not move"
+
+
+def rank0():
+    """A materialised model whose ranks hold different values (no common seed) starts from rank
+    0's: every parameter and buffer, sharded or replicated, on every rank."""
+    torch.set_default_dtype(torch.float64)
+    world = collectives.init()
+
+    def built(rank):
+        torch.manual_seed(rank)
+        model = Mixed()
+        with torch.no_grad():  # values no seed changes: LayerNorm's, BatchNorm's statistics
+            model.ln.weight.add_(rank)
+            model.bn.running_mean.add_(rank)
+            model.bn.num_batches_tracked.add_(rank)
+        return model
+
+    want = built(0).state_dict()
+    model = rtp.RotatedTensorParallel(built(world.rank), comm=world)
+    got = model.state_dict()
+    for k, v in want.items():
+        assert torch.equal(got[k], v), f"{k} is not rank 0's"
+
+
 def build(world, seed, persistent):
     torch.manual_seed(seed)
     with torch.device("meta"):
@@ -145,7 +236,7 @@ def persistent():
     assert la.dtype == torch.float64 and torch.equal(la, lb), "after .double(): results differ"
 
 
-MODES = {"reuse": reuse, "persistent": persistent}
+MODES = {"reuse": reuse, "persistent": persistent, "frozen": frozen, "rank0": rank0}
 
 if __name__ == "__main__":
     rank_main(lambda: [MODES[m]() for m in sys.argv[1].split(",")])
