@@ -32,6 +32,7 @@ import torch
 from torch.utils._pytree import tree_map
 
 from .bucket import Bucket
+from .checkpoint import FullStateDict
 from .groups import Groups, build_groups
 from .schedule import Schedule
 from .strategy import Strategy, parse_strategy
@@ -104,6 +105,7 @@ class ParoDataParallel(torch.nn.Module):
         self.buckets = [Bucket(i, unit, named, self.strategy, self.groups, self.dtype,
                                self.mixed_precision) for i, (unit, named) in enumerate(planned)]
         self._schedule = Schedule(self.buckets, max_inflight)
+        self._checkpoint = FullStateDict(module, self.buckets, self._gather_level)
         self._micro = 0
         self.optimizer = optimizer([b.opt for b in self.buckets])
         if not isinstance(self.optimizer, torch.optim.Optimizer):
@@ -197,6 +199,7 @@ class ParoDataParallel(torch.nn.Module):
     def close(self) -> None:
         """Remove the hooks and free the sub-communicators this wrapper created."""
         self._schedule.remove()
+        self._checkpoint.remove()
         self.groups.close()
 
     def _gather_level(self, shard: torch.Tensor, level: str) -> torch.Tensor:
