@@ -1,4 +1,4 @@
-"""One unit's parameters as a padded flat buffer, and the collectives that gather it, reduce its
+"""One unit's parameters (or tied units') as a padded flat buffer, and the collectives that gather it, reduce its
 gradients and bring an update back, at the levels of a PaRO strategy.
 
 Per bucket (``Mp`` = its element count padded to a multiple of the world size), a rank keeps:
@@ -33,9 +33,10 @@ from .units import NamedParams
 class Bucket:
     """The buffers and collectives of one unit under one strategy (see the module docstring)."""
 
-    def __init__(self, index: int, unit: torch.nn.Module, named: NamedParams, strategy: Strategy,
-                 groups: Groups, master_dtype: torch.dtype, mixed: bool) -> None:
-        self.index, self.unit, self.named = index, unit, named
+    def __init__(self, index: int, units: list[torch.nn.Module], named: NamedParams,
+                 strategy: Strategy, groups: Groups, master_dtype: torch.dtype,
+                 mixed: bool) -> None:
+        self.index, self.units, self.named = index, units, named   # units: usually one
         self.strategy, self.groups, self.mixed = strategy, groups, mixed
         self.shapes = [p.shape for _, p in named]
         self.numel = sum(s.numel() for s in self.shapes)

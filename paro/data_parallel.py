@@ -97,13 +97,14 @@ class ParoDataParallel(torch.nn.Module):
         self.accumulation_steps = accumulation_steps
         self.mixed_precision = bool(mixed_precision)
         planned = plan_units(module, units)
-        self.dtype = _common_dtype([np for _, named in planned for np in named])
+        self.dtype = _common_dtype([np for plan in planned for np in plan.named])
         if self.mixed_precision and self.dtype != torch.float32:
             raise TypeError(f"mixed_precision keeps float32 master weights: the module's "
                             f"parameters must be float32, got {self.dtype}")
         self.groups: Groups = build_groups(comm)
-        self.buckets = [Bucket(i, unit, named, self.strategy, self.groups, self.dtype,
-                               self.mixed_precision) for i, (unit, named) in enumerate(planned)]
+        self.buckets = [Bucket(i, plan.modules, plan.named, self.strategy, self.groups,
+                               self.dtype, self.mixed_precision)
+                        for i, plan in enumerate(planned)]
         self._schedule = Schedule(self.buckets, max_inflight)
         self._checkpoint = FullStateDict(module, self.buckets, self._gather_level)
         self._micro = 0
