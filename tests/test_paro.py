@@ -181,6 +181,13 @@ def test_bad_input_raises_on_every_rank():
 
 
 @pytest.mark.mpi
+def test_one_rank_differing_raises_on_every_rank_at_once():
+    out = run_ranks("paro_errors.py", 4, ["disagree"], timeout=120,
+                    env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    assert out.count("DONE") == 4
+
+
+@pytest.mark.mpi
 def test_uneven_nodes_rejected():
     out = run_ranks("paro_errors.py", 4, ["uneven"], timeout=120,
                     env={"TOPOCOLL_TOPOLOGY": "3,1"})
