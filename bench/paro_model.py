@@ -39,8 +39,9 @@ def fully_shard_units(net: Any, units: Any, mixed: bool) -> Any:
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16,
                                   output_dtype=torch.float32) if mixed else \
         MixedPrecisionPolicy()
-    for unit, _ in plan_units(net, units):
-        if unit is not net:
-            fully_shard(unit, mesh=mesh, mp_policy=policy)
+    for plan in plan_units(net, units):
+        for unit in plan.modules:
+            if unit is not net:
+                fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(net, mesh=mesh, mp_policy=policy)
     return group

@@ -1,4 +1,4 @@
-"""One unit's parameters as a padded flat buffer, and the collectives that gather it, reduce its
+"""One unit's parameters (or tied units') as a padded flat buffer, and the collectives that gather it, reduce its
 gradients and bring an update back, at the levels of a PaRO strategy.
 
 Per bucket (``Mp`` = its element count padded to a multiple of the world size), a rank keeps:
@@ -8,9 +8,11 @@ Per bucket (``Mp`` = its element count padded to a multiple of the world size), 
 - ``opt``: the parameter the optimizer updates, at level O (a view of ``shard``, or with mixed
   precision a float32 master copy).
 
-``full`` is the unit's whole padded buffer; the module's parameters are views of it. When P
-shards parameters its storage is resized to nothing between uses (the views stay valid and see
-the data again once it is gathered back), the way FSDP frees gathered parameters.
+``full`` is the unit's whole padded buffer. When P shards parameters its storage is resized to
+nothing between uses, the way FSDP frees gathered parameters: the views autograd saved in forward
+see the data again once it is gathered back for backward. The module's parameters are views of
+``full`` while it is gathered and empty tensors otherwise, so code that touches them outside
+their unit (printing, ``state_dict()``) finds no elements instead of freed memory.
 
 Buffers that live only while a collective runs (``full``, a micro-batch's gradients, the
 optimizer-level gradient, the update's source) are freed here by resizing once it has landed:
@@ -31,9 +33,10 @@ from .units import NamedParams
 class Bucket:
     """The buffers and collectives of one unit under one strategy (see the module docstring)."""
 
-    def __init__(self, index: int, unit: torch.nn.Module, named: NamedParams, strategy: Strategy,
-                 groups: Groups, master_dtype: torch.dtype, mixed: bool) -> None:
-        self.index, self.unit, self.named = index, unit, named
+    def __init__(self, index: int, units: list[torch.nn.Module], named: NamedParams,
+                 strategy: Strategy, groups: Groups, master_dtype: torch.dtype,
+                 mixed: bool) -> None:
+        self.index, self.units, self.named = index, units, named   # units: usually one
         self.strategy, self.groups, self.mixed = strategy, groups, mixed
         self.shapes = [p.shape for _, p in named]
         self.numel = sum(s.numel() for s in self.shapes)
@@ -49,6 +52,9 @@ class Bucket:
         self._gather: Any = None                    # handle of the gather in flight
         self._boundary: Any = None                  # handle of the boundary reduction
         self._update: tuple[Any, torch.Tensor] | None = None   # the update's gather and source
+        self._empty = torch.empty(0, dtype=self.dtype)  # what released parameters show
+        self._bound: bool | None = None             # parameters are views of ``full`` (True),
+                                                    # empty (False), the user's own (None)
         self._init_buffers()
 
     # -- parameters ------------------------------------------------------------------------------
@@ -77,6 +83,7 @@ class Bucket:
         if self._gather is not None:
             self._gather.wait()
             self._gather = None
+        self._bind(True)
 
     def release(self) -> None:
         """Free the gathered parameters (after any gather in flight lands)."""
@@ -85,7 +92,37 @@ class Bucket:
         if self._gather is not None:
             self._gather.wait()
             self._gather = None
+        self._bind(False)
         self.full.untyped_storage().resize_(0)
+
+    def keep_loaded(self, masters: list[torch.Tensor | None]) -> None:
+        """``full`` was overwritten with loaded weights (``ready`` first): keep this rank's
+        shard of it, then free it.
+
+        With mixed precision ``full`` holds them rounded to bfloat16, so the float32 master
+        weights come from ``masters`` (parameter ``i``'s loaded value, or None to keep its
+        master as it is)."""
+        lo, hi = self.layout.range_of(self.strategy.params)
+        if self.sharded:
+            self.shard.copy_(self.full[lo:hi])
+        if self.mixed:
+            o_lo, o_hi = self.layout.range_of(self.strategy.states)
+            master, off = self.opt.detach(), 0
+            for shape, value in zip(self.shapes, masters):
+                a, z = max(off, o_lo), min(off + shape.numel(), o_hi)
+                if value is not None and a < z:     # the part of parameter i in this shard
+                    master[a - o_lo:z - o_lo].copy_(value.detach().reshape(-1)[a - off:z - off])
+                off += shape.numel()
+        self.release()
+
+    def _bind(self, gathered: bool) -> None:
+        """Point the module's parameters at the views of ``full``, or at an empty tensor."""
+        if gathered is self._bound:
+            return
+        views = self.views(self.full) if gathered else [self._empty] * len(self.named)
+        for view, (_, p) in zip(views, self.named):
+            p.data = view
+        self._bound = gathered
 
     # -- gradients -------------------------------------------------------------------------------
     def fold(self, i: int, grad: torch.Tensor, first_micro: bool) -> bool:
@@ -241,8 +278,7 @@ class Bucket:
         else:
             self.opt = torch.nn.Parameter(self.shard[o_lo - p_lo:o_hi - p_lo])
         self.acc = torch.zeros(lay.length(s.grads), dtype=self.dtype)
-        for view, (_, p) in zip(self.views(self.full), self.named):
-            p.data = view
+        self._bind(not self.sharded)
         if self.sharded:
             self.full.untyped_storage().resize_(0)
 

@@ -31,11 +31,13 @@ from typing import Any, Callable, Iterable
 import torch
 from torch.utils._pytree import tree_map
 
+from .agree import Settings, agree
 from .bucket import Bucket
+from .checkpoint import FullStateDict
 from .groups import Groups, build_groups
 from .schedule import Schedule
 from .strategy import Strategy, parse_strategy
-from .units import plan_units
+from .units import Unit, plan_units
 
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -82,28 +84,24 @@ class ParoDataParallel(torch.nn.Module):
                  units: Iterable[torch.nn.Module] | None = None, mixed_precision: bool = False,
                  max_inflight: int = 2) -> None:
         super().__init__()
-        self.strategy: Strategy = parse_strategy(strategy)
-        if not isinstance(module, torch.nn.Module):
-            raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        if not callable(optimizer) or isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError("optimizer must be a callable that builds a torch optimizer from a "
-                            "list of parameters, e.g. lambda ps: torch.optim.AdamW(ps, lr=1e-3)")
-        for name, value, least in (("accumulation_steps", accumulation_steps, 1),
-                                   ("max_inflight", max_inflight, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        try:
+            settings, planned = _checked(module, strategy, optimizer, accumulation_steps,
+                                         units, mixed_precision, max_inflight)
+        except Exception as err:    # raised on every rank, before any split: none waits for it
+            agree(comm, err)
+            raise
+        agree(comm, settings)
+        self.strategy: Strategy = settings.strategy
         self.module = module
         self.accumulation_steps = accumulation_steps
-        self.mixed_precision = bool(mixed_precision)
-        planned = plan_units(module, units)
-        self.dtype = _common_dtype([np for _, named in planned for np in named])
-        if self.mixed_precision and self.dtype != torch.float32:
-            raise TypeError(f"mixed_precision keeps float32 master weights: the module's "
-                            f"parameters must be float32, got {self.dtype}")
+        self.mixed_precision = settings.mixed_precision
+        self.dtype = settings.dtype
         self.groups: Groups = build_groups(comm)
-        self.buckets = [Bucket(i, unit, named, self.strategy, self.groups, self.dtype,
-                               self.mixed_precision) for i, (unit, named) in enumerate(planned)]
+        self.buckets = [Bucket(i, plan.modules, plan.named, self.strategy, self.groups,
+                               self.dtype, self.mixed_precision)
+                        for i, plan in enumerate(planned)]
         self._schedule = Schedule(self.buckets, max_inflight)
+        self._checkpoint = FullStateDict(module, self.buckets, self._gather_level)
         self._micro = 0
         self.optimizer = optimizer([b.opt for b in self.buckets])
         if not isinstance(self.optimizer, torch.optim.Optimizer):
@@ -197,6 +195,7 @@ class ParoDataParallel(torch.nn.Module):
     def close(self) -> None:
         """Remove the hooks and free the sub-communicators this wrapper created."""
         self._schedule.remove()
+        self._checkpoint.remove()
         self.groups.close()
 
     def _gather_level(self, shard: torch.Tensor, level: str) -> torch.Tensor:
@@ -205,6 +204,30 @@ class ParoDataParallel(torch.nn.Module):
             return shard
         comm, algo = self.groups.use(self.groups.level_comm(level))
         return comm.all_gather(shard, algo=algo)
+
+
+def _checked(module: torch.nn.Module, strategy: str, optimizer: OptimizerFactory,
+             accumulation_steps: int, units: Iterable[torch.nn.Module] | None,
+             mixed_precision: bool, max_inflight: int) -> tuple[Settings, list[Unit]]:
+    """This rank's arguments, checked, as the settings every rank must share, and the buckets'
+    units; raises TypeError or ValueError naming what is wrong."""
+    parsed = parse_strategy(strategy)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not callable(optimizer) or isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("optimizer must be a callable that builds a torch optimizer from a "
+                        "list of parameters, e.g. lambda ps: torch.optim.AdamW(ps, lr=1e-3)")
+    for name, value, least in (("accumulation_steps", accumulation_steps, 1),
+                               ("max_inflight", max_inflight, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    planned = plan_units(module, units)
+    dtype = _common_dtype([np for plan in planned for np in plan.named])
+    if mixed_precision and dtype != torch.float32:
+        raise TypeError(f"mixed_precision keeps float32 master weights: the module's "
+                        f"parameters must be float32, got {dtype}")
+    sizes = [sum(p.numel() for _, p in plan.named) for plan in planned]
+    return Settings(parsed, accumulation_steps, bool(mixed_precision), dtype, sizes), planned
 
 
 def _common_dtype(named: list[tuple[str, torch.nn.Parameter]]) -> torch.dtype:

@@ -1,8 +1,10 @@
 """The choreography of one micro-batch, driven by module and autograd hooks.
 
 Forward: just before a unit runs, its parameters are made ready (gathered if the strategy shards
-them; usually the gather was started earlier) and the gather of the unit predicted to run next is
-started, so it travels while this one computes; after the unit, its parameters are freed.
+them; usually the gather was started earlier) and the gather of the unit predicted to run next (by
+the previous forward's sequence of unit calls) is started, so it travels while this one computes;
+after the unit, its parameters are freed. Tied units share one bucket, gathered for each of their
+calls.
 
 Backward: when the first gradient reaches a unit's output, its parameters are gathered again and
 the next unit's (in reverse order of the forward's finish) are prefetched. Each parameter's
@@ -37,17 +39,18 @@ class Schedule:
         self.first_micro = True       # of the optimizer step: acc starts afresh
         self.last_micro = True        # of the optimizer step: start the boundary reductions
         self.backward_seen = False    # a backward reached the buckets since the last step()
-        self._guess = [b.index for b in buckets]    # predicted forward order
-        self._started: list[int] = []               # units in the order they started (forward)
-        self._finished: list[int] = []              # ... and finished (forward)
+        self._guess = [b.index for b in buckets]    # predicted forward: each unit call's bucket
+        self._started: list[int] = []               # this forward's unit calls as they start
+        self._finished: list[int] = []              # ... and as they finish
         self._begun: set[int] = set()               # units whose backward has begun
         self._reduced: set[int] = set()             # buckets whose reduction has started
         self._pending: deque[tuple[Bucket, Any]] = deque()
         self._in_backward = False
         self._hooks: list[Any] = []
         for b in buckets:
-            self._hooks.append(b.unit.register_forward_pre_hook(partial(self._pre_forward, b)))
-            self._hooks.append(b.unit.register_forward_hook(partial(self._post_forward, b)))
+            for unit in b.units:
+                self._hooks.append(unit.register_forward_pre_hook(partial(self._pre_forward, b)))
+                self._hooks.append(unit.register_forward_hook(partial(self._post_forward, b)))
             for i, (_, p) in enumerate(b.named):
                 self._hooks.append(p.register_post_accumulate_grad_hook(
                     partial(self._on_grad, b, i)))
@@ -72,10 +75,10 @@ class Schedule:
 
     # -- forward -----------------------------------------------------------------------------------
     def _pre_forward(self, b: Bucket, module: Any, args: Any) -> None:
-        if b.index not in self._started:
-            self._started.append(b.index)
+        at = len(self._started)
+        self._started.append(b.index)
         b.ready()
-        self._prefetch(self._guess, b.index, skip=set())
+        self._prefetch(self._guess, self._position(self._guess, at, b.index), skip=set())
 
     def _post_forward(self, b: Bucket, module: Any, args: Any, output: Any) -> None:
         self._finished.append(b.index)
@@ -95,7 +98,7 @@ class Schedule:
         if b.index not in self._reduced:
             b.ready()
         order = list(reversed(self._finished))
-        self._prefetch(order, b.index, skip=self._begun | self._reduced)
+        self._prefetch(order, order.index(b.index), skip=self._begun | self._reduced)
 
     def _on_grad(self, b: Bucket, i: int, p: torch.nn.Parameter) -> None:
         self._enter_backward()
@@ -149,11 +152,21 @@ class Schedule:
         self._begun.clear()
         self._reduced.clear()
 
-    def _prefetch(self, order: list[int], current: int, skip: set[int]) -> None:
-        """Start gathering the unit after ``current`` in ``order`` (not one in ``skip``)."""
-        if not self.buckets[current].sharded or current not in order:
+    def _prefetch(self, order: list[int], at: int | None, skip: set[int]) -> None:
+        """Start gathering the first bucket after position ``at`` of ``order`` (a sequence of
+        unit calls by bucket) that is not in ``skip``."""
+        if at is None or not self.buckets[order[at]].sharded:
             return
-        for nxt in order[order.index(current) + 1:]:
+        for nxt in order[at + 1:]:
             if nxt not in skip:
                 self.buckets[nxt].gather()
                 return
+
+    @staticmethod
+    def _position(order: list[int], at: int, index: int) -> int | None:
+        """Where this forward's call number ``at`` (to bucket ``index``) stands in the predicted
+        ``order``: the same place while the prediction holds, else the bucket's first call there
+        (a unit called twice, or tied units, appear more than once); None if never predicted."""
+        if at < len(order) and order[at] == index:
+            return at
+        return order.index(index) if index in order else None

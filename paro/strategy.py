@@ -91,8 +91,13 @@ def expected_memory(strategy: str | Strategy, numel: int | Sequence[int], group_
     With ``mixed_precision`` parameters and gradients are bfloat16 (2 bytes) and the optimizer
     level holds a master copy besides its states, ``itemsize`` bytes each: with Adam and float32
     that is the paper's 2 + 2 + 12 bytes per parameter.
+
+    Raises:
+        ValueError: ``group_size`` is not a positive divisor of ``world_size``: groups of ``g``
+            ranks tile the world (``W = n * g``), so no other shard sizes exist.
     """
     s = parse_strategy(strategy)
+    _check_groups(group_size, world_size)
     sizes = [numel] if isinstance(numel, int) else list(numel)
     mp = sum(padded_numel(n, world_size) for n in sizes)
     per_level = {lvl: mp // shard_divisor(lvl, group_size, world_size) for lvl in LEVELS}
@@ -102,6 +107,14 @@ def expected_memory(strategy: str | Strategy, numel: int | Sequence[int], group_
             (optimizer_states + (1 if mixed_precision else 0))}
     held["total"] = held["params"] + held["grads"] + held["optimizer"]
     return held
+
+
+def _check_groups(group_size: int, world_size: int) -> None:
+    """Raise ValueError unless ``n`` groups of ``group_size`` ranks make up ``world_size``."""
+    if world_size < 1 or group_size < 1 or world_size % group_size:
+        raise ValueError(f"group_size must be a positive divisor of world_size (n groups of g "
+                         f"ranks make the world); got group_size={group_size}, "
+                         f"world_size={world_size}")
 
 
 def _rank(level: str) -> int:

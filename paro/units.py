@@ -4,26 +4,37 @@ A unit's parameters are gathered just before the unit runs (forward and backward
 so a unit should be a module that is *called* and whose parameters are used only inside that call:
 a Linear, a LayerNorm, a transformer block. By default the units are the outermost modules that hold
 trainable parameters directly (``nn.MultiheadAttention`` is one unit with its ``out_proj``, which
-it uses without calling it).
+it uses without calling it). A parameter shared by units that don't nest, such as a head tied to
+the embedding (``head.weight = tok.weight``), makes those units one bucket, gathered whenever any
+of them runs.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
 NamedParams = list[tuple[str, torch.nn.Parameter]]
 
 
+class Unit(NamedTuple):
+    """One bucket: the modules whose calls gather it, and the trainable parameters it holds."""
+
+    modules: list[torch.nn.Module]
+    named: NamedParams
+
+
 def plan_units(module: torch.nn.Module, units: Iterable[torch.nn.Module] | None = None
-               ) -> list[tuple[torch.nn.Module, NamedParams]]:
-    """The buckets in module order: each unit and the trainable parameters it gathers.
+               ) -> list[Unit]:
+    """The buckets in module order: the units that gather each and the parameters it holds.
 
     Args:
         module: the wrapped module.
         units: ``None`` for the default (see the module docstring), or submodules of ``module``.
             Each parameter belongs to the innermost listed unit that contains it; parameters
             under no listed unit belong to ``module`` itself (gathered for its whole forward).
+            A parameter with several innermost units (tied weights) joins their buckets into one
+            that each of them gathers when it runs.
 
     Raises:
         TypeError: an entry of ``units`` is not a module.
@@ -31,17 +42,23 @@ def plan_units(module: torch.nn.Module, units: Iterable[torch.nn.Module] | None 
     """
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     chosen = _default_units(module) if units is None else _given_units(module, units)
-    owner: dict[int, int] = {}              # id(param) -> index of its innermost unit
-    sizes = [sum(1 for _ in u.parameters()) for u in chosen]
+    holders = _innermost_holders(chosen, named)
+    root = list(range(len(chosen)))         # union-find over the units: shared -> one bucket
+
+    def find(i: int) -> int:
+        while root[i] != i:
+            i = root[i]
+        return i
+
+    for held in holders:
+        for j in held[1:]:
+            root[find(j)] = find(held[0])
+    buckets: dict[int, Unit] = {}
     for i, unit in enumerate(chosen):
-        for p in unit.parameters():
-            j = owner.get(id(p))
-            if j is None or sizes[i] < sizes[j]:
-                owner[id(p)] = i
-    buckets: list[tuple[torch.nn.Module, NamedParams]] = [(u, []) for u in chosen]
-    for name, p in named:
-        buckets[owner[id(p)]][1].append((name, p))
-    return [(u, ps) for u, ps in buckets if ps]
+        buckets.setdefault(find(i), Unit([], [])).modules.append(unit)
+    for (name, p), held in zip(named, holders):
+        buckets[find(held[0])].named.append((name, p))
+    return [b for b in buckets.values() if b.named]
 
 
 def _default_units(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -76,3 +93,16 @@ def _given_units(module: torch.nn.Module, units: Iterable[torch.nn.Module]
                              f"{type(u).__name__} is not")
     wanted = set(ids) | {id(module)}
     return [m for m in module.modules() if id(m) in wanted]
+
+
+def _innermost_holders(chosen: list[torch.nn.Module], named: NamedParams) -> list[list[int]]:
+    """Per parameter, the units that contain it with no other such unit inside them (one,
+    unless the parameter is shared by units that don't nest)."""
+    params = [{id(p) for p in u.parameters()} for u in chosen]
+    inside = [{id(m) for m in u.modules()} for u in chosen]
+    out = []
+    for _, p in named:
+        held = [i for i in range(len(chosen)) if id(p) in params[i]]
+        out.append([i for i in held
+                    if not any(j != i and id(chosen[j]) in inside[i] for j in held)])
+    return out

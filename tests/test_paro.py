@@ -48,6 +48,12 @@ def test_expected_memory_formula():
     assert paro.expected_memory("NNG", [61, 18, 22], 2, 4)["grads"] == 108 * 4
 
 
+@pytest.mark.parametrize("group_size, world_size", [(3, 4), (0, 4), (2, 0), (4, 2)])
+def test_expected_memory_rejects_groups_that_do_not_tile_the_world(group_size, world_size):
+    with pytest.raises(ValueError, match="group_size"):
+        paro.expected_memory("NIG", 10, group_size, world_size)
+
+
 def test_expected_memory_mixed_precision_is_2_2_12():
     # bf16 params and grads, fp32 master + Adam's 2 states at the optimizer level (the paper's K=12)
     w, g, m = 8, 4, 8000
@@ -153,9 +159,31 @@ def test_public_objects_have_docstrings():
             assert obj.__doc__ and obj.__doc__.strip(), name
 
 
+def test_units_sharing_a_parameter_share_a_bucket():
+    import torch
+    from topocoll.paro.units import plan_units
+
+    net = torch.nn.ModuleDict({"tok": torch.nn.Embedding(6, 4), "ln": torch.nn.LayerNorm(4),
+                               "head": torch.nn.Linear(4, 6)})
+    net["head"].weight = net["tok"].weight                # tied, as in GPT
+    for units in (None, [net["tok"], net["ln"], net["head"]]):
+        plans = plan_units(net, units)
+        assert [[type(m).__name__ for m in p.modules] for p in plans] == \
+            [["Embedding", "Linear"], ["LayerNorm"]]
+        assert [[n for n, _ in p.named] for p in plans] == \
+            [["tok.weight", "head.bias"], ["ln.weight", "ln.bias"]]
+
+
 @pytest.mark.mpi
 def test_bad_input_raises_on_every_rank():
     out = run_ranks("paro_errors.py", 4, ["names"], timeout=120, env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    assert out.count("DONE") == 4
+
+
+@pytest.mark.mpi
+def test_one_rank_differing_raises_on_every_rank_at_once():
+    out = run_ranks("paro_errors.py", 4, ["disagree"], timeout=120,
+                    env={"TOPOCOLL_TOPOLOGY": "2x2"})
     assert out.count("DONE") == 4
 
 

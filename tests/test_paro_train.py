@@ -22,3 +22,17 @@ def test_mixed_precision_trains_and_keeps_2_2_12_bytes():
     out = run_ranks("paro_mixed.py", 4, timeout=300, env={"TOPOCOLL_TOPOLOGY": "2x2"})
     for s in paro.STRATEGIES:
         assert out.count(f"ok {s} ") == 1, f"{s} did not train in mixed precision"
+
+
+def test_state_dict_gathers_and_load_state_dict_shards():
+    out = run_ranks("paro_checkpoint.py", 4, ["state"], timeout=300,
+                    env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    for s in paro.STRATEGIES:
+        assert f"ok state {s}" in out, f"{s} did not checkpoint"
+
+
+def test_weights_tied_between_default_units_train_like_the_plain_model():
+    out = run_ranks("paro_checkpoint.py", 4, ["tied"], timeout=300,
+                    env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    for s in paro.STRATEGIES:
+        assert f"ok tied {s}" in out, f"{s} did not train with tied weights"

@@ -1,11 +1,16 @@
 """Bad input to ParoDataParallel raises the same clear error on every rank, without hanging.
 
-argv: "names" (bad strategy names and arguments) or "uneven" (a topology of unequal nodes).
+argv: "names" (bad strategy names and arguments), "uneven" (a topology of unequal nodes) or
+"disagree" (one rank's arguments are bad or differ from the others': that rank raises its own
+error, the others a MismatchError naming it, all before any split and long before the
+communicator's timeout; the communicator stays usable).
 """
 import sys
 
 import _common  # noqa: F401
 from _common import rank_main
+
+import time
 
 import torch
 
@@ -24,6 +29,36 @@ def expect(exc, fragment, fn):
 
 def sgd(ps):
     return torch.optim.SGD(ps, lr=0.1)
+
+
+def disagree(comm, net):
+    """Rank 1 alone passes a bad or different argument; every rank raises within seconds."""
+    odd = comm.rank == 1
+    two = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 2))
+    mismatch = collectives.MismatchError
+    cases = [   # rank 1's arguments, its error and text, the other ranks' error and text
+        (dict(strategy="XYZ" if odd else "NIG"), ValueError, "invalid strategy 'XYZ'",
+         mismatch, "rank 1 rejected its arguments"),
+        (dict(strategy="GGG" if odd else "NNG"), mismatch, "disagree on the strategy",
+         mismatch, "rank 1 has GGG"),
+        (dict(accumulation_steps=3 if odd else 2), mismatch, "disagree on accumulation_steps",
+         mismatch, "rank 1 has 3"),
+        (dict(mixed_precision=odd), mismatch, "disagree on mixed_precision",
+         mismatch, "rank 1 has True"),
+        (dict(units=[two] if odd else None), mismatch, "disagree on the buckets",
+         mismatch, "rank 1 has 1 bucket of 14 elements"),
+    ]
+    for kwargs, odd_exc, odd_text, peer_exc, peer_text in cases:
+        args = dict(strategy="NIG", optimizer=sgd) | kwargs
+        exc, text = (odd_exc, odd_text) if odd else (peer_exc, peer_text)
+        start = time.monotonic()
+        expect(exc, text, lambda: paro.ParoDataParallel(two, comm=comm, **args))
+        took = time.monotonic() - start
+        assert took < comm.timeout / 2, f"{kwargs}: raised after {took:.1f}s"
+    model = paro.ParoDataParallel(two, "IGG", comm, optimizer=sgd)
+    model(torch.ones(1, 3)).sum().backward()
+    assert model.step()
+    model.close()
 
 
 def body():
@@ -63,6 +98,8 @@ def body():
         assert model.step()
         expect(RuntimeError, "needs a forward and backward", model.step)
         model.close()
+    elif sys.argv[1] == "disagree":
+        disagree(comm, net)
     else:
         expect(ValueError, "node sizes are [3, 1]",
                lambda: paro.ParoDataParallel(net, "NIG", comm, optimizer=sgd))

@@ -112,7 +112,8 @@ def watch_gathered(model):
         most[phase] = max(most[phase], sum(b.gathered for b in model.buckets))
 
     for b in model.buckets:
-        b.unit.register_forward_pre_hook(lambda *a: count("forward"))
+        for unit in b.units:
+            unit.register_forward_pre_hook(lambda *a: count("forward"))
         for _, p in b.named:
             p.register_post_accumulate_grad_hook(lambda *a: count("backward"))
     return most
