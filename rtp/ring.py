@@ -12,14 +12,13 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
 from topocoll import collectives
+from topocoll._agree import agree as agree_across
 
 _RINGS: "weakref.WeakKeyDictionary[collectives.Communicator, Ring]" = weakref.WeakKeyDictionary()
 _WORLD: list[collectives.Communicator] = []
-TEXT_BYTES = 1024  # the longest error message one rank sends the others
 
 
 class Ring:
@@ -39,28 +38,11 @@ class Ring:
         return self.comm.rotate(x, out=out, shift=shift, async_op=True)
 
     def agree(self, problem: str | None) -> None:
-        """Raise ValueError on every rank if any rank has a ``problem`` (None: this rank has
-        none). A rank with a problem raises its own message; the others name the first such
-        rank and give that rank's message, not a description of their own (valid) input."""
-        # max over ranks: [anyone bad, -(first bad rank)]
-        flags = np.array([0, -self.size] if problem is None else [1, -self.rank], np.int64)
-        self.comm.all_reduce(flags, op="max")
-        if not flags[0]:
-            return
-        theirs = self.send_text(problem or "", root=int(-flags[1]))
-        if problem is not None:
-            raise ValueError(problem)
-        raise ValueError(f"rank {int(-flags[1])} of the RTP communicator rejected its input: "
-                         f"{theirs}")
-
-    def send_text(self, text: str, root: int) -> str:
-        """``root``'s ``text`` on every rank (its first ``TEXT_BYTES`` bytes of UTF-8)."""
-        buf = np.zeros(TEXT_BYTES, np.uint8)
-        if self.rank == root:
-            raw = text.encode()[:TEXT_BYTES]
-            buf[:len(raw)] = np.frombuffer(raw, np.uint8)
-        self.comm.broadcast(buf, root=root)
-        return buf.tobytes().rstrip(b"\0").decode(errors="ignore")
+        """Raise on every rank if any rank has a ``problem`` (None: this rank has none): the
+        rank with it raises ValueError(problem), the others a MismatchError giving that rank
+        and its message, not a description of their own (valid) input (``topocoll._agree``)."""
+        agree_across(self.comm, "RTP communicator", None if problem is None
+                     else ValueError(problem))
 
     def copy_from(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         """Overwrite ``tensors`` (materialised, any dtypes) with ``root``'s values: one broadcast
@@ -78,16 +60,10 @@ class Ring:
                 pos += part.numel()
 
     def agree_on(self, values: tuple[int, ...], what: str) -> None:
-        """Raise ValueError on every rank unless every rank passes the same ``values``."""
-        mine = np.array(values, np.int64)
-        lo, hi = mine.copy(), mine.copy()
-        self.comm.all_reduce(lo, op="min")
-        self.comm.all_reduce(hi, op="max")
-        if not np.array_equal(lo, hi):
-            raise ValueError(f"{what}: ranks of the RTP communicator disagree (this rank, rank "
-                             f"{self.rank}, has {list(values)}; range over ranks "
-                             f"{lo.tolist()}..{hi.tolist()}); build the same model on every rank")
-
+        """Raise on every rank (MismatchError, a ValueError) unless every rank passes the same
+        ``values``: ``what`` built differently; build the same model on every rank."""
+        agree_across(self.comm, what, None, {
+            "sizes and settings (build the same model on every rank)": values})
 
 def ring_for(comm: Any = None) -> Ring:
     """The Ring over ``comm`` (a collectives Communicator; None: the world), built once."""

@@ -12,8 +12,9 @@ through the communicator's public API only:
   each rank's text (its problem, or its value of each field, ``SLOT`` bytes each), so the error
   names the rank and what it has.
 
-PrimePar (``primepar/``) and Tesseract (``tesseract/``) layers use it at construction and per
-forward call.
+PrimePar (``primepar/``), Tesseract (``tesseract/``) and RTP (``rtp/``) layers use it at
+construction and per forward call, PaRO (``paro/``) before it builds its groups. The ranks that
+raise for another's problem raise ``collectives.MismatchError`` (a ValueError).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ import hashlib
 from typing import Any, Mapping
 
 import numpy as np
+
+from topocoll.collectives.errors import MismatchError
 
 SLOT = 160
 """Bytes of text per rank and field on the error path (longer texts are cut)."""
@@ -57,12 +60,12 @@ def agree(comm: Any, who: str, problem: BaseException | None = None,
         if problem is not None:
             raise problem
         bad = next(r for r, row in enumerate(table) if row[0])
-        raise ValueError(f"rank {bad} of the {who} ranks rejected the call (so this rank, rank "
-                         f"{comm.rank}, raises too): {table[bad][0]}")
+        raise MismatchError(f"rank {bad} of the {who} ranks rejected the call (so this rank, "
+                            f"rank {comm.rank}, raises too): {table[bad][0]}")
     name = list(fields)[differs[0]]
-    raise ValueError(f"{who}: the ranks disagree on {name}: "
-                     f"{_who_has([row[1 + differs[0]] for row in table])} (this is rank "
-                     f"{comm.rank}); every rank must pass the same {name}")
+    raise MismatchError(f"{who}: the ranks disagree on {name}: "
+                        f"{_who_has([row[1 + differs[0]] for row in table])} (this is rank "
+                        f"{comm.rank}); it must be the same on every rank")
 
 
 def _hash(text: str) -> int:

@@ -38,14 +38,14 @@ def disagree(comm, net):
     mismatch = collectives.MismatchError
     cases = [   # rank 1's arguments, its error and text, the other ranks' error and text
         (dict(strategy="XYZ" if odd else "NIG"), ValueError, "invalid strategy 'XYZ'",
-         mismatch, "rank 1 rejected its arguments"),
-        (dict(strategy="GGG" if odd else "NNG"), mismatch, "disagree on the strategy",
+         mismatch, "rank 1 of the ParoDataParallel ranks rejected"),
+        (dict(strategy="GGG" if odd else "NNG"), mismatch, "disagree on strategy",
          mismatch, "rank 1 has GGG"),
         (dict(accumulation_steps=3 if odd else 2), mismatch, "disagree on accumulation_steps",
          mismatch, "rank 1 has 3"),
         (dict(mixed_precision=odd), mismatch, "disagree on mixed_precision",
          mismatch, "rank 1 has True"),
-        (dict(units=[two] if odd else None), mismatch, "disagree on the buckets",
+        (dict(units=[two] if odd else None), mismatch, "disagree on buckets",
          mismatch, "rank 1 has 1 bucket of 14 elements"),
     ]
     for kwargs, odd_exc, odd_text, peer_exc, peer_text in cases:
