@@ -1042,8 +1042,10 @@ class Communicator:
                 error = None
             except BaseException as err:  # noqa: BLE001 - to the handle, classified by _settle
                 error = err
-            self._started = None
-            callbacks = self._settle(started, error)
+            try:
+                callbacks = self._settle(started, error)
+            finally:  # only now: a thread that finds none started reads a settled handle
+                self._started = None
         finally:
             lock.release()
         if callbacks:
