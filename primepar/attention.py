@@ -43,9 +43,10 @@ class PrimeAttention(torch.nn.Module):
         y = self.qkv(x)
         local_heads = self.heads // self.ring_n if self.core_split == "N" else self.heads
         rows = y.shape[0]
-        if rows % self.seq:
-            raise ValueError(f"{rows} local rows after the QKV projection are not whole samples of "
-                             f"seq={self.seq}; split M by data so each device keeps whole samples")
+        problem = None if rows % self.seq == 0 else ValueError(
+            f"{rows} local rows after the QKV projection are not whole samples of seq={self.seq}; "
+            f"split M by data so each device keeps whole samples")
+        agree(self.qkv.grid.comm, "PrimeAttention", problem)  # else the others wait in out
         return self.out(core(y, rows // self.seq, self.seq, local_heads))
 
 

@@ -64,6 +64,12 @@ def forward(comm):
     # Still healthy afterwards: a good call completes on every rank.
     y = lin(torch.ones(4, 4, dtype=F64))
     assert y.shape == (4, 4)
+    # attention: rows that are not whole samples after the QKV projection, on one rank only
+    attn = PrimeAttention(comm, 4 * p, p, 4, "column", "row", dtype=F64)
+    rows = 6 if r == last else 8
+    on_every_rank(comm, last, lambda: attn(torch.ones(rows, 4 * p, dtype=F64)), ValueError,
+                  "not whole samples")
+    assert attn(torch.ones(8, 4 * p, dtype=F64)).shape == (8, 4 * p)
 
 
 def body():
