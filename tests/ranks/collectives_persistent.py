@@ -238,6 +238,21 @@ def init_after_repeats(c):
             assert np.all(g == r) and np.all(o == -1), "init moved data"
             op.start()
             op.wait()
+    # only rank 0 has the form's template (rank 1's subclass arrays are never templated): its
+    # init must still pair with the others' init, not run a collective against it
+    class Sub(np.ndarray):
+        pass
+
+    def make(v):
+        a = np.full(4, float(v))
+        return a.view(Sub) if r == 1 else a
+    for k in range(3):
+        assert np.all(np.asarray(c.all_reduce(make(k + 1))) == (k + 1) * p)
+    x = make(r + 1)
+    per = c.all_reduce_init(x)
+    assert isinstance(per, collectives.Persistent) and np.all(np.asarray(x) == r + 1), x
+    assert np.all(np.asarray(c.all_reduce(make(100))) == 100 * p)
+    assert np.all(np.asarray(per()) == p * (p + 1) / 2), x
 
 
 def body():
