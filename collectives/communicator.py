@@ -192,11 +192,12 @@ class Communicator:
         for what, value in (("color", color), ("key", key)):
             if value is None and what == "key":
                 continue
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-                problem = TypeError(f"split: {what} must be an int, got {type(value).__name__}")
-            elif not -_INT_LIMIT <= value < _INT_LIMIT:  # MPI takes C ints
-                problem = ValueError(f"split: {what} {value} is out of range (a C int: "
+            try:
+                if not -_INT_LIMIT <= _int(value, f"split: {what}") < _INT_LIMIT:  # MPI: C ints
+                    raise ValueError(f"split: {what} {value} is out of range (a C int: "
                                      f"{-_INT_LIMIT} to {_INT_LIMIT - 1})")
+            except (TypeError, ValueError) as err:
+                problem = err
         rejected = self._submit("split", lambda: self._agree_on_rejection(
             "split", problem is not None), async_op=False)
         if problem is not None:
@@ -366,9 +367,7 @@ class Communicator:
                 async_op: bool = False, timeout: float | None = None) -> Any:
         given = (shift, algo, async_op, timeout)
         buf = as_buffer(x, "x")
-        if isinstance(shift, (bool, np.bool_)) or not isinstance(shift, (int, np.integer)):
-            raise TypeError(f"shift must be an int, got {type(shift).__name__}")
-        shift = int(shift) % self.size
+        shift = _int(shift, "shift") % self.size
         target = self._out(out, buf, buf.shape, "rotate", overlap_ok=True)
         recv = target.flat()
         staged = recv if not shares_memory(recv, buf.flat()) else empty_like(recv)
@@ -687,9 +686,7 @@ class Communicator:
         if collective not in select.ALGORITHMS:
             raise ValueError(f"unknown collective {collective!r}; one of "
                              f"{', '.join(select.ALGORITHMS)}")
-        if isinstance(nbytes, (bool, np.bool_)) or not isinstance(nbytes, (int, np.integer)):
-            raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}")
-        if nbytes < 0:
+        if _int(nbytes, "nbytes") < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         chosen, why = select.choose(collective, algo, nbytes, self.size, self.topology,
                                     has_shm=self.backend.arena_unavailable() is None)
@@ -1286,9 +1283,7 @@ class Communicator:
         return self._flat_ring_cache
 
     def _peer(self, peer: int, what: str) -> int:
-        if not isinstance(peer, (int, np.integer)) or isinstance(peer, bool):
-            raise TypeError(f"{what} must be an int, got {type(peer).__name__}")
-        if not 0 <= peer < self.size:
+        if not 0 <= _int(peer, what) < self.size:
             raise ValueError(f"{what} {peer} is out of range for a communicator of size "
                              f"{self.size}")
         return int(peer)
@@ -1296,9 +1291,7 @@ class Communicator:
     def _tag(self, tag: Any) -> int:
         """A send's or recv's tag, checked before any transfer (else MPI would fail mid-call and
         break the communicator)."""
-        if not isinstance(tag, (int, np.integer)) or isinstance(tag, bool):
-            raise TypeError(f"tag must be an int, got {type(tag).__name__}")
-        if not 0 <= tag <= self.backend.tag_ub:
+        if not 0 <= _int(tag, "tag") <= self.backend.tag_ub:
             raise ValueError(f"tag {tag} is out of range: 0 to {self.backend.tag_ub}, the "
                              f"largest tag the {self.backend.name} transport carries")
         return int(tag)
@@ -1400,14 +1393,22 @@ def _torch_pointer(x: Any) -> tuple[int, int] | None:
     return None
 
 
+def _int(value: Any, what: str) -> int:
+    """``value`` as an int: a Python or numpy integer, not a bool (TypeError naming ``what``)."""
+    if not _whole(value):
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}")
+    return int(value)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _dims(shape: Any) -> tuple[int, ...]:
     """``alloc``'s shape as a tuple of ints (an int, or a sequence of them); TypeError else."""
-    def whole(v: Any) -> bool:
-        return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-    if whole(shape):
+    if _whole(shape):
         return (int(shape),)
-    if isinstance(shape, (tuple, list)) and all(whole(s) for s in shape):
+    if isinstance(shape, (tuple, list)) and all(_whole(s) for s in shape):
         return tuple(int(s) for s in shape)
     raise TypeError(f"alloc: shape must be an int or a sequence of ints, got {shape!r}")
 
