@@ -1326,7 +1326,7 @@ class Persistent:
         self._pointer = _torch_pointer(entry.result)
         self._handle: Any = None
         self._windows = windows  # registered allocations its buffers lie in
-        self._frees = releases()  # registered memory unmapped so far, when last checked
+        self._released = releases()  # registered memory unmapped so far, when last checked
         self._limit = limit  # its timeout, for telling the peers of a start this rank refuses
 
     def start(self) -> Any:
@@ -1366,14 +1366,14 @@ class Persistent:
             refused = ValueError(f"persistent {self.kind}: the tensor's storage changed since "
                                  f"init (resized or replaced); prepare a new one with "
                                  f"{self.kind}_init")
-        elif self._frees != releases():  # memory was unmapped since: is its buffer there?
+        elif self._released != releases():  # memory was unmapped since: is its buffer there?
             if not segments_live(self._windows):
                 refused = ValueError(f"persistent {self.kind}: its buffer was released by "
                                      f"free() (or close() of the communicator that allocated "
                                      f"it) since {self.kind}_init; prepare a new one on live "
                                      f"memory")
             else:
-                self._frees = releases()
+                self._released = releases()
         if refused is not None:
             self.comm._reject(self.kind, self._limit, async_op, refused)
             raise refused

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from topocoll._agree import agree as agree_across
+from topocoll.topology.limits import counted
 
 from .strategy import Strategy
 
@@ -40,8 +41,9 @@ class Settings:
                 "mixed_precision": str(self.mixed_precision),
                 "parameter dtype": str(self.dtype),
                 "buckets (units and their parameters)":
-                    f"{_count(len(self.buckets), 'bucket')} of {_count(int(sizes.sum()), 'element')}"
-                    f" in all (size checksum {zlib.crc32(sizes.tobytes())})"}
+                    f"{counted(len(self.buckets), 'bucket')} of "
+                    f"{counted(int(sizes.sum()), 'element')} in all "
+                    f"(size checksum {zlib.crc32(sizes.tobytes())})"}
 
 
 _NAMES = ("strategy", "accumulation_steps", "mixed_precision", "parameter dtype",
@@ -55,7 +57,3 @@ def agree(comm: Any, mine: Settings | Exception) -> None:
         agree_across(comm, "ParoDataParallel", mine, dict.fromkeys(_NAMES, ""))
     else:
         agree_across(comm, "ParoDataParallel", None, mine.fields())
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}" + ("" if n == 1 else "s")

@@ -270,7 +270,7 @@ class Bucket:
         if s.params == "N":
             self.full = flat.to(self.dtype) if self.mixed else flat
             self.shard = self.full
-        else:       # a storage a collective has seen (through .numpy()) can't be resized
+        else:       # full is freed between uses: the shard is a copy of its own
             self.full = torch.empty(lay.padded, dtype=self.dtype)
             self.shard = flat[p_lo:p_hi].to(self.dtype, copy=True)
         if self.mixed:

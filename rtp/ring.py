@@ -65,6 +65,7 @@ class Ring:
         agree_across(self.comm, what, None, {
             "sizes and settings (build the same model on every rank)": values})
 
+
 def ring_for(comm: Any = None) -> Ring:
     """The Ring over ``comm`` (a collectives Communicator; None: the world), built once."""
     if comm is None:

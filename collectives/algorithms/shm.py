@@ -398,13 +398,13 @@ class Run:
         self.start = start
         self.complete = complete
         self.soon = soon
+        """``complete(False)`` after a short spin of its own (the compiled run's, in C), or None:
+        the caller polls ``complete(False)`` itself."""
         self.overdue = overdue
         """Whether a started run polled without blocking (``complete(False)`` missing) has
         outlived its timeout, counted from the first such poll; then ``complete(True)`` raises
         the timeout at once. None: the run never lingers so (its later barriers go to a thread
         that blocks)."""
-        """``complete(False)`` after a short spin of its own (the compiled run's, in C), or None:
-        the caller polls ``complete(False)`` itself."""
         self.starts_inline = starts_inline
         self._both = both
         self.go: Callable[[], None] = both if both is not None else self._start_complete

@@ -20,8 +20,8 @@ the memory goes away with the processes even when a rank crashes: nothing can le
 from __future__ import annotations
 
 import array
-import os
 import itertools
+import os
 import platform
 from typing import Any, Callable, Sequence
 

@@ -34,10 +34,10 @@ def agree(comm: Any, who: str, problem: BaseException | None = None,
     """Raise on every rank of ``comm`` if any rank has a ``problem`` or the ranks' ``same`` differ.
 
     ``problem``: the error this rank found in its own arguments (None: none). The rank that has
-    it re-raises it as is; every other rank raises ValueError ``"rank r of the {who} ranks
-    rejected the call ...: <its message>"``. ``same``: fields that must be equal on every rank
-    (compared by ``str``); where one differs every rank raises ValueError naming the field and
-    which rank has what. Every rank must pass the same field names in the same order (it is one
+    it re-raises it as is; every other rank raises MismatchError (a ValueError) ``"rank r of
+    the {who} ranks rejected the call ...: <its message>"``. ``same``: fields that must be equal
+    on every rank (compared by ``str``); where one differs every rank raises MismatchError
+    naming the field and which rank has what. Every rank must pass the same field names in the same order (it is one
     collective).
     """
     if comm.size == 1:  # nobody to disagree with
