@@ -21,7 +21,9 @@ slice holds more tokens than the hidden size; ``inner="col"`` favours weight tra
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+from .._agree import agree
 
 INNER = ("row", "col")
 
@@ -30,9 +32,8 @@ class Grid:
     """A communicator arranged as a [q, q, d] Tesseract grid, with its row/col/depth groups."""
 
     def __init__(self, comm: Any, q: int, d: int = 1, inner: str = "row") -> None:
-        check_grid(comm.size, q, d)
-        if inner not in INNER:
-            raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
+        agreed(comm, "Grid", lambda: check_grid(comm.size, q, d, inner),
+               {"q": q, "d": d, "inner": inner})
         self.comm = comm
         self.q, self.d, self.inner = int(q), int(d), inner
         self.coords = layout(getattr(comm, "topology", None), comm.size, self.q, self.d, inner)
@@ -69,8 +70,22 @@ class Grid:
                 f"(i={self.i}, j={self.j}, k={self.k})>")
 
 
-def check_grid(size: int, q: Any, d: Any) -> None:
-    """Raise TypeError/ValueError naming the numbers unless ``size == q*q*d`` with q, d >= 1."""
+def agreed(comm: Any, what: str, check: Callable[[], None], same: dict[str, Any]) -> None:
+    """Run this rank's ``check`` and compare ``same`` across ``comm`` (one small all-reduce):
+    raise on every rank if any rank's check failed or the ranks' ``same`` differ (``_agree``).
+    Ranks that built a grid or layer from other arguments would split into groups of other
+    layouts or hold other weights, and compute wrong numbers without an error."""
+    problem = None
+    try:
+        check()
+    except (TypeError, ValueError) as err:
+        problem = err
+    agree(comm, f"tesseract.{what}", problem, same=same)
+
+
+def check_grid(size: int, q: Any, d: Any, inner: str = "row") -> None:
+    """Raise TypeError/ValueError naming the numbers unless ``size == q*q*d`` with q, d >= 1
+    and ``inner`` one of ``INNER``."""
     for name, v in (("q", q), ("d", d)):
         if isinstance(v, bool) or not isinstance(v, int) and not hasattr(v, "__index__"):
             raise TypeError(f"Tesseract grid: {name} must be an int, got {type(v).__name__}")
@@ -80,13 +95,13 @@ def check_grid(size: int, q: Any, d: Any) -> None:
     if q * q * d != size:
         raise ValueError(f"Tesseract grid [q={q}, q={q}, d={d}] needs q*q*d = {q * q * d} ranks, "
                          f"but the communicator has {size}")
+    if inner not in INNER:
+        raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
 
 
 def layout(topo: Any, size: int, q: int, d: int, inner: str = "row") -> list[tuple[int, int, int]]:
     """``(i, j, k)`` of every rank: topology order, ``inner`` group fastest, depth slowest."""
-    check_grid(size, q, d)
-    if inner not in INNER:
-        raise ValueError(f"inner must be one of {', '.join(INNER)}, got {inner!r}")
+    check_grid(size, q, d, inner)
     order = _rank_order(topo, size)
     coords: list[tuple[int, int, int]] = [(0, 0, 0)] * size
     for slot, rank in enumerate(order):

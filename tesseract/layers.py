@@ -9,7 +9,8 @@ same, full gradient and plain per-rank optimizer steps keep the replicas identic
 Every layer's ``forward`` first checks its input on every rank of the grid at once
 (:func:`check_input`: one all-reduce of six int64 over the grid per call; a block checks once at
 its entry, its inner layers take what it hands them unchecked): a wrong block on one rank
-raises ValueError on every rank instead of leaving the others waiting in a broadcast.
+raises ValueError on every rank instead of leaving the others waiting in a broadcast. Their
+constructors compare their arguments across the grid the same way (``grid.agreed``).
 """
 from __future__ import annotations
 
@@ -19,8 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._agree import agree
-from .grid import Grid
+from .grid import Grid, agreed
 from .ops import all_reduce_, copy_to
 from .summa import summa
 
@@ -32,8 +32,11 @@ class Linear(torch.nn.Module):
                  dtype: torch.dtype = torch.float32, seed: int = 0, parts: int = 1) -> None:
         super().__init__()
         q = grid.q
-        _check_split("Linear in_features", in_features, q)
-        _check_split("Linear out_features", out_features, q * parts)
+        agreed(grid.agree, "Linear", lambda: (_check_split("Linear in_features", in_features, q),
+                                               _check_split("Linear out_features", out_features,
+                                                            q * parts)),
+               {"in_features": in_features, "out_features": out_features, "bias": bias,
+                "dtype": dtype, "seed": seed, "parts": parts})
         self.grid, self.in_features, self.out_features = grid, in_features, out_features
         bound = 1.0 / math.sqrt(in_features)
         self.weight = _param(_uniform((in_features // q, out_features // q), bound, dtype,
@@ -61,7 +64,8 @@ class LayerNorm(torch.nn.Module):
     def __init__(self, grid: Grid, hidden: int, eps: float = 1e-5,
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        _check_split("LayerNorm hidden", hidden, grid.q)
+        agreed(grid.agree, "LayerNorm", lambda: _check_split("LayerNorm hidden", hidden, grid.q),
+               {"hidden": hidden, "eps": eps, "dtype": dtype})
         self.grid, self.hidden, self.eps = grid, hidden, eps
         self.weight = _param(torch.ones(hidden // grid.q, dtype=dtype), ("vector", 1))
         self.bias = _param(torch.zeros(hidden // grid.q, dtype=dtype), ("vector", 1))
@@ -110,8 +114,10 @@ class SelfAttention(torch.nn.Module):
     def __init__(self, grid: Grid, hidden: int, heads: int, causal: bool = False,
                  dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         super().__init__()
-        _check_split("SelfAttention heads", heads, grid.q)
-        _check_split("SelfAttention hidden", hidden, heads)
+        agreed(grid.agree, "SelfAttention",
+               lambda: (_check_split("SelfAttention heads", heads, grid.q),
+                        _check_split("SelfAttention hidden", hidden, heads)),
+               {"hidden": hidden, "heads": heads, "causal": causal, "dtype": dtype, "seed": seed})
         self.heads_local, self.causal = heads // grid.q, causal
         self.ln = LayerNorm(grid, hidden, dtype=dtype)
         self.qkv = Linear(grid, hidden, 3 * hidden, dtype=dtype, seed=seed, parts=3)
@@ -177,14 +183,8 @@ def check_input(grid: Grid, layer: str, x: Any, expected: str, param: torch.Tens
     (the layout gives every rank an equal block; different row counts would stall a broadcast).
 
     Collective over the whole grid: one all-reduce of six int64 (``_agree.agree``) per call."""
-    problem = None
-    try:
-        _check_block(layer, x, expected, param)
-    except (TypeError, ValueError) as err:
-        problem = err
-    agree(grid.agree, f"tesseract.{layer}", problem,
-          same={"input shape": list(getattr(x, "shape", ())),
-                "input dtype": getattr(x, "dtype", None)})
+    agreed(grid.agree, layer, lambda: _check_block(layer, x, expected, param),
+           {"input shape": list(getattr(x, "shape", ())), "input dtype": getattr(x, "dtype", None)})
 
 
 def _check_block(layer: str, x: Any, expected: str, param: torch.Tensor) -> None:
@@ -216,6 +216,12 @@ def _uniform(shape: tuple[int, ...], bound: float, dtype: torch.dtype, seed: int
     return (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1).mul_(bound).to(dtype)
 
 
-def _check_split(what: str, n: int, by: int) -> None:
+def _check_split(what: str, n: Any, by: int) -> None:
+    """TypeError unless ``n`` is an int (not a bool), ValueError unless it is >= 1 and a
+    multiple of ``by``."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"{what} must be an int, got {type(n).__name__} {n!r}")
+    if n < 1:
+        raise ValueError(f"{what} must be >= 1, got {n}")
     if n % by:
         raise ValueError(f"{what} = {n} is not divisible by {by}")
