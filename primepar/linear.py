@@ -5,6 +5,7 @@ gradient of that block ends on the same rank (moving gradients travel home as pa
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import torch
@@ -85,23 +86,33 @@ def _agreed_spec(comm: Any, spec: Spec | str, k: Any, n_out: Any, weight: Any,
     exchange blocks of the same size with other meanings, and the forward returns wrong numbers
     without an error; a rank with a bad argument would leave its peers waiting in a split. So
     every rank raises ValueError here, naming the rank and the argument (``_agree.agree``)."""
-    parsed, problem = None, None
+    parsed, problem, init = None, None, f"seed {seed}"
     try:
         parsed = parse(spec)
         _check_features(k, n_out)
         check_shapes(parsed, ring_size(comm.size, parsed.dp),
                      {"M": comm.size, "K": k, "N": n_out})
-        if weight is not None and tuple(weight.shape) != (k, n_out):
-            raise ValueError(f"weight must have shape (in, out) = ({k}, {n_out}), "
-                             f"got {tuple(weight.shape)}")
+        if weight is not None:
+            if not isinstance(weight, torch.Tensor):
+                raise TypeError(f"weight must be a torch.Tensor, got {type(weight).__name__}")
+            if tuple(weight.shape) != (k, n_out):
+                raise ValueError(f"weight must have shape (in, out) = ({k}, {n_out}), "
+                                 f"got {tuple(weight.shape)}")
+            init = f"a given weight (digest {_digest(weight.detach().to('cpu', dtype))})"
     except (TypeError, ValueError) as err:
         problem = err
-    init = f"seed {seed}" if weight is None else "a given weight"
     agree(comm, "PrimeLinear", problem,
           same={"spec": parsed.label() if parsed else repr(spec), "in_features": k,
                 "out_features": n_out, "dtype": dtype, "init": init})
     assert parsed is not None  # agree raised on a problem
     return parsed
+
+
+def _digest(t: torch.Tensor) -> str:
+    """A short hash of ``t``'s values (its bytes): ranks given different weights would each
+    keep their part of their own, a patchwork no rank asked for."""
+    raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 def _check_features(k: Any, n_out: Any) -> None:

@@ -39,6 +39,12 @@ def construction(comm):
     on_every_rank(comm, None, lambda: PrimeLinear(comm, 4 * p, 4 * p, "column",
                                                   seed=1 if r == last else 0),
                   ValueError, "init", "seed 1")
+    # a given weight: the ranks shard the same one (each rank keeps its part of its own copy)
+    given = torch.arange(16.0 * p * p).reshape(4 * p, 4 * p) + int(r == last)
+    on_every_rank(comm, None, lambda: PrimeLinear(comm, 4 * p, 4 * p, "column", weight=given),
+                  ValueError, "disagree on init", "a given weight")
+    same = PrimeLinear(comm, 4 * p, 4 * p, "column", weight=given - int(r == last))
+    assert torch.equal(same.full_weight(), given - int(r == last))
     if p % 2 == 0 and p > 2:  # a different dp would have split the ranks differently: a hang
         on_every_rank(comm, None, lambda: PrimeLinear(comm, 8, 8, "s=K,t=N,dp=2" if r == 0
                                                       else "s=K,t=N"), ValueError, "dp=2")
