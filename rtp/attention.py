@@ -109,7 +109,8 @@ class MultiheadAttention(nn.Module):
         """Attention output ``[B, L, E]`` and (if ``need_weights``) the attention weights
         ``[B, L, S]`` (``[B, H, L, S]`` without averaging)."""
         reject(self.ring, self.check_inputs, self._input_problem(
-            query, key, value, key_padding_mask, attn_mask, is_causal))
+            query, key, value, key_padding_mask, attn_mask, is_causal), (query, key, value),
+            (*self._in_proj(), self.in_proj_bias))
         bsz, tgt, e = query.shape
         src = key.shape[1]
         mode = ("self" if key is query and value is query and self._allows("self") else

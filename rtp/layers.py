@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from . import init
 from .functional import EmbeddingKernel, LinearKernel, rotated
-from .ring import Ring, RowShards, ring_for, split_bounds
+from .ring import Ring, RowShards, grads_of, ring_for, split_bounds
 from .rotation import Rotation
 
 
@@ -58,7 +58,8 @@ class Linear(nn.Module):
         ok = isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[-1] == self.in_features \
             and x.dtype == self.weight.dtype
         reject(self.ring, self.check_inputs,
-               None if ok else _bad_input(x, f"[..., {self.in_features}]", self.weight.dtype))
+               None if ok else _bad_input(x, f"[..., {self.in_features}]", self.weight.dtype),
+               (x,), (self.weight, self.bias))
         return rotated(self.rotation, self.kernel, self.overlap, (x,), (self.weight,),
                        self.bias)[0]
 
@@ -110,7 +111,7 @@ class Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Look up this rank's ids in the whole (dense) table."""
-        reject(self.ring, self.check_inputs, self._ids_problem(ids))
+        reject(self.ring, self.check_inputs, self._ids_problem(ids), (), (self.weight,))
         return rotated(self.rotation, self.kernel, self.overlap, (ids,), (self.weight,), None)[0]
 
     def extra_repr(self) -> str:
@@ -179,12 +180,14 @@ def load_rows(state_dict: dict, prefix: str, module: nn.Module,
             param.copy_(part)
 
 
-def reject(ring: Ring, check_inputs: bool, problem: str | None) -> None:
+def reject(ring: Ring, check_inputs: bool, problem: str | None, inputs: Sequence[Any],
+           weights: Sequence[torch.Tensor | None]) -> None:
     """Raise ValueError for ``problem`` (None: the input is fine): on every rank when
     ``check_inputs`` (one small all-reduce, so that no rank is left waiting in a rotation),
-    else on this rank only."""
+    which also compares the gradients the backward will compute for ``inputs`` and
+    ``weights`` (``grads_of``); else on this rank only."""
     if check_inputs:
-        ring.agree(problem)
+        ring.agree(problem, grads_of(inputs, weights))
     elif problem is not None:
         raise ValueError(problem)
 

@@ -37,12 +37,14 @@ class Ring:
         """Start sending ``x`` ``shift`` ranks on and receiving into ``out``; returns the Handle."""
         return self.comm.rotate(x, out=out, shift=shift, async_op=True)
 
-    def agree(self, problem: str | None) -> None:
+    def agree(self, problem: str | None, grads: str) -> None:
         """Raise on every rank if any rank has a ``problem`` (None: this rank has none): the
         rank with it raises ValueError(problem), the others a MismatchError giving that rank
-        and its message, not a description of their own (valid) input (``topocoll._agree``)."""
+        and its message, not a description of their own (valid) input (``topocoll._agree``);
+        or if the ranks' ``grads`` (which gradients the backward computes, :func:`grads_of`)
+        differ, MismatchError on every rank: their backward rotations would not pair up."""
         agree_across(self.comm, "RTP communicator", None if problem is None
-                     else ValueError(problem))
+                     else ValueError(problem), {GRADS: grads})
 
     def copy_from(self, tensors: Sequence[torch.Tensor], root: int = 0) -> None:
         """Overwrite ``tensors`` (materialised, any dtypes) with ``root``'s values: one broadcast
@@ -64,6 +66,20 @@ class Ring:
         ``values``: ``what`` built differently; build the same model on every rank."""
         agree_across(self.comm, what, None, {
             "sizes and settings (build the same model on every rank)": values})
+
+
+GRADS = "which tensors need a gradient (grad mode and requires_grad: the backward's rotations)"
+
+
+def grads_of(inputs: Sequence[Any], weights: Sequence[torch.Tensor | None]) -> str:
+    """Which gradients a layer's backward will compute for a forward on ``inputs`` with
+    ``weights``: the rotations it runs depend on it, so every rank must have the same."""
+    if not torch.is_grad_enabled():
+        return "none (grad mode off)"
+    x = any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs)
+    w = any(t is not None and t.requires_grad for t in weights)
+    return {(True, True): "input and weights", (True, False): "input only",
+            (False, True): "weights only", (False, False): "none"}[x, w]
 
 
 def ring_for(comm: Any = None) -> Ring:

@@ -91,7 +91,37 @@ def structure():
     assert model(torch.randn(2, 4)).shape == (2, 4)
 
 
-MODES = {"inputs": inputs, "unsupported": unsupported, "structure": structure}
+def grads():
+    """Ranks whose forward would run different backward rotations (an input needing a gradient,
+    a weight frozen after conversion, or grad mode off, on one rank only) raise on every rank
+    in that forward; before, one rank's backward went on alone and mispaired the rotations."""
+    world = collectives.init(timeout=60)
+    r, last = world.rank, world.size - 1
+    lin = rtp.Linear(8, 6, comm=world)
+    if world.size > 1:
+        x = torch.randn(3, 8, requires_grad=r == last)
+        raises(ValueError, lambda: lin(x), "disagree", "need a gradient", "input and weights",
+               "weights only")
+        lin.requires_grad_(r != last)  # frozen on one rank only (weight and bias)
+        raises(ValueError, lambda: lin(torch.randn(3, 8)), "disagree", "need a gradient",
+               "none")
+        lin.requires_grad_(True)
+        with torch.set_grad_enabled(r != 0):
+            raises(ValueError, lambda: lin(torch.randn(3, 8)), "disagree", "need a gradient",
+                   "(grad mode off)")
+        mha = rtp.MultiheadAttention(8, 2, comm=world)
+        q = torch.randn(1, 3, 8, requires_grad=r == 0)
+        raises(ValueError, lambda: mha(q, q, q), "disagree", "need a gradient")
+    # alike on every rank: the forward and backward work, in every combination
+    for needs_x in (False, True):
+        x = torch.randn(3, 8, requires_grad=needs_x)
+        lin(x).sum().backward()
+        assert (x.grad is not None) == needs_x and lin.weight.grad is not None
+    with torch.no_grad():
+        assert lin(torch.randn(3, 8)).shape == (3, 6)
+
+
+MODES = {"inputs": inputs, "unsupported": unsupported, "structure": structure, "grads": grads}
 
 if __name__ == "__main__":
     rank_main(lambda: [MODES[m]() for m in sys.argv[1].split(",")])
