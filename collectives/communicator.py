@@ -137,11 +137,11 @@ class Communicator:
         self._local = threading.local()  # .submitted: this thread's call reached _submit
         self._host_p2p = "host" in getattr(backend, "memories", ("host",))
         """Whether send and recv of numpy arrays may take the inline way (``_p2p_inline``)."""
-        self._p2p_names = tuple([f"{kind} rank {q}" for q in range(backend.size)]
+        self._p2p_names = tuple([f"{kind} {backend.peer_name(q)}" for q in range(backend.size)]
                                 for kind in ("send to", "recv from"))
         """Send's and recv's names by peer, made once (an inline one's flight record extends the
         last while it names the same object)."""
-        self._p2p_peers = [(f"rank {q}",) for q in range(backend.size)]  # who a wait waits for
+        self._p2p_peers = [(backend.peer_name(q),) for q in range(backend.size)]  # waited for
         self._p2p_bounds = (backend.size, backend.tag_ub)  # valid peers and tags, read inline
         self._p2p_ctx = OpContext("", None)
         """The context of the inline send or recv under way (one at a time, on the owner

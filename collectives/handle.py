@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import atexit
-import os
 import queue
 import threading
 import time
 import weakref
 from typing import Any, Callable, Iterable
 
-from .context import spin
+from .context import MAX_NAP_SECONDS, SPIN_SECONDS, spin
 from .errors import CollectiveError, CollectiveTimeoutError
 from .log import logger
 
@@ -143,12 +142,7 @@ class DrivenHandle:
         elif timeout is None:
             self._drive(True)
         else:
-            end = time.monotonic() + timeout
-            while not self._drive(False):
-                if time.monotonic() > end:
-                    raise CollectiveTimeoutError(
-                        f"{self.name}: not finished after waiting {timeout:g} s")
-                os.sched_yield()
+            self._drive_until(time.monotonic() + timeout, timeout)
         self._waited()
         if self._error is not None:
             raise self._error
@@ -161,6 +155,21 @@ class DrivenHandle:
     def exception(self) -> BaseException | None:
         """The operation's error once done (None if it succeeded or is still running)."""
         return self._error if self._done else None
+
+    def _drive_until(self, end: float, timeout: float) -> None:
+        """``wait(timeout)``'s polls: yielding for the spin budget, then naps doubling up to
+        ``MAX_NAP_SECONDS`` (a long wait leaves the core to the peers); CollectiveTimeoutError
+        past ``end``."""
+        if spin(lambda: self._drive(False), min(SPIN_SECONDS, timeout)):
+            return
+        nap = 0.0
+        while not self._drive(False):
+            left = end - time.monotonic()
+            if left < 0:
+                raise CollectiveTimeoutError(f"{self.name}: not finished after waiting "
+                                             f"{timeout:g} s")
+            nap = min(max(nap * 2, 20e-6), MAX_NAP_SECONDS, left)
+            time.sleep(nap)
 
     def ensure_waitable(self) -> None:
         """Waiting can always end: the waiting thread completes the operation itself."""

@@ -6,6 +6,7 @@ once a message is too large to be sent eagerly."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Callable
 
 from .context import OpContext
@@ -59,11 +60,11 @@ class Posted(DrivenHandle):
     @property
     def done(self) -> bool:
         """True once the operation finished (testing, without waiting, whether it has)."""
-        return self._done or self._driver(self, False)
+        return self._done or self._poll()
 
     def test(self) -> bool:
         """Non-blocking: whether the operation has finished."""
-        return self._done or self._driver(self, False)
+        return self._done or self._poll()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Complete the transfer (waiting for the peer) and return the received array (None for
@@ -108,7 +109,23 @@ class Posted(DrivenHandle):
 
     def _drive(self, block: bool) -> bool:
         """Make progress (``block``: until done); whether it is done."""
-        return self._driver(self, block)
+        return self._driver(self, True) if block else self._poll()
+
+    def _poll(self) -> bool:
+        """Test the transfer without waiting; whether it is done. A transfer only polled is
+        bound by its timeout too: the first poll that finds it unfinished arms the deadline,
+        and a poll past it waits, which raises the timeout (settled, so ``test()`` turns
+        True and ``wait()`` raises it)."""
+        if self._driver(self, False):
+            return True
+        ctx = self._context()
+        if ctx.timeout is None:
+            return False
+        now = time.monotonic()
+        if ctx.deadline is None:
+            ctx.deadline = now + ctx.timeout
+            return False
+        return now > ctx.deadline and self._driver(self, True)
 
     def _drive_py(self, block: bool) -> bool:
         """``_drive`` in Python: wait for the queued post, then test (``block``: wait for) the

@@ -35,6 +35,13 @@ def test_a_polled_handle_times_out_too(n):
     run_ranks("collectives_timeout.py", n, args=["polled"], timeout=90, launcher=NO_CLEANUP)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_polled_send_or_recv_times_out_naming_the_world_rank(n):
+    # it used to stay pending for ever when only polled; a sub-communicator's peer was named
+    # by its rank there (the reporting process's own world rank, here)
+    run_ranks("collectives_timeout.py", n, args=["p2p"], timeout=90, launcher=NO_CLEANUP)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_async_handles_keep_order_and_overlap(n):
     run_ranks("collectives_async.py", n, timeout=120)

@@ -182,7 +182,7 @@ class MPIBackend(Backend):
         status = self.recv_status()
         if not self.p2p.Iprobe(src, tag, status):  # else no poll to set up: it is in already
             ctx.poll(lambda: self.p2p.Iprobe(src, tag, status),
-                     lambda: f"a message from rank {src}", moves=True)
+                     lambda: f"a message from {self.peer_name(src)}", moves=True)
         return self.received_bytes(status)
 
     # -- native collectives --

@@ -440,8 +440,8 @@ class NCCLBackend(Backend):
             raise RuntimeError("NCCL backend: probe_count(src, tag) must precede a user irecv")
         nbytes, seq, sent_on_gpu = (int(v) for v in queue.popleft())
         if nbytes != buf.nbytes:
-            raise ValueError(f"recv from rank {src}: message has {nbytes} bytes, buffer "
-                             f"{buf.nbytes}")
+            raise ValueError(f"recv from {self.peer_name(src)}: message has {nbytes} bytes, "
+                             f"buffer {buf.nbytes}")
         on_gpu = not isinstance(buf, np.ndarray)
         if not sent_on_gpu:
             staged = buf if not on_gpu else np.empty(nbytes, np.uint8)
@@ -453,9 +453,9 @@ class NCCLBackend(Backend):
         self._received[src] += 1
         if seq != expected:
             raise CollectiveError(
-                f"recv from rank {src}: NCCL matches GPU messages in the order they were sent, "
-                f"but this receive (tag {tag}) is for message #{seq} while #{expected} was sent "
-                f"first; receive GPU messages from one peer in send order")
+                f"recv from {self.peer_name(src)}: NCCL matches GPU messages in the order they "
+                f"were sent, but this receive (tag {tag}) is for message #{seq} while "
+                f"#{expected} was sent first; receive GPU messages from one peer in send order")
         if on_gpu:
             return self._post(_Req([], ("recv", self._mine(buf), src), "p2p"))
         staged = gpu.empty(nbytes, np.uint8, self._scratch_like())  # GPU message, host buffer

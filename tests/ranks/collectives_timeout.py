@@ -52,9 +52,50 @@ def polled():
     MPI.COMM_WORLD.Barrier()
 
 
+def p2p():
+    """An async send or recv that is only polled (test(), done, wait(timeout=small)) times out
+    too, counted from the first poll that found it unfinished, naming the absent peer by its
+    world rank (the sub-communicator's ranks are reversed); a wait(timeout) naps rather than
+    spins."""
+    world = MPI.COMM_WORLD
+    r, absent = world.Get_rank(), world.Get_size() - 1
+    for how, size in (("test", 4), ("done", 4), ("wait(timeout)", 4), ("test", 1 << 20)):
+        c = collectives.init(timeout=30.0 if r == absent else 1.0)
+        sub = c.split(0, key=-r)
+        if r == absent:
+            continue  # never sends nor receives
+        peer = sub.size - 1 - absent  # the absent rank's rank in sub
+        h = sub.recv(np.zeros(size), peer, tag=1, async_op=True) if size == 4 else \
+            sub.send(np.zeros(size), peer, tag=1, async_op=True)
+        t0, cpu0 = time.monotonic(), time.thread_time()
+        while time.monotonic() - t0 < 10:
+            if how == "test" and h.test() or how == "done" and h.done:
+                break
+            if how == "wait(timeout)":
+                try:
+                    h.wait(timeout=0.5)
+                    break
+                except CollectiveTimeoutError as err:
+                    if "not finished after waiting" not in str(err):
+                        break
+            else:
+                time.sleep(0.01)
+        took, cpu = time.monotonic() - t0, time.thread_time() - cpu0
+        assert took < 5, f"{how}: still pending after {took:.1f} s (timeout 1 s)"
+        if how == "wait(timeout)":  # spinning throughout took 0.5-1 s of CPU per s
+            assert cpu < 0.3 * took, f"wait(timeout) used {cpu:.2f} s of CPU in {took:.2f} s"
+        try:
+            h.wait()
+        except CollectiveTimeoutError as err:
+            assert f"world rank {absent} (rank {peer} here)" in str(err), str(err)
+        else:
+            raise AssertionError(f"{how}: a transfer with the absent rank completed")
+    world.Barrier()
+
+
 def body():
-    if sys.argv[1] == "polled":
-        return polled()
+    if sys.argv[1] in ("polled", "p2p"):
+        return globals()[sys.argv[1]]()
     c = collectives.init(timeout=1.5)
     absent = c.size - 1
     print_mpich_segments()
