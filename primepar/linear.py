@@ -112,7 +112,7 @@ def _digest(t: torch.Tensor) -> str:
     """A short hash of ``t``'s values (its bytes): ranks given different weights would each
     keep their part of their own, a patchwork no rank asked for."""
     raw = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+    return hashlib.blake2b(raw.data, digest_size=8).hexdigest()
 
 
 def _check_features(k: Any, n_out: Any) -> None:

@@ -32,9 +32,9 @@ class Linear(torch.nn.Module):
                  dtype: torch.dtype = torch.float32, seed: int = 0, parts: int = 1) -> None:
         super().__init__()
         q = grid.q
-        agreed(grid.agree, "Linear", lambda: (_check_split("Linear in_features", in_features, q),
-                                               _check_split("Linear out_features", out_features,
-                                                            q * parts)),
+        agreed(grid.agree, "Linear", lambda: _check_splits(
+                   ("Linear in_features", in_features, q),
+                   ("Linear out_features", out_features, q * parts)),
                {"in_features": in_features, "out_features": out_features, "bias": bias,
                 "dtype": dtype, "seed": seed, "parts": parts})
         self.grid, self.in_features, self.out_features = grid, in_features, out_features
@@ -64,7 +64,7 @@ class LayerNorm(torch.nn.Module):
     def __init__(self, grid: Grid, hidden: int, eps: float = 1e-5,
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        agreed(grid.agree, "LayerNorm", lambda: _check_split("LayerNorm hidden", hidden, grid.q),
+        agreed(grid.agree, "LayerNorm", lambda: _check_splits(("LayerNorm hidden", hidden, grid.q)),
                {"hidden": hidden, "eps": eps, "dtype": dtype})
         self.grid, self.hidden, self.eps = grid, hidden, eps
         self.weight = _param(torch.ones(hidden // grid.q, dtype=dtype), ("vector", 1))
@@ -115,8 +115,8 @@ class SelfAttention(torch.nn.Module):
                  dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         super().__init__()
         agreed(grid.agree, "SelfAttention",
-               lambda: (_check_split("SelfAttention heads", heads, grid.q),
-                        _check_split("SelfAttention hidden", hidden, heads)),
+               lambda: _check_splits(("SelfAttention heads", heads, grid.q),
+                                     ("SelfAttention hidden", hidden, heads)),
                {"hidden": hidden, "heads": heads, "causal": causal, "dtype": dtype, "seed": seed})
         self.heads_local, self.causal = heads // grid.q, causal
         self.ln = LayerNorm(grid, hidden, dtype=dtype)
@@ -216,12 +216,13 @@ def _uniform(shape: tuple[int, ...], bound: float, dtype: torch.dtype, seed: int
     return (torch.rand(shape, generator=gen, dtype=torch.float64) * 2 - 1).mul_(bound).to(dtype)
 
 
-def _check_split(what: str, n: Any, by: int) -> None:
-    """TypeError unless ``n`` is an int (not a bool), ValueError unless it is >= 1 and a
-    multiple of ``by``."""
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise TypeError(f"{what} must be an int, got {type(n).__name__} {n!r}")
-    if n < 1:
-        raise ValueError(f"{what} must be >= 1, got {n}")
-    if n % by:
-        raise ValueError(f"{what} = {n} is not divisible by {by}")
+def _check_splits(*checks: tuple[str, Any, int]) -> None:
+    """For each ``(what, n, by)``: TypeError unless ``n`` is an int (not a bool), ValueError
+    unless it is >= 1 and a multiple of ``by``."""
+    for what, n, by in checks:
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"{what} must be an int, got {type(n).__name__} {n!r}")
+        if n < 1:
+            raise ValueError(f"{what} must be >= 1, got {n}")
+        if n % by:
+            raise ValueError(f"{what} = {n} is not divisible by {by}")

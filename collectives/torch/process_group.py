@@ -282,7 +282,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         t = _check(input, "all_gather input", stand_in=self._copy_in)
         out = _check(output, "all_gather output", like=t, numel=self.size() * t.numel(),
                      written=True, stand_in="empty")
-        t = _separate(t, out)  # FSDP gathers from a slice of output
+        t = self._apart(t, out)  # FSDP gathers from a slice of output
         hs = self._go(opts, self.comm.all_gather, t.view(-1), out=out.view(-1))
         return hs, None if out is output else _copy_back([output], [out])
 
@@ -353,7 +353,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         out = _check(output, "reduce_scatter output", written=True, stand_in="empty")
         t = _check(input, "reduce_scatter input", like=out, numel=self.size() * out.numel(),
                    stand_in=self._copy_in)
-        t = _separate(t, out)
+        t = self._apart(t, out)
         hs = self._go(opts, self.comm.reduce_scatter, t.view(-1), out=out.view(-1), op=op)
         return hs, None if out is output else _copy_back([output], [out])
 
@@ -411,6 +411,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                 raise ValueError(f"all_to_all_single without split sizes needs input and output "
                                  f"of equal size divisible by {p} ranks; got "
                                  f"{t.numel()} and {out.numel()} elements")
+            t = self._apart(t, out)
             hs = self._go(opts, self.comm.all_to_all, t.view(-1), out=out.view(-1))
             return self._work("all_to_all_single", [output], hs,
                               None if out is output else _copy_back([output], [out]))
@@ -645,6 +646,12 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         self.comm._in_order("stage in", lambda: stand_in.copy_(t.detach()))
         return stand_in
 
+    def _apart(self, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``t``, or where it shares memory with ``out`` (torch allows in-place gathers such as
+        input = output's own chunk; topocoll's collectives don't) its copy as the collective
+        issued next sees it (``_copy_in``: after the calls issued before, which may write it)."""
+        return self._copy_in(t) if _share_memory(t, out) else t
+
     def _cat_in(self, ts: Sequence[torch.Tensor]) -> torch.Tensor:
         """The tensors ``ts`` (one dtype and device) flattened into one, in order, with their
         values as the collective issued next sees them (as ``_copy_in``)."""
@@ -842,15 +849,12 @@ def _host_only(t: torch.Tensor, what: str) -> None:
                         f"(CPU tensors only); use all_gather / a broadcast per rank instead")
 
 
-def _separate(t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``t``, or a copy of it where it shares memory with ``out`` (torch allows in-place gathers
-    such as input = output's own chunk; topocoll's collectives don't)."""
+def _share_memory(t: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether the (contiguous) tensors ``t`` and ``out`` share memory."""
     if not t.numel() or not out.numel():
-        return t
+        return False
     a, b = t.data_ptr(), out.data_ptr()
-    if a < b + out.numel() * out.element_size() and b < a + t.numel() * t.element_size():
-        return t.clone()
-    return t
+    return a < b + out.numel() * out.element_size() and b < a + t.numel() * t.element_size()
 
 
 def _one(tensors: Sequence[torch.Tensor], what: str, written: bool = False,

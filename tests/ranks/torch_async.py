@@ -4,6 +4,7 @@ from _common import rank_main
 
 import gc
 import threading
+import time
 import warnings
 
 import torch
@@ -266,13 +267,49 @@ def gathers_meet_whatever_the_tag_counts(r, p):
     assert len(set(counts)) == 1, counts  # the one behind caught up
 
 
+def in_place_reads_after_earlier_calls(r, p):
+    """An in-place gather or reduce-scatter (input a chunk of the output, or the output a chunk
+    of the input: FSDP's way) reads its input as the async calls issued before it left it, and
+    so does an in-place all_to_all_single: rank 0 is held back, so that the others' all_reduce
+    is still queued when they issue the next call (it used to read the values from before)."""
+    world, n = MPI.COMM_WORLD, 4
+    for case in ("gather", "scatter", "all_to_all"):
+        buf = torch.zeros(p * n)
+        chunk = buf[r * n:(r + 1) * n]
+        chunk.fill_(r + 1)
+        if case == "gather":
+            x, out = chunk, buf
+        elif case == "scatter":
+            buf.fill_(r + 1)
+            x, out = buf, chunk
+        else:
+            buf.fill_(r + 1)
+            x = out = buf
+        if r == 0 and p > 1:
+            world.recv(source=p - 1, tag=12)
+            time.sleep(0.3)
+        w = dist.all_reduce(x, async_op=True)
+        if r == p - 1 and p > 1:
+            world.send("issued", dest=0, tag=12)
+        if case == "gather":
+            dist.all_gather_into_tensor(out, x)
+        elif case == "scatter":
+            dist.reduce_scatter_tensor(out, x)
+        else:
+            dist.all_to_all_single(out, x)
+        w.wait()
+        total = float(sum(range(1, p + 1)))
+        want = total * p if case == "scatter" else total
+        assert torch.all(out == want), f"{case}: {out.tolist()}, want all {want}"
+
+
 def body():
     dist.init_process_group("topocoll")
     r, p = dist.get_rank(), dist.get_world_size()
     for check in (not_before_peers, issue_order, p2p_futures, dropped_irecv_keeps_its_tensor,
                   wait_timeout,
                   blocking_in_then, two_issuing_threads, gathers_return_at_once,
-                  gathers_meet_whatever_the_tag_counts):
+                  gathers_meet_whatever_the_tag_counts, in_place_reads_after_earlier_calls):
         check(r, p)
         dist.barrier()
     dist.destroy_process_group()
