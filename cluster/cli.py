@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from topocoll.topology.limits import counted
 
 from .description import from_mapping, load
-from .errors import ClusterError, DescriptionError
+from .errors import ClusterError, UsageError
 from .launcher import NETMODS
 from .manage import Cluster, describe_status, down, status, up
 
@@ -41,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ACTIONS[opts.action](opts, command))
     except ClusterError as e:
         print(f"topocoll cluster {opts.action}: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, DescriptionError) else 1
+        return 2 if isinstance(e, UsageError) else 1
 
 
 def _up(opts: argparse.Namespace, _command: list[str]) -> int:
@@ -57,7 +57,7 @@ def _up(opts: argparse.Namespace, _command: list[str]) -> int:
         print(json.dumps(status(c.name, opts.state_dir), indent=1))
     else:
         print(describe_status(status(c.name, opts.state_dir)))
-        where = f"--state-dir {opts.state_dir} " if opts.state_dir else (
+        where = f"--state-dir {shlex.quote(opts.state_dir)} " if opts.state_dir else (
             f"--name {c.name} " if c.name != "default" else "")
         print(f"run on it:  topocoll cluster run {where}-- topocoll topology")
     return 0
@@ -109,11 +109,15 @@ def _down(opts: argparse.Namespace, _command: list[str]) -> int:
     result = down(opts.name, opts.state_dir, opts.prefix)
     found = result["found"]
     if result["prefix"] is None:
-        print(f"nothing to take down at {result['state']}")
+        print(f"nothing to take down at {result['state']} (it holds no cluster's state; "
+              f"nothing there was touched)")
     else:
         print(f"took down {result['prefix']}: {counted(len(found['netns']), 'host')}, "
               f"{counted(len(found['interfaces']), 'interface')}, "
               f"{counted(len(found['processes']), 'process', 'processes')}")
+    if result["kept"]:
+        print(f"kept {result['state']}: it also holds files the cluster tool did not write "
+              f"({', '.join(result['kept'])})")
     if result["left"]:
         print(f"still there: {', '.join(result['left'])}", file=sys.stderr)
         return 1

@@ -72,10 +72,7 @@ def from_mapping(values: Mapping[str, Any], where: str = "description") -> Descr
         if k not in KEYS:
             raise ClusterError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)})")
         norm[k] = value
-    name = str(norm.get("name", "default"))
-    if not _NAME.fullmatch(name):
-        raise ClusterError(f"{where}: name {name!r} must be 1-64 letters, digits, '_', '.' or "
-                           f"'-', starting with a letter or digit")
+    name = check_name(str(norm.get("name", "default")), where)
     hosts = _count(norm.get("hosts", 2), "hosts", where, MAX_HOSTS)
     ranks = _count(norm.get("ranks_per_host", 1), "ranks_per_host", where, 256)
     leaves = _leaves(norm.get("leaves", 1), hosts, where)
@@ -83,6 +80,16 @@ def from_mapping(values: Mapping[str, Any], where: str = "description") -> Descr
     uplinks = _uplinks(norm, leaves, host_rate, where)
     subnet = _subnet(norm.get("subnet"), hosts, where)
     return Description(name, hosts, ranks, leaves, host_rate, uplinks, subnet)
+
+
+def check_name(name: str, where: str | None = None) -> str:
+    """``name`` if it can name a cluster (and its directory under the state root: no ``/``, no
+    ``..``), else DescriptionError."""
+    if not _NAME.fullmatch(name):
+        raise ClusterError(f"{where + ': name' if where else 'cluster name'} {name!r} must be "
+                           f"1-64 letters, digits, '_', '.' or '-', starting with a letter or "
+                           f"digit")
+    return name
 
 
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Description:

@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import ClusterError
+from .errors import ClusterError, UsageError
 from .layout import HOST_IFACE, PREFIX_STEM, Host, Layout
-from .state import StateDir, root_dir
+from .state import DEFAULT_ROOT, ROOT_ENV, StateDir, root_dir
 
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
          "setsid": "util-linux", "mount": "mount"}
@@ -208,8 +208,13 @@ def choose_subnet(wanted: str | None = None) -> str:
 def lock() -> Iterator[None]:
     """Serialise ``up``s on this machine (prefix and subnet choice)."""
     root = root_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as f:
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        f = open(root / ".lock", "w")
+    except OSError as e:
+        raise UsageError(f"cannot use the state root {root} ({ROOT_ENV} or {DEFAULT_ROOT}) for "
+                         f"the lock that serialises `up`s: {e.strerror}") from None
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

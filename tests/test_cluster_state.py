@@ -1,0 +1,164 @@
+"""The cluster tool's state directories and inputs: ``down`` and a failed ``up`` delete only what
+the tool wrote, names stay under the state root, bad input is an error (exit status 2) and never
+a traceback. Fast: most tests need no root; those that do bring up at most one 1-host cluster.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from test_cluster import _cli, needs_root
+from topocoll import cluster
+from topocoll.cluster import manage as cl_manage
+from topocoll.cluster import net as cl_net
+from topocoll.cluster.state import StateDir
+
+
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def _victims(tmp_path: Path, *names: str) -> Path:
+    """Directories with a user's files in them (and one below)."""
+    top = tmp_path / "victims"
+    for name in names:
+        (top / name / "sub").mkdir(parents=True)
+        (top / name / "notes.txt").write_text("important\n")
+        (top / name / "sub" / "notes.txt").write_text("important\n")
+    return top
+
+
+# ---- state directories: what is removed (no root needed) -------------------------------------
+
+def test_state_remove_deletes_only_the_files_up_writes(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "notes.txt").write_text("mine")
+    (d / "sub").mkdir()
+    (d / "sub" / "cluster.json").write_text("{}")
+    state = StateDir(d)
+    state.record(kind="state_dir", made=[])            # up found the directory there
+    for name in ("cluster.json", "hosts", "etc-hosts", "topology.conf", "launch.sh", "h0.log",
+                 "h0.pid", "h12.pid.tmp", "hosts.tmp"):
+        (d / name).write_text("x")
+    assert state.remove() == ["notes.txt", "sub"]
+    assert _tree(d) == ["notes.txt", "sub", "sub/cluster.json"]
+
+
+def test_state_remove_takes_the_directories_up_made_once_empty(tmp_path):
+    d = tmp_path / "a" / "b" / "s"
+    state = StateDir(d)
+    made = state.create()
+    assert made == [tmp_path / "a", tmp_path / "a" / "b", d]
+    state.record(kind="state_dir", made=[str(p) for p in made])
+    state.write("hosts", "x")
+    assert state.remove() == [] and not (tmp_path / "a").exists()
+    # a journal that names a directory outside the state's own path is not followed
+    other = tmp_path / "other"
+    other.mkdir()
+    state = StateDir(tmp_path / "t")
+    state.create()
+    state.record(kind="state_dir", made=[str(other), str(tmp_path / "t")])
+    state.remove()
+    assert other.is_dir() and not (tmp_path / "t").exists()
+
+
+def test_up_refuses_a_directory_holding_its_file_names(tmp_path):
+    (tmp_path / "hosts").write_text("my machinefile\n")
+    with pytest.raises(cluster.UsageError, match="already holds hosts, which `topocoll cluster "
+                                                 "up` would overwrite"):
+        StateDir(tmp_path).create()
+    assert (tmp_path / "hosts").read_text() == "my machinefile\n"
+    (tmp_path / "f").write_text("")
+    with pytest.raises(cluster.UsageError, match="is not a directory"):
+        StateDir(tmp_path / "f").create()
+    with pytest.raises(cluster.UsageError, match="cannot create the state directory"):
+        StateDir(Path("/proc/nope")).create()
+
+
+@pytest.mark.parametrize("name", ["..", "../victims/v2", "/tmp/x", "a/b", "", ".hidden"])
+def test_a_name_stays_under_the_state_root(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPOCOLL_CLUSTER_ROOT", str(tmp_path))
+    with pytest.raises(cluster.DescriptionError, match="cluster name .* must be 1-64 letters"):
+        StateDir.for_cluster(name)
+    assert StateDir.for_cluster("a.b-c_1").path == tmp_path / "a.b-c_1"
+
+
+def test_an_unusable_state_root_is_named(tmp_path, monkeypatch):
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("TOPOCOLL_CLUSTER_ROOT", str(tmp_path / "afile"))
+    with pytest.raises(cluster.UsageError, match="state root .*afile .* is not a directory"):
+        StateDir.for_cluster("x")
+    with pytest.raises(cluster.UsageError, match="cannot use the state root"):
+        with cl_net.lock():
+            pass
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{"name": "bad"}', "damaged (no 'layout')"),
+    ('"str"', "damaged: not an object"),
+    ('{"name": "x", "layout": {"prefix": 1}, "holders": {}}', "damaged ("),
+    ("{", "unreadable"),
+])
+def test_a_damaged_cluster_json_is_an_error(text, words, tmp_path):
+    (tmp_path / "cluster.json").write_text(text)
+    with pytest.raises(cluster.ClusterError) as e:
+        cluster.Cluster.load(state_dir=tmp_path)
+    assert words in str(e.value), e.value
+
+
+# ---- on the command line (root: down and up check for iproute2 first) -----------------------
+
+@needs_root
+def test_down_never_touches_a_directory_without_a_clusters_state(tmp_path):
+    top = _victims(tmp_path, "v1", "v2", "v3")
+    before = _tree(top)
+    env = {"TOPOCOLL_CLUSTER_ROOT": str(tmp_path / "croot")}
+    p = _cli("down", "--state-dir", str(top / "v1"), env=env)
+    assert p.returncode == 0 and "nothing to take down" in p.stdout, p.stdout + p.stderr
+    for name in ("../victims/v2", str(top / "v3"), "..", "/"):
+        p = _cli("down", "--name", name, env=env)
+        assert p.returncode == 2 and "must be 1-64 letters" in p.stderr, (name, p.stderr)
+    assert _tree(top) == before
+
+
+@needs_root
+def test_a_failed_up_removes_only_what_it_created(tmp_path, monkeypatch):
+    top = _victims(tmp_path, "v4")
+    before = _tree(top)
+    written = []
+
+    def fail(layout, state):
+        written.extend(sorted(p.name for p in state.path.iterdir()))
+        raise cluster.ClusterError("injected failure")
+
+    monkeypatch.setattr(cl_net, "bring_up", fail)
+    monkeypatch.setenv("TOPOCOLL_CLUSTER_ROOT", str(tmp_path / "croot"))
+    desc = cluster.from_mapping({"hosts": 1})
+    for where in (top / "v4", tmp_path / "new" / "deeper"):
+        written.clear()
+        with pytest.raises(cluster.ClusterError, match="injected failure"):
+            cl_manage.up(desc, where)
+        assert "etc-hosts" in written and "journal.jsonl" in written, written
+    assert _tree(top) == before
+    assert not (tmp_path / "new").exists()
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_down_after_up_in_a_users_directory_keeps_the_users_files(tmp_path):
+    top = _victims(tmp_path, "mine")
+    before = _tree(top)
+    state = top / "mine"
+    p = _cli("up", "--state-dir", str(state), "--hosts", "1")
+    try:
+        assert p.returncode == 0, p.stderr
+        assert (state / "cluster.json").exists()
+    finally:
+        down = _cli("down", "--state-dir", str(state))
+    assert down.returncode == 0 and "took down" in down.stdout, down.stdout + down.stderr
+    assert "kept" in down.stdout and "notes.txt" in down.stdout, down.stdout
+    assert _tree(top) == before
