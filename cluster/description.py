@@ -31,6 +31,11 @@ KEYS = ("name", "hosts", "ranks_per_host", "leaves", "host_rate", "uplink_rate",
         "oversubscription", "subnet")
 """Keys a description file may hold (``-`` and ``_`` are interchangeable)."""
 
+RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12",
+                                                    "192.168.0.0/16"))
+"""The private networks a cluster's subnet must lie in (Python's ``is_private`` also admits
+0.0.0.0/8, link-local, the documentation TEST-NETs, 198.18/15 and 240/4, where hydra fails)."""
+
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
           "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -226,7 +231,7 @@ def _subnet(value: Any, hosts: int, where: str) -> str | None:
         net = ipaddress.IPv4Network(str(value), strict=True)
     except ValueError as e:
         raise ClusterError(f"{where}: subnet {value!r}: {e} (use e.g. 10.231.7.0/24)") from None
-    if not net.is_private or net.is_loopback:
+    if not any(net.subnet_of(private) for private in RFC1918):
         raise ClusterError(f"{where}: subnet {net} is not a private network (use one inside "
                            f"10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16)")
     if net.num_addresses - 2 < hosts + 1:
