@@ -221,7 +221,15 @@ def _uplinks(norm: dict[str, Any], leaves: tuple[int, ...], host_rate: float | N
         if ratio != 1.0:
             raise ClusterError(f"{where}: oversubscription needs a host_rate to divide")
         return (None,) * len(leaves)
-    return tuple(host_rate * n / ratio for n in leaves)
+    rates = tuple(host_rate * n / ratio for n in leaves)
+    for j, (n, rate) in enumerate(zip(leaves, rates)):
+        if not 1e6 <= rate <= 1e11:
+            raise ClusterError(f"{where}: leaf {j}'s uplink would be {format_rate(rate)} "
+                               f"({counted(n, 'host')} x {format_rate(host_rate)} / "
+                               f"oversubscription {ratio:g}); shaped rates must lie between "
+                               f"1mbit and 100gbit: give uplink_rate, or another "
+                               f"oversubscription or host_rate")
+    return rates
 
 
 def _subnet(value: Any, hosts: int, where: str) -> str | None:

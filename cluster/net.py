@@ -353,9 +353,11 @@ def _kill_processes(inodes: set[int]) -> None:
 
 
 def _tc_rate(text: str) -> float | None:
-    """tc's printed rate (``400Mbit``, ``2Gbit``, ``500Kbit``, ``64bit``) in bits per second."""
+    """tc's printed rate (``400Mbit``, ``2Gbit``, ``4Tbit``, ``500Kbit``, ``64bit``) in bits per
+    second."""
     t = text.lower()
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+    for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3),
+                        ("bit", 1.0)):
         if t.endswith(unit):
             try:
                 return float(t[: -len(unit)]) * scale

@@ -61,6 +61,15 @@ def test_description_from_flags_and_files(tmp_path):
     pytest.importorskip("yaml")
     assert cluster.load(y).ranks_per_host == 3
     assert cluster.format_rate(4e8) == "400mbit" and cluster.format_rate(None) == "none"
+    # derived uplinks at the ends of the shaped range are fine
+    assert cluster.from_mapping({"hosts": 2, "host_rate": "50gbit"}).uplink_rate == (1e11,)
+    assert cluster.from_mapping({"hosts": 1, "host_rate": "2mbit",
+                                 "oversubscription": 2}).uplink_rate == (1e6,)
+
+
+def test_tc_rates_read_back():
+    assert [cl_net._tc_rate(t) for t in ("400Mbit", "2Gbit", "4Tbit", "500Kbit", "64bit", "x")] \
+        == [4e8, 2e9, 4e12, 5e5, 64.0, None]
 
 
 @pytest.mark.parametrize("values, words", [
@@ -74,6 +83,10 @@ def test_description_from_flags_and_files(tmp_path):
     ({"host_rate": "10kbit"}, "between 1mbit and 100gbit"),
     ({"host_rate": "1gbit", "uplink_rate": "1gbit", "oversubscription": 2}, "not both"),
     ({"oversubscription": 2}, "needs a host_rate"),
+    ({"hosts": 1, "host_rate": "1mbit", "oversubscription": 1000},
+     "leaf 0's uplink would be 1kbit (1 host x 1mbit / oversubscription 1000)"),
+    ({"hosts": 4, "host_rate": "100gbit"}, "leaf 0's uplink would be 400gbit"),
+    ({"hosts": 3, "leaves": [1, 2], "host_rate": "60gbit"}, "leaf 1's uplink would be 120gbit"),
     ({"hosts": 2, "leaves": 2, "uplink_rate": ["1gbit"]}, "1 rate for 2 leaf switches"),
     ({"subnet": "11.0.0.0/24"}, "not a private network"),
     ({"subnet": "0.0.0.0/24"}, "not a private network"),
