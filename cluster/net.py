@@ -15,6 +15,7 @@ import fcntl
 import ipaddress
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -298,10 +299,7 @@ def _start_holder(state: StateDir, host: Host) -> int:
     """Start the process that holds the host's UTS and mount namespaces; return its pid."""
     pidfile = state.file(f"h{host.index}.pid")
     pidfile.unlink(missing_ok=True)
-    script = (f"set -e; mount --bind {state.file('etc-hosts')} /etc/hosts; "
-              f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm; "
-              f"echo {host.name} > /proc/sys/kernel/hostname; "
-              f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep infinity")
+    script = holder_script(state.file("etc-hosts"), pidfile, host.name)
     log = state.file(f"h{host.index}.log")
     with open(log, "w") as out:
         # setsid -f: the holder is nobody's child here, so no zombie is left when it is killed
@@ -319,6 +317,18 @@ def _start_holder(state: StateDir, host: Host) -> int:
         time.sleep(0.01)
     raise ClusterError(f"host {host.name}: its namespace holder did not start: "
                        f"{log.read_text().strip() or 'no output'}")
+
+
+def holder_script(etc_hosts: Path, pidfile: Path, hostname: str) -> str:
+    """The holder's ``sh -c`` script: bind the cluster's /etc/hosts, a private /dev/shm, set the
+    hostname, write its pid, sleep. Every path is quoted: a state directory may hold spaces or
+    shell metacharacters."""
+    q = shlex.quote
+    tmp = pidfile.with_name(pidfile.name + ".tmp")
+    return (f"set -e; mount --bind {q(str(etc_hosts))} /etc/hosts; "
+            f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm; "
+            f"echo {q(hostname)} > /proc/sys/kernel/hostname; "
+            f"echo $$ > {q(str(tmp))}; mv {q(str(tmp))} {q(str(pidfile))}; exec sleep infinity")
 
 
 def _is_holder(pid: int, inode: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,33 @@ def test_down_after_up_in_a_users_directory_keeps_the_users_files(tmp_path):
     assert down.returncode == 0 and "took down" in down.stdout, down.stdout + down.stderr
     assert "kept" in down.stdout and "notes.txt" in down.stdout, down.stdout
     assert _tree(top) == before
+
+
+# ---- a state directory with spaces and shell metacharacters ----------------------------------
+
+def test_the_holder_script_quotes_every_path(tmp_path):
+    d = tmp_path / "sp ace;touch PWNED;$(x)"
+    script = cl_net.holder_script(d / "etc-hosts", d / "h0.pid", "tcc0abc-h0")
+    lex = shlex.shlex(script, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    words = list(lex)               # the words sh sees, ';' and '>' apart
+    assert str(d / "etc-hosts") in words and str(d / "h0.pid") in words, words
+    assert str(d / "h0.pid.tmp") in words, words
+
+
+@needs_root
+@pytest.mark.timeout(120)
+def test_up_in_a_state_directory_with_spaces_and_metacharacters(tmp_path):
+    state = tmp_path / "sp ace;touch PWNED"
+    p = _cli("up", "--state-dir", str(state), "--hosts", "1")
+    try:
+        assert p.returncode == 0, p.stderr
+        assert "--state-dir '" in p.stdout, p.stdout            # the hint is shell-quoted
+        host = cluster.Cluster.load(state_dir=state).layout.hosts[0]
+        e = _cli("exec", "--state-dir", str(state), "h0", "--", "cat", "/etc/hosts")
+        assert f"{host.address} {host.name}" in e.stdout, e.stdout + e.stderr
+    finally:
+        down = _cli("down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not state.exists() and not list(Path.cwd().glob("PWNED")) \
+        and not list(tmp_path.rglob("PWNED")), _tree(tmp_path)
