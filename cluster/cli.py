@@ -19,7 +19,7 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from topocoll.topology.limits import counted
 
@@ -47,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _up(opts: argparse.Namespace, _command: list[str]) -> int:
     given = {k: v for k, v in (("name", opts.name), ("hosts", opts.hosts),
                                ("ranks_per_host", opts.ranks_per_host),
-                               ("leaves", _leaves_arg(opts.leaves)),
+                               ("leaves", opts.leaves),
                                ("host_rate", opts.host_rate), ("uplink_rate", opts.uplink_rate),
                                ("oversubscription", opts.oversubscription),
                                ("subnet", opts.subnet)) if v is not None}
@@ -136,13 +136,6 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
-
-
-def _leaves_arg(text: str | None) -> Any:
-    if text is None:
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    return parts[0] if len(parts) == 1 else parts
 
 
 def _env_pairs(pairs: list[str] | None) -> dict[str, str]:

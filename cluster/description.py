@@ -178,7 +178,10 @@ def _count(value: Any, key: str, where: str, most: int) -> int:
 
 
 def _leaves(value: Any, hosts: int, where: str) -> tuple[int, ...]:
-    """Hosts per leaf from a count (even split) or an explicit list."""
+    """Hosts per leaf from a count (even split) or an explicit list (``[3, 1]`` or ``"3,1"``,
+    as on the command line)."""
+    if isinstance(value, str) and "," in value:
+        value = [part.strip() for part in value.split(",")]
     if isinstance(value, (list, tuple)):
         per = tuple(_count(v, "leaves[]", where, MAX_HOSTS) for v in value)
         if not per:

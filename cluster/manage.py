@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from . import launcher, net
 from .description import Description, format_rate
-from .errors import ClusterError
+from .errors import ClusterError, UsageError
 from .layout import PREFIX_STEM, Layout, etc_hosts, from_dict, machinefile, plan, to_dict, topology_conf
 from .state import StateDir, named_clusters
 
@@ -68,9 +68,12 @@ class Cluster:
                      flags: Sequence[str] = (), netmod: str = "ucx", yield_cpu: bool = True,
                      extra_env: dict[str, str] | None = None) -> list[str]:
         """mpiexec's command line running ``command`` on ``n`` ranks (default: all slots)."""
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise UsageError(f"-n {n!r}: the number of ranks must be a whole number of at "
+                             f"least 1 (leave -n out for every slot: {self.world_size})")
         env = {**self.env(netmod, yield_cpu), **(extra_env or {})}
         return launcher.mpiexec_argv(self.layout, self.state.file("launch.sh"), env,
-                                     n or self.world_size, command, flags)
+                                     self.world_size if n is None else n, command, flags)
 
     def enter_argv(self, host: str | int, command: Sequence[str],
                    cwd: str | None = None) -> list[str]:

@@ -194,15 +194,23 @@ def choose_subnet(wanted: str | None = None) -> str:
     used = used_networks()
     if wanted:
         net = ipaddress.IPv4Network(wanted)
-        clash = [str(u) for u in used if u.overlaps(net)]
+        clash = overlapping(net, used)
         if clash:
-            raise ClusterError(f"subnet {net} overlaps {', '.join(clash)} in use here; choose "
-                               f"another or leave subnet out")
+            raise ClusterError(f"subnet {net} overlaps {', '.join(map(str, clash))} in use here; "
+                               f"choose another or leave subnet out")
         return str(net)
     for net in SUBNET_POOL.subnets(new_prefix=24):
         if not any(u.overlaps(net) for u in used):
             return str(net)
     raise ClusterError(f"no free /24 left in {SUBNET_POOL}")
+
+
+def overlapping(net: ipaddress.IPv4Network,
+                used: list[ipaddress.IPv4Network]) -> list[ipaddress.IPv4Network]:
+    """The networks of ``used`` that overlap ``net``, each once, leaving out those inside
+    another one listed (an interface's /24 stands for its address's and broadcast's /32s)."""
+    clash = list(dict.fromkeys(u for u in used if u.overlaps(net)))
+    return [u for u in clash if not any(u != o and u.subnet_of(o) for o in clash)]
 
 
 @contextmanager

@@ -4,6 +4,7 @@ a traceback. Fast: most tests need no root; those that do bring up at most one 1
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -13,6 +14,7 @@ import pytest
 
 from test_cluster import _cli, needs_root
 from topocoll import cluster
+from topocoll.cluster import layout as cl_layout
 from topocoll.cluster import manage as cl_manage
 from topocoll.cluster import net as cl_net
 from topocoll.cluster.state import StateDir
@@ -194,3 +196,62 @@ def test_up_in_a_state_directory_with_spaces_and_metacharacters(tmp_path):
     assert down.returncode == 0, down.stdout + down.stderr
     assert not state.exists() and not list(Path.cwd().glob("PWNED")) \
         and not list(tmp_path.rglob("PWNED")), _tree(tmp_path)
+
+
+# ---- messages ----------------------------------------------------------------------------------
+
+def test_a_subnet_clash_names_each_network_once():
+    n = ipaddress.IPv4Network
+    used = [n(u) for u in ("192.0.2.0/24", "192.0.2.255/32", "192.0.2.1/32", "192.0.2.0/24",
+                           "192.0.2.2/32", "192.0.2.2/32", "10.0.0.0/8", "172.16.0.0/12")]
+    assert cl_net.overlapping(n("192.0.2.0/24"), used) == [n("192.0.2.0/24")]
+    assert cl_net.overlapping(n("192.0.2.0/30"), used) == [n("192.0.2.0/24")]
+    assert cl_net.overlapping(n("10.1.0.0/16"), used) == [n("10.0.0.0/8")]
+    assert cl_net.overlapping(n("192.168.0.0/16"), used) == []
+
+
+def test_the_status_hint_names_the_cluster(tmp_path, monkeypatch):
+    monkeypatch.setattr(cl_net, "require", lambda: None)
+    monkeypatch.setenv("TOPOCOLL_CLUSTER_ROOT", str(tmp_path))
+    for args, where in ((("k", None), "--name k"), ((None, None), "--name default"),
+                        ((None, str(tmp_path / "a b")), f"--state-dir '{tmp_path}/a b'")):
+        st = cl_manage.status(*args)
+        assert st["where"] == where and not st["healthy"], st
+        st["leftovers"], st["prefix"] = {"netns": ["tcc0abc-h0"], "interfaces": []}, "tcc0abc"
+        text = cluster.describe_status(st)
+        assert f"`topocoll cluster down {where}` removes them" in text, text
+
+
+# ---- run's -n, a file's leaves -----------------------------------------------------------------
+
+def _fake_cluster(state: Path, hosts: int = 3) -> cluster.Cluster:
+    """cluster.json of a cluster that was planned but never brought up (enough for run --dry-run)."""
+    desc = cluster.from_mapping({"hosts": hosts})
+    lay = cl_layout.plan(desc, "tcc0abc", "10.231.9.0/24")
+    state.mkdir()
+    (state / "cluster.json").write_text(json.dumps({
+        "name": "x", "layout": cl_layout.to_dict(lay), "description": desc.to_dict(),
+        "holders": {h.name: 1 for h in lay.hosts}}))
+    return cluster.Cluster.load(state_dir=state)
+
+
+def test_run_needs_at_least_one_rank(tmp_path):
+    c = _fake_cluster(tmp_path / "s")
+    for n in (0, -2, True, 1.5):
+        with pytest.raises(cluster.UsageError, match="must be a whole number of at least 1"):
+            c.mpiexec_argv(["hostname"], n=n)
+    assert c.mpiexec_argv(["hostname"])[-3:] == ["-n", "3", "hostname"]
+    assert c.mpiexec_argv(["hostname"], n=5)[-3:] == ["-n", "5", "hostname"]
+    for n in ("0", "-2"):
+        p = _cli("run", "--state-dir", str(c.state.path), "-n", n, "--dry-run", "--", "hostname")
+        assert p.returncode == 2 and f"-n {n}: the number of ranks" in p.stderr, p.stderr
+
+
+def test_a_file_lists_leaves_as_the_command_line_does(tmp_path):
+    f = tmp_path / "d.json"
+    f.write_text('{"hosts": 3, "leaves": "2,1"}')
+    assert cluster.load(f).leaves == (2, 1)
+    assert cluster.from_mapping({"hosts": 3, "leaves": "1, 2"}).leaves == (1, 2)
+    assert cluster.from_mapping({"hosts": 3, "leaves": "2"}).leaves == (2, 1)
+    with pytest.raises(cluster.DescriptionError, match="hold 2 hosts, but hosts is 3"):
+        cluster.from_mapping({"hosts": 3, "leaves": "1,1"})
