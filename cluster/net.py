@@ -218,6 +218,8 @@ def lock() -> Iterator[None]:
     """Serialise ``up``s on this machine (prefix and subnet choice)."""
     root = root_dir()
     try:
+        if root.exists() and not root.is_dir():
+            raise NotADirectoryError(20, "not a directory")
         root.mkdir(parents=True, exist_ok=True)
         f = open(root / ".lock", "w")
     except OSError as e:

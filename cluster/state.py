@@ -98,8 +98,9 @@ class StateDir:
                 continue                          # made by someone else meanwhile: not ours
             except OSError as e:
                 self.remove_dirs(made)
+                at = "" if d == path else f" ({d})"
                 raise UsageError(f"cannot create the state directory {self.path}: "
-                                 f"{e.strerror} ({d})") from None
+                                 f"{e.strerror}{at}") from None
             made.append(d)
         if not self.path.is_dir():
             raise UsageError(f"state directory {self.path} is not a directory")
@@ -160,18 +161,20 @@ class StateDir:
         except (OSError, ValueError) as e:
             raise ClusterError(f"{self.file('cluster.json')}: unreadable: {e}") from None
         if not isinstance(data, dict):
-            raise ClusterError(f"{self.file('cluster.json')}: damaged: not an object")
+            raise ClusterError(f"{self.file('cluster.json')}: damaged (not an object); `topocoll "
+                               f"cluster down` still takes the cluster down (it works from the "
+                               f"journal)")
         return data
 
     def made_dirs(self) -> list[Path]:
-        """The directories ``up`` made for this state (its journal says), outermost first; a
-        journal from before that was recorded counts the state directory alone."""
+        """The directories ``up`` made for this state, outermost first, as its journal says
+        (none when it doesn't say: a directory is kept unless it is known to be ``up``'s)."""
         path = self.path.absolute()
         for entry in self.journal():
             if entry.get("kind") == "state_dir" and isinstance(entry.get("made"), list):
                 made = [Path(str(d)) for d in entry["made"]]
                 return [d for d in made if d == path or d in path.parents]
-        return [path]
+        return []
 
     def remove(self, made: list[Path] | None = None) -> list[str]:
         """Delete the files ``up`` writes (:data:`WRITTEN`), never anything else, then the

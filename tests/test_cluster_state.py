@@ -59,6 +59,11 @@ def test_state_remove_takes_the_directories_up_made_once_empty(tmp_path):
     state.record(kind="state_dir", made=[str(p) for p in made])
     state.write("hosts", "x")
     assert state.remove() == [] and not (tmp_path / "a").exists()
+    # a journal that doesn't say (or has no state_dir entry) keeps the directory
+    state = StateDir(tmp_path / "u")
+    state.create()
+    state.write("cluster.json", "{}")
+    assert state.remove() == [] and state.path.is_dir() and not list(state.path.iterdir())
     # a journal that names a directory outside the state's own path is not followed
     other = tmp_path / "other"
     other.mkdir()
@@ -95,14 +100,14 @@ def test_an_unusable_state_root_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("TOPOCOLL_CLUSTER_ROOT", str(tmp_path / "afile"))
     with pytest.raises(cluster.UsageError, match="state root .*afile .* is not a directory"):
         StateDir.for_cluster("x")
-    with pytest.raises(cluster.UsageError, match="cannot use the state root"):
+    with pytest.raises(cluster.UsageError, match="cannot use the state root .*: not a dir"):
         with cl_net.lock():
             pass
 
 
 @pytest.mark.parametrize("text, words", [
     ('{"name": "bad"}', "damaged (no 'layout')"),
-    ('"str"', "damaged: not an object"),
+    ('"str"', "damaged (not an object)"),
     ('{"name": "x", "layout": {"prefix": 1}, "holders": {}}', "damaged ("),
     ("{", "unreadable"),
 ])
@@ -255,3 +260,27 @@ def test_a_file_lists_leaves_as_the_command_line_does(tmp_path):
     assert cluster.from_mapping({"hosts": 3, "leaves": "2"}).leaves == (2, 1)
     with pytest.raises(cluster.DescriptionError, match="hold 2 hosts, but hosts is 3"):
         cluster.from_mapping({"hosts": 3, "leaves": "1,1"})
+
+
+@needs_root
+def test_unusable_state_roots_and_damaged_state_are_errors_not_tracebacks(tmp_path):
+    (tmp_path / "afile").write_text("")
+    env = {"TOPOCOLL_CLUSTER_ROOT": str(tmp_path / "afile")}
+    for args in (("up", "--hosts", "1"), ("status",), ("down",), ("run", "--", "hostname")):
+        p = _cli(*args, env=env)
+        assert p.returncode == 2 and "is not a directory" in p.stderr, (args, p.stderr)
+        assert "Traceback" not in p.stderr, p.stderr
+    p = _cli("up", "--hosts", "1", "--state-dir", str(tmp_path / "s"), env=env)
+    assert p.returncode == 2 and "cannot use the state root" in p.stderr, p.stderr
+    assert not (tmp_path / "s").exists()
+    p = _cli("up", "--hosts", "1", "--state-dir", "/proc/nope")
+    assert p.returncode == 2 and "cannot create the state directory /proc/nope" in p.stderr, \
+        p.stderr
+    dmg = tmp_path / "dmg"
+    dmg.mkdir()
+    for text, action in (('{"name": "bad"}', "status"), ('"str"', "run"), ("[1", "exec")):
+        (dmg / "cluster.json").write_text(text)
+        extra = ("h0",) if action == "exec" else ()
+        p = _cli(action, "--state-dir", str(dmg), *extra, "--", "hostname")
+        assert p.returncode == 1 and "cluster.json: " in p.stderr, (action, p.stderr)
+        assert "Traceback" not in p.stderr, p.stderr
