@@ -16,6 +16,6 @@ from .layout import Layout
 from .manage import Cluster, describe_status, down, status, up
 from .net import missing_requirements
 
-__all__ = ["Cluster", "ClusterError", "Description", "DescriptionError", "Layout", "UsageError", "down",
-           "describe_status", "format_rate", "from_mapping", "load", "missing_requirements",
-           "parse_rate", "status", "up"]
+__all__ = ["Cluster", "ClusterError", "Description", "DescriptionError", "Layout", "UsageError",
+           "down", "describe_status", "format_rate", "from_mapping", "load",
+           "missing_requirements", "parse_rate", "status", "up"]

@@ -109,8 +109,8 @@ def _down(opts: argparse.Namespace, _command: list[str]) -> int:
     result = down(opts.name, opts.state_dir, opts.prefix)
     found = result["found"]
     if result["prefix"] is None:
-        print(f"nothing to take down at {result['state']} (it holds no cluster's state; "
-              f"nothing there was touched)")
+        print(f"nothing to take down at {result['state']}" + (
+            "" if result["held"] else " (it holds no cluster's state; nothing there was touched)"))
     else:
         print(f"took down {result['prefix']}: {counted(len(found['netns']), 'host')}, "
               f"{counted(len(found['interfaces']), 'interface')}, "

@@ -145,7 +145,7 @@ def down(name: str | None = None, state_dir: str | Path | None = None,
     left = net.tear_down(state, prefix)
     kept = state.remove() if held and not left else []
     return {"prefix": prefix, "found": found, "left": left, "state": str(state.path),
-            "kept": kept}
+            "held": held, "kept": kept}
 
 
 def status(name: str | None = None, state_dir: str | Path | None = None) -> dict[str, Any]:
@@ -199,7 +199,8 @@ def describe_status(st: dict[str, Any]) -> str:
         left = st.get("leftovers") or {}
         if any(left.values()):
             lines.append(f"leftovers of an unfinished cluster (prefix {st['prefix']}): "
-                         + _counts(left) + f"; `topocoll cluster down {st['where']}` removes them")
+                         + _counts(left) + f"; `topocoll cluster down {st.get('where', '')}` "
+                         f"removes them")
     else:
         d = st["description"]
         lines = [f"cluster {st['name']}: {'up' if st['healthy'] else 'DEGRADED'}, prefix "
