@@ -11,11 +11,11 @@ launching across them (``topocoll cluster up|run|exec|status|down``; docs/cluste
 Needs root and iproute2. Nothing here is imported by the other layers.
 """
 from .description import Description, format_rate, from_mapping, load, parse_rate
-from .errors import ClusterError, DescriptionError
+from .errors import ClusterError, DescriptionError, UsageError
 from .layout import Layout
 from .manage import Cluster, describe_status, down, status, up
 from .net import missing_requirements
 
-__all__ = ["Cluster", "ClusterError", "Description", "DescriptionError", "Layout", "down",
-           "describe_status", "format_rate", "from_mapping", "load", "missing_requirements",
-           "parse_rate", "status", "up"]
+__all__ = ["Cluster", "ClusterError", "Description", "DescriptionError", "Layout", "UsageError",
+           "down", "describe_status", "format_rate", "from_mapping", "load",
+           "missing_requirements", "parse_rate", "status", "up"]

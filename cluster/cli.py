@@ -19,12 +19,12 @@ import json
 import os
 import shlex
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from topocoll.topology.limits import counted
 
 from .description import from_mapping, load
-from .errors import ClusterError, DescriptionError
+from .errors import ClusterError, UsageError
 from .launcher import NETMODS
 from .manage import Cluster, describe_status, down, status, up
 
@@ -41,13 +41,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ACTIONS[opts.action](opts, command))
     except ClusterError as e:
         print(f"topocoll cluster {opts.action}: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, DescriptionError) else 1
+        return 2 if isinstance(e, UsageError) else 1
 
 
 def _up(opts: argparse.Namespace, _command: list[str]) -> int:
     given = {k: v for k, v in (("name", opts.name), ("hosts", opts.hosts),
                                ("ranks_per_host", opts.ranks_per_host),
-                               ("leaves", _leaves_arg(opts.leaves)),
+                               ("leaves", opts.leaves),
                                ("host_rate", opts.host_rate), ("uplink_rate", opts.uplink_rate),
                                ("oversubscription", opts.oversubscription),
                                ("subnet", opts.subnet)) if v is not None}
@@ -57,7 +57,7 @@ def _up(opts: argparse.Namespace, _command: list[str]) -> int:
         print(json.dumps(status(c.name, opts.state_dir), indent=1))
     else:
         print(describe_status(status(c.name, opts.state_dir)))
-        where = f"--state-dir {opts.state_dir} " if opts.state_dir else (
+        where = f"--state-dir {shlex.quote(opts.state_dir)} " if opts.state_dir else (
             f"--name {c.name} " if c.name != "default" else "")
         print(f"run on it:  topocoll cluster run {where}-- topocoll topology")
     return 0
@@ -109,11 +109,15 @@ def _down(opts: argparse.Namespace, _command: list[str]) -> int:
     result = down(opts.name, opts.state_dir, opts.prefix)
     found = result["found"]
     if result["prefix"] is None:
-        print(f"nothing to take down at {result['state']}")
+        print(f"nothing to take down at {result['state']}" + (
+            "" if result["held"] else " (it holds no cluster's state; nothing there was touched)"))
     else:
         print(f"took down {result['prefix']}: {counted(len(found['netns']), 'host')}, "
               f"{counted(len(found['interfaces']), 'interface')}, "
               f"{counted(len(found['processes']), 'process', 'processes')}")
+    if result["kept"]:
+        print(f"kept {result['state']}: it also holds files the cluster tool did not write "
+              f"({', '.join(result['kept'])})")
     if result["left"]:
         print(f"still there: {', '.join(result['left'])}", file=sys.stderr)
         return 1
@@ -132,13 +136,6 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
-
-
-def _leaves_arg(text: str | None) -> Any:
-    if text is None:
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    return parts[0] if len(parts) == 1 else parts
 
 
 def _env_pairs(pairs: list[str] | None) -> dict[str, str]:

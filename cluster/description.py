@@ -31,6 +31,11 @@ KEYS = ("name", "hosts", "ranks_per_host", "leaves", "host_rate", "uplink_rate",
         "oversubscription", "subnet")
 """Keys a description file may hold (``-`` and ``_`` are interchangeable)."""
 
+RFC1918 = tuple(ipaddress.IPv4Network(n) for n in ("10.0.0.0/8", "172.16.0.0/12",
+                                                    "192.168.0.0/16"))
+"""The private networks a cluster's subnet must lie in (Python's ``is_private`` also admits
+0.0.0.0/8, link-local, the documentation TEST-NETs, 198.18/15 and 240/4, where hydra fails)."""
+
 _UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
           "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -72,10 +77,7 @@ def from_mapping(values: Mapping[str, Any], where: str = "description") -> Descr
         if k not in KEYS:
             raise ClusterError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)})")
         norm[k] = value
-    name = str(norm.get("name", "default"))
-    if not _NAME.fullmatch(name):
-        raise ClusterError(f"{where}: name {name!r} must be 1-64 letters, digits, '_', '.' or "
-                           f"'-', starting with a letter or digit")
+    name = check_name(str(norm.get("name", "default")), where)
     hosts = _count(norm.get("hosts", 2), "hosts", where, MAX_HOSTS)
     ranks = _count(norm.get("ranks_per_host", 1), "ranks_per_host", where, 256)
     leaves = _leaves(norm.get("leaves", 1), hosts, where)
@@ -83,6 +85,16 @@ def from_mapping(values: Mapping[str, Any], where: str = "description") -> Descr
     uplinks = _uplinks(norm, leaves, host_rate, where)
     subnet = _subnet(norm.get("subnet"), hosts, where)
     return Description(name, hosts, ranks, leaves, host_rate, uplinks, subnet)
+
+
+def check_name(name: str, where: str | None = None) -> str:
+    """``name`` if it can name a cluster (and its directory under the state root: no ``/``, no
+    ``..``), else DescriptionError."""
+    if not _NAME.fullmatch(name):
+        raise ClusterError(f"{where + ': name' if where else 'cluster name'} {name!r} must be "
+                           f"1-64 letters, digits, '_', '.' or '-', starting with a letter or "
+                           f"digit")
+    return name
 
 
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Description:
@@ -166,7 +178,10 @@ def _count(value: Any, key: str, where: str, most: int) -> int:
 
 
 def _leaves(value: Any, hosts: int, where: str) -> tuple[int, ...]:
-    """Hosts per leaf from a count (even split) or an explicit list."""
+    """Hosts per leaf from a count (even split) or an explicit list (``[3, 1]`` or ``"3,1"``,
+    as on the command line)."""
+    if isinstance(value, str) and "," in value:
+        value = [part.strip() for part in value.split(",")]
     if isinstance(value, (list, tuple)):
         per = tuple(_count(v, "leaves[]", where, MAX_HOSTS) for v in value)
         if not per:
@@ -209,7 +224,15 @@ def _uplinks(norm: dict[str, Any], leaves: tuple[int, ...], host_rate: float | N
         if ratio != 1.0:
             raise ClusterError(f"{where}: oversubscription needs a host_rate to divide")
         return (None,) * len(leaves)
-    return tuple(host_rate * n / ratio for n in leaves)
+    rates = tuple(host_rate * n / ratio for n in leaves)
+    for j, (n, rate) in enumerate(zip(leaves, rates)):
+        if not 1e6 <= rate <= 1e11:
+            raise ClusterError(f"{where}: leaf {j}'s uplink would be {format_rate(rate)} "
+                               f"({counted(n, 'host')} x {format_rate(host_rate)} / "
+                               f"oversubscription {ratio:g}); shaped rates must lie between "
+                               f"1mbit and 100gbit: give uplink_rate, or another "
+                               f"oversubscription or host_rate")
+    return rates
 
 
 def _subnet(value: Any, hosts: int, where: str) -> str | None:
@@ -219,7 +242,7 @@ def _subnet(value: Any, hosts: int, where: str) -> str | None:
         net = ipaddress.IPv4Network(str(value), strict=True)
     except ValueError as e:
         raise ClusterError(f"{where}: subnet {value!r}: {e} (use e.g. 10.231.7.0/24)") from None
-    if not net.is_private or net.is_loopback:
+    if not any(net.subnet_of(private) for private in RFC1918):
         raise ClusterError(f"{where}: subnet {net} is not a private network (use one inside "
                            f"10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16)")
     if net.num_addresses - 2 < hosts + 1:

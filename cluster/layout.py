@@ -84,16 +84,17 @@ class Layout:
 def plan(desc: Description, prefix: str, subnet: str) -> Layout:
     """The layout of ``desc`` under ``prefix`` in ``subnet`` (an IPv4 network)."""
     net = ipaddress.IPv4Network(subnet)
-    addrs = list(net.hosts())
-    if len(addrs) < desc.hosts + 1:
+    if net.num_addresses - 2 < desc.hosts + 1:      # no network or broadcast address
         raise ValueError(f"subnet {subnet} is too small for {desc.hosts} hosts")
+    # hosts take the first addresses, mpiexec the last: computed, never listed (a /8 has 16.7 M)
+    first, last = net.network_address + 1, net.broadcast_address - 1
     leaf_of = [j for j, n in enumerate(desc.leaves) for _ in range(n)]
-    hosts = tuple(Host(i, f"{prefix}-h{i}", str(addrs[i]), leaf_of[i], f"{prefix}-h{i}",
+    hosts = tuple(Host(i, f"{prefix}-h{i}", str(first + i), leaf_of[i], f"{prefix}-h{i}",
                        desc.ranks_per_host) for i in range(desc.hosts))
     leaves = tuple(Leaf(j, f"{prefix}-l{j}", f"{prefix}-u{j}l", f"{prefix}-u{j}s",
                         tuple(h.index for h in hosts if h.leaf == j), desc.uplink_rate[j])
                    for j in range(len(desc.leaves)))
-    layout = Layout(prefix, str(net), f"{prefix}-sp", str(addrs[-1]), hosts, leaves,
+    layout = Layout(prefix, str(net), f"{prefix}-sp", str(last), hosts, leaves,
                     desc.host_rate, net.prefixlen)
     too_long = [n for n in layout.links() if len(n) > IFNAMSIZ]
     if too_long:

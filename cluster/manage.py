@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any, Sequence
 
 from . import launcher, net
 from .description import Description, format_rate
-from .errors import ClusterError
+from .errors import ClusterError, UsageError
 from .layout import PREFIX_STEM, Layout, etc_hosts, from_dict, machinefile, plan, to_dict, topology_conf
 from .state import StateDir, named_clusters
 
@@ -33,8 +34,20 @@ class Cluster:
         """The cluster named ``name`` (or whose state is in ``state_dir``)."""
         state = StateDir.for_cluster(name, state_dir)
         data = state.load()
-        return cls(data["name"], state, from_dict(data["layout"]),
-                   {k: int(v) for k, v in data["holders"].items()}, data.get("description", {}))
+        try:
+            c = cls(str(data["name"]), state, from_dict(data["layout"]),
+                    {str(k): int(v) for k, v in data["holders"].items()},
+                    dict(data.get("description") or {}))
+            missing = [h.name for h in c.layout.hosts if h.name not in c.holders]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+            raise ClusterError(f"{state.file('cluster.json')}: damaged ({what}); "
+                               f"`topocoll cluster down {_where_args(name, state_dir)}` still "
+                               f"takes the cluster down (it works from the journal)") from None
+        if missing:
+            raise ClusterError(f"{state.file('cluster.json')}: damaged (no holder for "
+                               f"{', '.join(missing)})")
+        return c
 
     @property
     def prefix(self) -> str:
@@ -55,9 +68,12 @@ class Cluster:
                      flags: Sequence[str] = (), netmod: str = "ucx", yield_cpu: bool = True,
                      extra_env: dict[str, str] | None = None) -> list[str]:
         """mpiexec's command line running ``command`` on ``n`` ranks (default: all slots)."""
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise UsageError(f"-n {n!r}: the number of ranks must be a whole number of at "
+                             f"least 1 (leave -n out for every slot: {self.world_size})")
         env = {**self.env(netmod, yield_cpu), **(extra_env or {})}
         return launcher.mpiexec_argv(self.layout, self.state.file("launch.sh"), env,
-                                     n or self.world_size, command, flags)
+                                     self.world_size if n is None else n, command, flags)
 
     def enter_argv(self, host: str | int, command: Sequence[str],
                    cwd: str | None = None) -> list[str]:
@@ -90,8 +106,9 @@ def up(desc: Description, state_dir: str | Path | None = None) -> Cluster:
         what = "is up" if state.file("cluster.json").exists() else "was not taken down"
         raise ClusterError(f"a cluster at {state.path} {what}; run `topocoll cluster down "
                            f"{_where_args(desc.name, state_dir)}` first")
-    state.create()
+    made = state.create()
     try:
+        state.record(kind="state_dir", made=[str(d) for d in made])
         with net.lock():
             prefix = net.choose_prefix()
             state.record(kind="prefix", name=prefix, time=time.time())
@@ -108,7 +125,7 @@ def up(desc: Description, state_dir: str | Path | None = None) -> Cluster:
         state.write("cluster.json", json.dumps(data, indent=1) + "\n")
     except BaseException:
         net.tear_down(state, state.prefix())
-        state.remove()
+        state.remove(made)                  # only the files it wrote, the directories it made
         raise
     return Cluster(desc.name, state, layout, holders, desc.to_dict())
 
@@ -122,12 +139,13 @@ def down(name: str | None = None, state_dir: str | Path | None = None,
         raise ClusterError(f"--prefix {prefix!r} is not a cluster prefix ({PREFIX_STEM} and 4 hex "
                            f"digits, as status and the state's journal show)")
     state = StateDir.for_cluster(name, state_dir)
+    held = state.exists()               # a directory without a cluster's state is never touched
     prefix = prefix or state.prefix()
     found = _inventory(state, prefix)
     left = net.tear_down(state, prefix)
-    if not left:
-        state.remove()
-    return {"prefix": prefix, "found": found, "left": left, "state": str(state.path)}
+    kept = state.remove() if held and not left else []
+    return {"prefix": prefix, "found": found, "left": left, "state": str(state.path),
+            "held": held, "kept": kept}
 
 
 def status(name: str | None = None, state_dir: str | Path | None = None) -> dict[str, Any]:
@@ -136,6 +154,7 @@ def status(name: str | None = None, state_dir: str | Path | None = None) -> dict
     net.require()
     state = StateDir.for_cluster(name, state_dir)
     out: dict[str, Any] = {"state": str(state.path), "exists": state.exists(),
+                           "where": _where_args(name, state_dir),
                            "others": [str(s.path) for s in named_clusters()
                                       if s.path != state.path and s.exists()]}
     if not state.file("cluster.json").exists():
@@ -180,7 +199,8 @@ def describe_status(st: dict[str, Any]) -> str:
         left = st.get("leftovers") or {}
         if any(left.values()):
             lines.append(f"leftovers of an unfinished cluster (prefix {st['prefix']}): "
-                         + _counts(left) + "; `topocoll cluster down` removes them")
+                         + _counts(left) + f"; `topocoll cluster down {st.get('where', '')}` "
+                         f"removes them")
     else:
         d = st["description"]
         lines = [f"cluster {st['name']}: {'up' if st['healthy'] else 'DEGRADED'}, prefix "
@@ -244,4 +264,6 @@ def _hostname(pid: int) -> str | None:
 
 
 def _where_args(name: str | None, state_dir: str | Path | None) -> str:
-    return f"--state-dir {state_dir}" if state_dir else f"--name {name or 'default'}"
+    """The ``--state-dir``/``--name`` arguments that name this cluster again (shell-quoted)."""
+    return (f"--state-dir {shlex.quote(str(state_dir))}" if state_dir
+            else f"--name {shlex.quote(name or 'default')}")

@@ -15,6 +15,7 @@ import fcntl
 import ipaddress
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -23,9 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .errors import ClusterError
+from .errors import ClusterError, UsageError
 from .layout import HOST_IFACE, PREFIX_STEM, Host, Layout
-from .state import StateDir, root_dir
+from .state import DEFAULT_ROOT, ROOT_ENV, StateDir, root_dir
 
 TOOLS = {"ip": "iproute2", "tc": "iproute2", "nsenter": "util-linux", "unshare": "util-linux",
          "setsid": "util-linux", "mount": "mount"}
@@ -193,10 +194,10 @@ def choose_subnet(wanted: str | None = None) -> str:
     used = used_networks()
     if wanted:
         net = ipaddress.IPv4Network(wanted)
-        clash = [str(u) for u in used if u.overlaps(net)]
+        clash = overlapping(net, used)
         if clash:
-            raise ClusterError(f"subnet {net} overlaps {', '.join(clash)} in use here; choose "
-                               f"another or leave subnet out")
+            raise ClusterError(f"subnet {net} overlaps {', '.join(map(str, clash))} in use here; "
+                               f"choose another or leave subnet out")
         return str(net)
     for net in SUBNET_POOL.subnets(new_prefix=24):
         if not any(u.overlaps(net) for u in used):
@@ -204,12 +205,27 @@ def choose_subnet(wanted: str | None = None) -> str:
     raise ClusterError(f"no free /24 left in {SUBNET_POOL}")
 
 
+def overlapping(net: ipaddress.IPv4Network,
+                used: list[ipaddress.IPv4Network]) -> list[ipaddress.IPv4Network]:
+    """The networks of ``used`` that overlap ``net``, each once, leaving out those inside
+    another one listed (an interface's /24 stands for its address's and broadcast's /32s)."""
+    clash = list(dict.fromkeys(u for u in used if u.overlaps(net)))
+    return [u for u in clash if not any(u != o and u.subnet_of(o) for o in clash)]
+
+
 @contextmanager
 def lock() -> Iterator[None]:
     """Serialise ``up``s on this machine (prefix and subnet choice)."""
     root = root_dir()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as f:
+    try:
+        if root.exists() and not root.is_dir():
+            raise NotADirectoryError(20, "not a directory")
+        root.mkdir(parents=True, exist_ok=True)
+        f = open(root / ".lock", "w")
+    except OSError as e:
+        raise UsageError(f"cannot use the state root {root} ({ROOT_ENV} or {DEFAULT_ROOT}) for "
+                         f"the lock that serialises `up`s: {e.strerror}") from None
+    with f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -293,10 +309,7 @@ def _start_holder(state: StateDir, host: Host) -> int:
     """Start the process that holds the host's UTS and mount namespaces; return its pid."""
     pidfile = state.file(f"h{host.index}.pid")
     pidfile.unlink(missing_ok=True)
-    script = (f"set -e; mount --bind {state.file('etc-hosts')} /etc/hosts; "
-              f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm; "
-              f"echo {host.name} > /proc/sys/kernel/hostname; "
-              f"echo $$ > {pidfile}.tmp; mv {pidfile}.tmp {pidfile}; exec sleep infinity")
+    script = holder_script(state.file("etc-hosts"), pidfile, host.name)
     log = state.file(f"h{host.index}.log")
     with open(log, "w") as out:
         # setsid -f: the holder is nobody's child here, so no zombie is left when it is killed
@@ -314,6 +327,18 @@ def _start_holder(state: StateDir, host: Host) -> int:
         time.sleep(0.01)
     raise ClusterError(f"host {host.name}: its namespace holder did not start: "
                        f"{log.read_text().strip() or 'no output'}")
+
+
+def holder_script(etc_hosts: Path, pidfile: Path, hostname: str) -> str:
+    """The holder's ``sh -c`` script: bind the cluster's /etc/hosts, a private /dev/shm, set the
+    hostname, write its pid, sleep. Every path is quoted: a state directory may hold spaces or
+    shell metacharacters."""
+    q = shlex.quote
+    tmp = pidfile.with_name(pidfile.name + ".tmp")
+    return (f"set -e; mount --bind {q(str(etc_hosts))} /etc/hosts; "
+            f"mount -t tmpfs -o mode=1777 tmpfs /dev/shm; "
+            f"echo {q(hostname)} > /proc/sys/kernel/hostname; "
+            f"echo $$ > {q(str(tmp))}; mv {q(str(tmp))} {q(str(pidfile))}; exec sleep infinity")
 
 
 def _is_holder(pid: int, inode: int) -> bool:
@@ -348,9 +373,11 @@ def _kill_processes(inodes: set[int]) -> None:
 
 
 def _tc_rate(text: str) -> float | None:
-    """tc's printed rate (``400Mbit``, ``2Gbit``, ``500Kbit``, ``64bit``) in bits per second."""
+    """tc's printed rate (``400Mbit``, ``2Gbit``, ``4Tbit``, ``500Kbit``, ``64bit``) in bits per
+    second."""
     t = text.lower()
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+    for unit, scale in (("tbit", 1e12), ("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3),
+                        ("bit", 1.0)):
         if t.endswith(unit):
             try:
                 return float(t[: -len(unit)]) * scale

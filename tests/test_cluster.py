@@ -61,6 +61,15 @@ def test_description_from_flags_and_files(tmp_path):
     pytest.importorskip("yaml")
     assert cluster.load(y).ranks_per_host == 3
     assert cluster.format_rate(4e8) == "400mbit" and cluster.format_rate(None) == "none"
+    # derived uplinks at the ends of the shaped range are fine
+    assert cluster.from_mapping({"hosts": 2, "host_rate": "50gbit"}).uplink_rate == (1e11,)
+    assert cluster.from_mapping({"hosts": 1, "host_rate": "2mbit",
+                                 "oversubscription": 2}).uplink_rate == (1e6,)
+
+
+def test_tc_rates_read_back():
+    assert [cl_net._tc_rate(t) for t in ("400Mbit", "2Gbit", "4Tbit", "500Kbit", "64bit", "x")] \
+        == [4e8, 2e9, 4e12, 5e5, 64.0, None]
 
 
 @pytest.mark.parametrize("values, words", [
@@ -74,8 +83,19 @@ def test_description_from_flags_and_files(tmp_path):
     ({"host_rate": "10kbit"}, "between 1mbit and 100gbit"),
     ({"host_rate": "1gbit", "uplink_rate": "1gbit", "oversubscription": 2}, "not both"),
     ({"oversubscription": 2}, "needs a host_rate"),
+    ({"hosts": 1, "host_rate": "1mbit", "oversubscription": 1000},
+     "leaf 0's uplink would be 1kbit (1 host x 1mbit / oversubscription 1000)"),
+    ({"hosts": 4, "host_rate": "100gbit"}, "leaf 0's uplink would be 400gbit"),
+    ({"hosts": 3, "leaves": [1, 2], "host_rate": "60gbit"}, "leaf 1's uplink would be 120gbit"),
     ({"hosts": 2, "leaves": 2, "uplink_rate": ["1gbit"]}, "1 rate for 2 leaf switches"),
     ({"subnet": "11.0.0.0/24"}, "not a private network"),
+    ({"subnet": "0.0.0.0/24"}, "not a private network"),
+    ({"subnet": "169.254.0.0/24"}, "not a private network"),
+    ({"subnet": "192.0.2.0/24"}, "not a private network"),
+    ({"subnet": "198.18.0.0/24"}, "not a private network"),
+    ({"subnet": "240.0.0.0/24"}, "not a private network"),
+    ({"subnet": "100.64.0.0/24"}, "not a private network"),
+    ({"subnet": "10.0.0.0/7"}, "not a private network"),
     ({"subnet": "10.9.0.0/30", "hosts": 4}, "room for 2 addresses"),
     ({"subnet": "10.9.0.1/24"}, "has host bits set"),
     ({"name": "a b"}, "name 'a b' must be"),
@@ -125,6 +145,22 @@ def test_layout_names_addresses_and_topology_conf():
     big = cl_layout.plan(cluster.from_mapping({"hosts": 250, "leaves": 250}), "tcc0abc",
                          "10.231.0.0/23")
     assert max(len(n) for n in big.links()) <= cl_layout.IFNAMSIZ
+    assert big.hosts[-1].address == "10.231.0.250" and big.root_address == "10.231.1.254"
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("subnet, root", [("10.0.0.0/8", "10.255.255.254"),
+                                          ("172.16.0.0/12", "172.31.255.254"),
+                                          ("192.168.0.0/16", "192.168.255.254"),
+                                          ("192.168.7.0/30", "192.168.7.2")])
+def test_every_rfc1918_subnet_plans_at_once(subnet, root):
+    """Hosts take the subnet's first addresses, mpiexec its last; a /8 is not listed (16.7 M
+    addresses: it took 46 s and 1.5 GB)."""
+    d = cluster.from_mapping({"hosts": 1, "subnet": subnet})
+    start = time.monotonic()
+    lay = cl_layout.plan(d, "tcc0abc", d.subnet)
+    assert time.monotonic() - start < 0.5
+    assert lay.hosts[0].address == subnet.split("/")[0][:-1] + "1" and lay.root_address == root
 
 
 # ---- a cluster's life ---------------------------------------------------------------------------
