@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .limits import TopologyError, brief
+from .limits import (MAX_LINK_BYTES_PER_S, MAX_LINK_SECONDS, MIN_LINK_BYTES_PER_S, TopologyError,
+                     brief)
 
 LINK_LEVELS = ("intra", "inter", "switch", "uplink")
 """Link classes: inside a node; between nodes under one leaf switch; across leaf switches; and,
@@ -44,7 +45,10 @@ def as_float(value: Any, what: str, strings: bool = False) -> float:
 
 @dataclass(frozen=True)
 class LinkParams:
-    """Alpha-beta cost of one link class: a message of n bytes takes ``alpha_s + n / beta``."""
+    """Alpha-beta cost of one link class: a message of n bytes takes ``alpha_s + n / beta``.
+
+    ``alpha_s`` lies in [0, MAX_LINK_SECONDS] and ``beta_bytes_per_s`` in [MIN_LINK_BYTES_PER_S,
+    MAX_LINK_BYTES_PER_S] (``limits``), so every predicted time stays finite."""
 
     alpha_s: float
     beta_bytes_per_s: float
@@ -52,10 +56,13 @@ class LinkParams:
     def __post_init__(self) -> None:
         alpha = as_float(self.alpha_s, "link latency")
         beta = as_float(self.beta_bytes_per_s, "link bandwidth")
-        if not (0.0 <= alpha < math.inf):
-            raise TopologyError(f"link latency must be finite and >= 0 s, got {brief(alpha)}")
-        if not (0.0 < beta < math.inf):
-            raise TopologyError(f"link bandwidth must be > 0 B/s and finite, got {brief(beta)}")
+        if not (0.0 <= alpha <= MAX_LINK_SECONDS):
+            raise TopologyError(f"link latency must be from 0 to {MAX_LINK_SECONDS:g} s "
+                                f"(MAX_LINK_SECONDS), got {brief(alpha)}")
+        if not (MIN_LINK_BYTES_PER_S <= beta <= MAX_LINK_BYTES_PER_S):
+            raise TopologyError(f"link bandwidth must be from {MIN_LINK_BYTES_PER_S:g} to "
+                                f"{MAX_LINK_BYTES_PER_S:g} B/s (MIN_LINK_BYTES_PER_S, "
+                                f"MAX_LINK_BYTES_PER_S), got {brief(beta)}")
 
     def time(self, nbytes: float) -> float:
         """Predicted seconds to move ``nbytes`` over this link."""
