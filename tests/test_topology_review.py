@@ -46,3 +46,20 @@ def test_schedule_time_non_finite_is_inf_not_a_hang(bad):
     for stage in (Demand(bad, {"cpu": np.array([0.5])}), Demand(1.0, {"cpu": np.array([bad])})):
         assert schedule_time([[ok, stage], [ok, stage]], [SYNC, "lane1"]) == math.inf
         assert schedule_time([[stage, ok]], ["a", "b"]) == math.inf
+
+
+# ---- emulation's shared-memory copy is charged only to the NICs a flow uses --------------------
+
+def test_emulate_loads_only_the_nics_used():
+    topo = parse_spec("4x1").with_(emulate=True, nics_per_node=1)
+    m = CostModel(topo)
+    a = m.demand([Phase.of([(0, 1)], 1 << 20)])
+    b = m.demand([Phase.of([(2, 3)], 1 << 20)])
+    assert a.load["nic_out"][1:].tolist() == [0.0, 0.0, 0.0]
+    assert a.load["nic_in"][[0, 2, 3]].tolist() == [0.0, 0.0, 0.0]
+    assert a.load["nic_out"][0] > 0 and a.load["nic_in"][1] > 0
+    # two stages on disjoint NICs overlap fully: 4 chunks through 2 lanes take 5 stage times
+    assert schedule_time([[a, b]] * 4, ["l1", "l2"]) == pytest.approx(5 * a.seconds, rel=1e-6)
+    # the alone time is as before: the link's time plus the real copy of the largest flow
+    plain = CostModel(topo.with_(emulate=False)).phase_time(Phase.of([(0, 1)], 1 << 20))
+    assert a.seconds == pytest.approx(plain + (1 << 20) / topo.links["intra"].beta_bytes_per_s)

@@ -178,8 +178,11 @@ class CostModel:
                 busy = np.bincount(who, weights=nbytes, minlength=self._sizes[size]) / rate
                 if self.topology.emulate and not kind.startswith("up"):
                     # the emulator sleeps for the link's time, then the bytes really move over
-                    # shared memory: both costs add up
-                    busy = busy + float(nbytes.max()) / links["intra"].beta_bytes_per_s
+                    # shared memory: both costs add up, on the NICs the flows use (their
+                    # largest flow's copy; an idle NIC stays idle)
+                    largest = np.zeros(self._sizes[size])
+                    np.maximum.at(largest, who, nbytes)
+                    busy = busy + largest / links["intra"].beta_bytes_per_s
                 worst = max(worst, float(busy.max()))
                 if load is not None:
                     load[kind] += busy * repeat
