@@ -63,3 +63,102 @@ def test_emulate_loads_only_the_nics_used():
     # the alone time is as before: the link's time plus the real copy of the largest flow
     plain = CostModel(topo.with_(emulate=False)).phase_time(Phase.of([(0, 1)], 1 << 20))
     assert a.seconds == pytest.approx(plain + (1 << 20) / topo.links["intra"].beta_bytes_per_s)
+
+
+# ---- link precedence per level: TOPOCOLL_LINKS, the topology file, the probe file, defaults -----
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    for k in ("TOPOCOLL_TOPOLOGY", "TOPOCOLL_SLURM_TOPOLOGY", "SLURM_TOPOLOGY_CONF",
+              "TOPOCOLL_LINKS", "TOPOCOLL_LINKS_FILE", "TOPOCOLL_NICS", "TOPOCOLL_EMULATE",
+              "SLURMD_NODENAME"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def _probe_file(tmp_path, links):
+    import json
+    p = tmp_path / "probe.json"
+    p.write_text(json.dumps({"links": links}))
+    return p
+
+
+def _links(t):
+    return {k: str(v) for k, v in sorted(t.links.items())}
+
+
+@pytest.mark.parametrize("file_links,expect_from_file", [
+    (None, set()), ({"switch": "5ms:5MB/s"}, {"switch"}),
+    ({"inter": "9ms:9MB/s", "intra": "8us:8GB/s"}, {"inter", "intra"})])
+@pytest.mark.parametrize("how", ["path", "env"])
+def test_probe_file_fills_levels_a_topology_file_leaves_out(clean_env, monkeypatch, file_links,
+                                                            expect_from_file, how):
+    import json
+
+    from topocoll.topology.detect import _decide
+    probe = {"inter": "1ms:1MB/s", "intra": "7us:7GB/s", "switch": "2ms:2MB/s"}
+    monkeypatch.setenv("TOPOCOLL_LINKS_FILE", str(_probe_file(clean_env, probe)))
+    topo_file = clean_env / "t.json"
+    topo_file.write_text(json.dumps({"spec": "2x2", **({"links": file_links} if file_links else {})}))
+    facts = [{"host": "h", "leader": 0, "gpu": None}] * 4
+    if how == "env":
+        monkeypatch.setenv("TOPOCOLL_TOPOLOGY", str(topo_file))
+        t = _decide(4, facts, None, None)
+    else:
+        t = _decide(4, facts, None, topo_file)
+    for level in ("intra", "inter", "switch"):
+        want = (file_links or {}).get(level) if level in expect_from_file else probe[level]
+        assert t.links[level] == parse_links(f"{level}={want}")[level], level
+    monkeypatch.setenv("TOPOCOLL_LINKS", "switch=3us:3GB/s")  # still wins over both
+    t = _decide(4, facts, None, topo_file)
+    assert str(t.links["switch"]) == "3us:3GB/s"
+
+
+def test_load_with_links_gives_only_the_files_links(tmp_path):
+    from topocoll.topology.model import load, load_with_links
+    p = tmp_path / "t.json"
+    p.write_text('{"spec": "2x2", "links": {"switch": "5ms:5MB/s"}}')
+    topo, given = load_with_links(p)
+    assert list(given) == ["switch"] and topo == load(p)
+    assert set(topo.links) >= {"intra", "inter", "switch"}
+
+
+# ---- links files and link objects: errors name the file; level names in any case -------------
+
+def test_links_file_unknown_level_names_the_file(clean_env, monkeypatch):
+    from topocoll.topology.detect import _decide, resolve_links
+    bad = _probe_file(clean_env, {"bogus": "1us:1GB/s"})
+    monkeypatch.setenv("TOPOCOLL_LINKS_FILE", str(bad))
+    with pytest.raises(TopologyError, match=rf"^{bad} \(TOPOCOLL_LINKS_FILE\): unknown link "
+                                            r"level 'bogus'"):
+        resolve_links()
+    with pytest.raises(TopologyError, match=r"TOPOCOLL_LINKS_FILE\): unknown link level"):
+        _decide(1, [{"host": "h", "leader": 0, "gpu": None}], "1", None)
+    monkeypatch.delenv("TOPOCOLL_LINKS_FILE")
+    cache = clean_env / ".cache" / "topocoll"
+    cache.mkdir(parents=True)
+    (cache / "links.json").write_text('{"links": {"wan": "1us:1GB/s"}}')
+    with pytest.raises(TopologyError, match=r"links.json \(the default probe file\): unknown "
+                                            r"link level 'wan'"):
+        resolve_links()
+
+
+def test_link_level_names_any_case_everywhere(clean_env, monkeypatch, tmp_path):
+    from topocoll.topology import Topology
+    from topocoll.topology.detect import resolve_links
+    monkeypatch.setenv("TOPOCOLL_LINKS_FILE", str(_probe_file(clean_env, {"Inter": "1ms:1MB/s"})))
+    assert str(resolve_links()["inter"]) == "1ms:1MB/s"
+    t = Topology.from_json('{"spec": "2", "links": {"SWITCH": "2ms:2MB/s"}}')
+    assert str(t.links["switch"]) == "2ms:2MB/s"
+    assert str(parse_links("INTRA=1us:1GB/s")["intra"]) == "1us:1GB/s"
+    with pytest.raises(TopologyError, match="link level 'inter' given twice"):
+        Topology.from_json('{"spec": "2", "links": {"inter": "1us:1GB/s", "Inter": "1us:1GB/s"}}')
+
+
+def test_link_object_unknown_key():
+    from topocoll.topology import Topology
+    with pytest.raises(TopologyError, match=r"link 'inter': unknown key 'bogus'; a link object "
+                                            r"has only alpha_s and beta_bytes_per_s"):
+        Topology.from_json('{"spec": "2", "links": {"inter": {"alpha_s": 0, '
+                           '"beta_bytes_per_s": 1e9, "bogus": 1}}}')

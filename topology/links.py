@@ -3,7 +3,7 @@
 Link grammar (``TOPOCOLL_LINKS``)::
 
     links := LEVEL "=" TIME ":" RATE ("," LEVEL "=" TIME ":" RATE)*
-    LEVEL := intra | inter | switch
+    LEVEL := intra | inter | switch | uplink              (any case)
     TIME  := NUMBER [s | ms | us | ns]                     (bare number: seconds)
     RATE  := NUMBER (B | KB | MB | GB | TB | KiB | MiB | GiB) "/s"    bytes per second
            | NUMBER (b | Kb | Mb | Gb | Tb) ("/s" | "ps")            bits per second
@@ -105,6 +105,22 @@ def parse_links(text: str) -> dict[str, LinkParams]:
     return out
 
 
+def parse_link_map(links: Mapping[Any, Any]) -> dict[str, LinkParams]:
+    """Links by level from a file's ``links`` object: level names as in ``TOPOCOLL_LINKS``
+    (``intra``, ``inter``, ``switch``, ``uplink``; any case), each a TIME:RATE string or an
+    object ``{"alpha_s": ..., "beta_bytes_per_s": ...}``."""
+    out: dict[str, LinkParams] = {}
+    for key, value in links.items():
+        level = key.strip().lower() if isinstance(key, str) else key
+        if level not in LINK_LEVELS:
+            raise TopologyError(f"unknown link level {brief(key)}; expected one of "
+                                f"{list(LINK_LEVELS)}")
+        if level in out:
+            raise TopologyError(f"link level {level!r} given twice (as {brief(key)} too)")
+        out[level] = parse_link(value, level)
+    return out
+
+
 def parse_link(value: Any, level: str = "link") -> LinkParams:
     """One link from ``"20us:1GB/s"`` or ``{"alpha_s": ..., "beta_bytes_per_s": ...}``."""
     if isinstance(value, LinkParams):
@@ -113,6 +129,10 @@ def parse_link(value: Any, level: str = "link") -> LinkParams:
         if "alpha_s" not in value or "beta_bytes_per_s" not in value:
             raise TopologyError(f"link {brief(level)} needs numbers alpha_s and "
                                 f"beta_bytes_per_s, got {brief(value)}")
+        extra = [k for k in value if k not in ("alpha_s", "beta_bytes_per_s")]
+        if extra:
+            raise TopologyError(f"link {brief(level)}: unknown key {brief(extra[0])}; a link "
+                                f"object has only alpha_s and beta_bytes_per_s")
         try:
             return LinkParams(as_float(value["alpha_s"], "alpha_s", strings=True),
                               as_float(value["beta_bytes_per_s"], "beta_bytes_per_s", strings=True))

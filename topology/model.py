@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .limits import MAX_FILE_BYTES, MAX_LEVELS, MAX_NESTING, MAX_WORLD_SIZE, TopologyError, brief
-from .links import DEFAULT_LINKS, LINK_LEVELS, LinkParams, parse_link
+from .links import DEFAULT_LINKS, LINK_LEVELS, LinkParams, parse_link_map
 from .virtual import spec_layout
 
 FORMAT_VERSION = 1
@@ -243,7 +243,7 @@ class Topology:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], text: str | None = None) -> "Topology":
         """Build from a dict (full ``parent`` form, or the short ``nodes``/``spec`` forms)."""
-        return _from_dict(cls, d, text)
+        return _from_dict(cls, d, text)[0]
 
     @classmethod
     def from_json(cls, text: str) -> "Topology":
@@ -293,12 +293,17 @@ def load(path: str | Path) -> Topology:
 
     A bare name that is no file, such as ``"h100-fat-tree"``, loads the cluster of that name that
     ships with the package (:func:`bundled_clusters` lists them)."""
+    return load_with_links(path)[0]
+
+
+def load_with_links(path: str | Path) -> tuple[Topology, dict[str, LinkParams]]:
+    """:func:`load`, and the links the file itself gives (the topology's links hold the defaults
+    for the levels it leaves out; ``detect`` fills those from a probe file first)."""
     p = _bundled_or(path)
     text = read_text_file(p, "topology file")
     try:
-        if p.suffix.lower() in (".yaml", ".yml"):
-            return Topology.from_dict(_load_yaml(text), text)
-        return Topology.from_json(text)
+        data = _load_yaml(text) if p.suffix.lower() in (".yaml", ".yml") else parse_json(text)
+        return _from_dict(Topology, data, text)
     except TopologyError as e:
         raise TopologyError(f"{p}: {e}") from None
 
@@ -582,7 +587,10 @@ _KNOWN_KEYS = {"version", "world_size", "levels", "parent", "names", "links", "n
                "emulate", "gpus", "source", "nodes", "switch_of_node", "spec"}
 
 
-def _from_dict(cls: type[Topology], d: Any, text: str | None) -> Topology:
+def _from_dict(cls: type[Topology], d: Any,
+               text: str | None) -> tuple[Topology, dict[str, LinkParams]]:
+    """The topology of file data ``d`` (``text``: its source, for line numbers) and the links
+    that ``d`` gives."""
     def fail(msg: str, key: str | None = None) -> TopologyError:
         line = _line_of(text, key) if key else None
         return TopologyError(f"line {line}: {msg}" if line else msg)
@@ -602,11 +610,13 @@ def _from_dict(cls: type[Topology], d: Any, text: str | None) -> Topology:
     if "world_size" in d and (isinstance(world, bool) or not isinstance(world, int)):
         raise fail(f"world_size must be a positive integer, got {brief(world)}", "world_size")
     try:
-        topo = _place_ranks(cls, d, _file_fields(d, fail), fail)
+        kw = _file_fields(d, fail)
+        given = dict(kw.get("links", {}))
+        topo = _place_ranks(cls, d, kw, fail)
         if "world_size" in d and topo.world_size != world:
             raise fail(f"world_size is {world} but the ranks placed number "
                        f"{topo.world_size}", "world_size")
-        return topo
+        return topo, given
     except TopologyError as e:
         msg = str(e)
         if msg.startswith("line "):
@@ -624,12 +634,8 @@ def _file_fields(d: Mapping[str, Any], fail: Any) -> dict[str, Any]:
         links = d["links"]
         if not isinstance(links, Mapping):
             raise fail("links must be an object {intra|inter|switch|uplink: ...}", "links")
-        bad = next((k for k in links if not isinstance(k, str) or k not in LINK_LEVELS), None)
-        if bad is not None:
-            raise fail(f"unknown link level {brief(bad)}; expected one of {list(LINK_LEVELS)}",
-                       "links")
         try:
-            kw["links"] = {k: parse_link(v, k) for k, v in links.items()}
+            kw["links"] = parse_link_map(links)
         except TopologyError as e:
             raise fail(str(e), "links") from None
     for key in ("nics_per_node", "emulate", "source", "names", "gpus"):
