@@ -162,3 +162,23 @@ def test_link_object_unknown_key():
                                             r"has only alpha_s and beta_bytes_per_s"):
         Topology.from_json('{"spec": "2", "links": {"inter": {"alpha_s": 0, '
                            '"beta_bytes_per_s": 1e9, "bogus": 1}}}')
+
+
+# ---- init(topology=Topology) compares the object across ranks ------------------------------------
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case", ["shape", "links", "emulate", "type", "size", "same"])
+def test_init_topology_object_agreed_across_ranks(case, tmp_path):
+    from mpi_harness import YIELD_ENV, run_ranks
+    env = dict(YIELD_ENV, HOME=str(tmp_path), TOPOCOLL_STEP_OVERHEAD="1e-5")
+    out = run_ranks("init_topology_agree.py", 4, [case], timeout=90, env=env)
+    word = "OK" if case == "same" else "RAISED"
+    assert out.count(word) == 4, out
+
+
+def test_digest_ignores_source_only():
+    t = parse_spec("2x2")
+    assert t.digest() == t.with_(source="elsewhere").digest()
+    assert t.digest() != parse_spec("4").digest()
+    assert t.digest() != t.with_(links={"inter": LinkParams(1e-3, 1e6)}).digest()
+    assert t.digest() != t.with_(emulate=True).digest()

@@ -10,6 +10,7 @@ of every level are contiguous from 0, node 0 holds rank 0, and a node's ranks ar
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -57,6 +58,14 @@ class Topology:
 
     def __hash__(self) -> int:
         return hash(self.to_json(indent=None))
+
+    def digest(self) -> str:
+        """A short hex hash of everything but ``source``: equal on every process exactly when the
+        topologies place ranks, name groups and cost links alike (``hash()`` is salted per
+        process), so ranks can compare theirs cheaply."""
+        d = self.to_dict()
+        del d["source"]
+        return hashlib.blake2b(json.dumps(d, sort_keys=True).encode(), digest_size=8).hexdigest()
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
