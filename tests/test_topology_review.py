@@ -182,3 +182,71 @@ def test_digest_ignores_source_only():
     assert t.digest() != parse_spec("4").digest()
     assert t.digest() != t.with_(links={"inter": LinkParams(1e-3, 1e6)}).digest()
     assert t.digest() != t.with_(emulate=True).digest()
+
+
+# ---- topology files: keys of another form, duplicate keys, node 0, clear messages ------------
+
+@pytest.mark.parametrize("text,msg", [
+    ('{"spec": "2x2", "switch_of_node": [0, 1]}',
+     r"'switch_of_node' is only read with 'nodes'; this file places the ranks with 'spec'"),
+    ('{"parent": [[0, 0, 1, 1], [0, 0]],\n "switch_of_node": [0, 1]}',
+     r"line 2: 'switch_of_node' is only read with 'nodes'; .* with 'parent'"),
+    ('{"nodes": [[0, 1]],\n "levels": ["rank", "node", "switch", "switch2"]}',
+     r"line 2: 'levels' is only read with 'parent'; .* with 'nodes'"),
+    ('{"spec": "2x2",\n "spec": "4"}', r"line 2: key 'spec' appears twice in one object"),
+    ('{"spec": "2", "links": {"inter": "1us:1GB/s",\n  "inter": "2us:1GB/s"}}',
+     r"line 2: key 'inter' appears twice"),
+    ('{"nodes": [[2, 3], [0, 1]]}', r"node 0 must hold rank 0 .*rank 0 is in node 1"),
+    ('{"parent": [[1, 1, 0, 0], [0, 0]]}', r"node 0 must hold rank 0"),
+    ('{"nodes": [[0, 1], []]}', r"nodes\[1\] is empty: every node holds at least one rank"),
+    ('{"nodes": [[0, 1], [3]]}',
+     r"rank 3 in nodes\[1\] is out of range: the nodes hold 3 ranks, so ranks run 0..2 "
+     r"\(missing: 2\)"),
+    ('{"nodes": [[0, 1], [1]]}', r"rank 1 is in two nodes: nodes\[0\] and nodes\[1\]"),
+])
+def test_file_inconsistencies_rejected(tmp_path, text, msg):
+    from topocoll.topology import load
+    p = tmp_path / "t.json"
+    p.write_text(text)
+    with pytest.raises(TopologyError, match=rf"t\.json: .*{msg}"):
+        load(p)
+
+
+def test_yaml_duplicate_key(tmp_path):
+    pytest.importorskip("yaml")
+    from topocoll.topology import load
+    p = tmp_path / "t.yaml"
+    p.write_text("spec: 2x2\nlinks:\n  inter: 1us:1GB/s\n  inter: 2us:1GB/s\n")
+    with pytest.raises(TopologyError, match=r"t\.yaml: line 4: invalid YAML: key 'inter' appears "
+                                            r"twice in one mapping"):
+        load(p)
+    p.write_text("spec: 2x2\nlinks:\n  inter: 1us:1GB/s\n")
+    assert str(load(p).links["inter"]) == "1us:1GB/s"
+
+
+def test_rank_arguments_must_be_ints():
+    t = parse_spec("2x2")
+    for bad in (1.0, True, "1", None):
+        with pytest.raises(TypeError, match=r"a rank must be an int, got"):
+            t.node_of(bad)
+    with pytest.raises(TypeError, match=r"a rank must be an int, got float 1.5"):
+        t.restrict([0, 1.5])
+    with pytest.raises(TypeError, match=r"restrict needs a sequence of ranks, got int"):
+        t.restrict(3)
+    with pytest.raises(TypeError, match=r"a node id must be an int, got float"):
+        t.ranks_in_node(1.0)
+    assert t.node_of(np.int64(3)) == 1 and t.restrict(np.array([2, 3])).world_size == 2
+
+
+def test_slurm_hint_lists_hosts_without_false_ellipsis(tmp_path, monkeypatch):
+    from topocoll.topology.detect import _decide
+    conf = tmp_path / "topology.conf"
+    conf.write_text("SwitchName=s0 Nodes=zz,yy\n")
+    monkeypatch.setenv("TOPOCOLL_SLURM_TOPOLOGY", str(conf))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(TopologyError) as e:
+        _decide(1, [{"host": "vm", "leader": 0, "gpu": None}], None, None)
+    assert str(e.value).endswith("host 'vm' is under no switch (hosts listed: zz, yy)")
+    conf.write_text("SwitchName=s0 Nodes=h[1-20]\n")
+    with pytest.raises(TopologyError, match=r"hosts listed: h1, .*h8, \.\.\. \(20 in all\)\)"):
+        _decide(1, [{"host": "vm", "leader": 0, "gpu": None}], None, None)

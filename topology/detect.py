@@ -164,8 +164,10 @@ def _real(size: int, facts: list[dict[str, Any]]) -> Topology:
         for h in hosts:
             leaf = tree.leaf_of(h) or tree.leaf_of(h.split(".")[0])
             if leaf is None:
+                listed = tree.hosts()
+                more = f", ... ({len(listed)} in all)" if len(listed) > 8 else ""
                 raise TopologyError(f"{conf}: host {h!r} is under no switch (hosts listed: "
-                                    f"{', '.join(tree.hosts()[:8])}...)")
+                                    f"{', '.join(listed[:8])}{more})")
             leaves.append(leaf)
         sw_parents, sw_names = switch_levels(tree, leaves)
         parents += sw_parents
