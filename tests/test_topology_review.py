@@ -250,3 +250,88 @@ def test_slurm_hint_lists_hosts_without_false_ellipsis(tmp_path, monkeypatch):
     conf.write_text("SwitchName=s0 Nodes=h[1-20]\n")
     with pytest.raises(TopologyError, match=r"hosts listed: h1, .*h8, \.\.\. \(20 in all\)\)"):
         _decide(1, [{"host": "vm", "leader": 0, "gpu": None}], None, None)
+
+
+# ---- the topocoll topology command: messages, not tracebacks --------------------------------------
+
+def _cli(*args, env=None):
+    import os
+    import subprocess
+    import sys
+
+    from mpi_harness import ROOT
+    full = dict(os.environ, PYTHONPATH=str(ROOT))
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        full.pop(var, None)
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "topocoll", "topology", *args],
+                          capture_output=True, text=True, cwd=ROOT, env=full, timeout=60)
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--probe", "--iters", "0"], r"argument --iters: bad --iters '0': expected an integer from 1"),
+    (["--probe", "--sizes", "abc"], r"argument --sizes: bad message size 'abc'"),
+    (["--probe", "--sizes", ""], r"argument --sizes: no message sizes in ''"),
+    (["--probe", "--sizes=-8,1024"], r"argument --sizes: bad message size '-8'"),
+    (["--probe", "--sizes", "0,0"], r"argument --sizes: the sizes need one above 0"),
+    (["--spec", ""], r"topology: error: --spec needs a value, got an empty one"),
+    (["--file", ""], r"topology: error: --file needs a value, got an empty one"),
+    (["--spec", "2", "--draw", "/nonexistent/dir/x.png"],
+     r"topology: error: --draw /nonexistent/dir/x.png: folder '/nonexistent/dir' does not exist"),
+    (["--spec", "2", "--draw", "x.txt"], r"topology: error: --draw x.txt: matplotlib cannot "
+                                         r"write 'txt' files; use one of .*png"),
+    (["--spec", "1024", "--draw", "big.png"],
+     r"topology: error: --draw: 1024 ranks are too many to draw \(at most 512, MAX_DRAW_RANKS\)"),
+])
+def test_cli_refusals_are_messages(args, msg):
+    import re
+    if "--draw" in args:
+        pytest.importorskip("matplotlib")
+    p = _cli(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert re.search(msg, p.stderr) and "Traceback" not in p.stderr, p.stderr
+    assert p.stdout == ""
+
+
+def test_cli_draw_unwritable_is_a_message(tmp_path):
+    pytest.importorskip("matplotlib")
+    (tmp_path / "d.png").mkdir()
+    p = _cli("--spec", "2", "--draw", str(tmp_path / "d.png"))
+    assert p.returncode == 2 and "is a folder" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_probe_api_and_fit_refuse_empty():
+    from topocoll.topology.probe import fit, probe
+    with pytest.raises(ValueError, match="at least one"):
+        fit([])
+    with pytest.raises(ValueError, match="probe needs integer message sizes"):
+        probe(None, parse_spec("2"), [], 2)
+    with pytest.raises(ValueError, match="probe needs iters >= 1"):
+        probe(None, parse_spec("2"), [8], 0)
+
+
+def test_describe_prints_uplink(tmp_path):
+    from topocoll.topology.__main__ import describe
+    t = parse_spec("2x1x2").with_(links={"uplink": LinkParams(0.0, 1e9)})
+    assert "link uplink 0ns:1GB/s" in describe(t)
+    assert "uplink" not in describe(parse_spec("2x1x2"))
+
+
+def test_cli_spec_prints_on_launcher_rank_0_only():
+    assert _cli("--spec", "2", env={"PMI_RANK": "1"}).stdout == ""
+    assert "2 ranks" in _cli("--spec", "2", env={"PMI_RANK": "0"}).stdout
+
+
+@pytest.mark.mpi
+def test_cli_spec_under_mpiexec_prints_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from mpi_harness import ROOT, YIELD_ENV, mpiexec_path
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOME=str(tmp_path), **YIELD_ENV)
+    p = subprocess.run([mpiexec_path(), "-n", "2", sys.executable, "-m", "topocoll", "topology",
+                        "--spec", "2"], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=90)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("2 ranks, 1 node") == 1, p.stdout
