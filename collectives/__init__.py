@@ -53,6 +53,8 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
         topology: a ``topology.Topology``, a virtual spec such as ``"2x4"``, or None to detect it
             (``TOPOCOLL_TOPOLOGY`` and the rest of docs/topology.md apply). A topology with
             ``emulate`` set paces traffic across its node/switch boundaries (docs/algorithms.md).
+            A Topology object must be the same on every rank (compared by its ``digest()``;
+            every rank raises where they differ).
         device: the CUDA device this rank uses with NCCL (default: node-local rank modulo the
             visible devices); ignored by the MPI backend.
     """
@@ -88,15 +90,9 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
     else:
         backend_obj = MPIBackend(comm)
     if topology is None or isinstance(topology, str):
-        topo = topo_mod.detect(comm, spec=topology)
-    elif isinstance(topology, topo_mod.Topology):
-        topo = topology
+        topo = topo_mod.detect(comm, spec=topology)  # the same on every rank, or raises on all
     else:
-        raise TypeError(f"topology must be a topology.Topology, a spec string or None, "
-                        f"got {type(topology).__name__}")
-    if topo.world_size != backend_obj.size:
-        raise ValueError(f"topology describes {topo.world_size} ranks but the communicator "
-                         f"has {backend_obj.size}")
+        topo = _agree_on_topology(backend_obj, comm, topology, timeout)
     if topo.emulate:
         from .backends.emulated import EmulatedBackend
 
@@ -175,6 +171,66 @@ def _agree_on_checking(comm: Communicator, problem: Exception | None = None) -> 
         raise ValueError(f"init: ranks disagree on checking calls across ranks (check= or "
                          f"TOPOCOLL_CHECK); this rank (rank {comm.rank}) has check={comm.check}. "
                          f"Set it alike on every rank.")
+
+
+def _agree_on_topology(backend: "Backend", comm: Any, topology: Any,
+                       timeout: float | None) -> Any:
+    """The ``topology`` object passed to ``init``, once every rank has found it valid and the same
+    as the others' (collective). Ranks with different topologies would choose different
+    algorithms, or some would calibrate or pace traffic and others not, and wait for each other
+    until a timeout named some other cause. So on a bad or differing topology every rank raises
+    here: the rank with a bad one its TypeError/ValueError, the others a ValueError naming it;
+    differing ones a MismatchError naming which ranks have which (source, size and digest)."""
+    import numpy as np
+
+    from topocoll import topology as topo_mod
+
+    from .communicator import _default_timeout
+    from .context import OpContext
+
+    problem: Exception | None = None
+    digest = ""
+    if not isinstance(topology, topo_mod.Topology):
+        problem = TypeError(f"topology must be a topology.Topology, a spec string or None, "
+                            f"got {type(topology).__name__}")
+    elif topology.world_size != backend.size:
+        problem = ValueError(f"topology describes {topology.world_size} ranks but the "
+                             f"communicator has {backend.size}")
+    else:
+        digest = topology.digest()
+    if backend.size == 1:
+        if problem is not None:
+            raise problem
+        return topology
+    try:
+        limit = _default_timeout() if timeout is None else float(timeout)
+    except (TypeError, ValueError):  # a bad timeout= or TOPOCOLL_TIMEOUT: raised after this
+        limit = DEFAULT_TIMEOUT
+    word = int(digest[:15], 16) if digest else -1  # 60 bits of the digest, -1: a problem
+    lo, hi = backend.agree(np.array([word], np.int64), OpContext("init topology", limit))
+    if lo[0] == hi[0] and problem is None:
+        return topology
+    # error path, every rank is here: tell each other what each has
+    mine = (f"{type(problem).__name__}: {problem}" if problem is not None else
+            f"{topology.source or 'a topology'} ({topology.world_size} ranks, "
+            f"{topology.num_nodes} nodes, {topology.num_switches} leaf switches; "
+            f"digest {digest})")
+    every = comm.allgather((problem is not None, mine))
+    backend.close()
+    if problem is not None:
+        raise problem
+    bad = [r for r, (failed, _) in enumerate(every) if failed]
+    if bad:
+        raise ValueError(f"init: rank {bad[0]} passed a bad topology= ({every[bad[0]][1]}); "
+                         f"this rank (rank {backend.rank}) passed a valid one")
+    groups: dict[str, list[int]] = {}
+    for r, (_, text) in enumerate(every):
+        groups.setdefault(text, []).append(r)
+    who = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {text}"
+                    for text, rs in groups.items())
+    raise MismatchError(f"init: ranks disagree on the topology passed as topology= ({who}); "
+                        f"this is rank {backend.rank}. Pass the same Topology on every rank "
+                        f"(or a spec string, or None to detect it)")
 
 
 def _choose_backend(backend: str, comm: Any, device: int | None) -> str:

@@ -72,7 +72,7 @@ def test_parse_links_units():
     ("intra=1us", "TIME:RATE"), ("wan=1us:1GB/s", "unknown link level"),
     ("inter=1parsec:1GB/s", "bad latency"), ("inter=1us:1GB", "bad bandwidth"),
     ("inter=1us:1GB/s,inter=2us:1GB/s", "twice"), ("inter", "LEVEL=TIME:RATE"),
-    ("inter=1us:0GB/s", "bandwidth must be > 0"),
+    ("inter=1us:0GB/s", "bandwidth must be from 1"),
 ])
 def test_parse_links_bad(text, msg):
     with pytest.raises(TopologyError, match=msg):

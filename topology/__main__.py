@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -20,11 +21,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
+        for flag in ("spec", "file"):
+            if getattr(args, flag) is not None and not getattr(args, flag).strip():
+                raise TopologyError(f"--{flag} needs a value, got an empty one")
         if args.probe:
             return _probe(args)
         topo, rank = _topology(args)
         if rank != 0:
             return 0
+        if args.draw:
+            check_drawable(topo, args.draw)     # before printing: a refusal costs nothing
         if args.json:
             print(topo.to_json())
         else:
@@ -36,6 +42,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TopologyError as e:
         print(f"topology: error: {e}", file=sys.stderr)
         return 2
+
+
+MAX_DRAW_RANKS = 512
+"""Most ranks ``--draw`` draws: 70 px a rank, so wider figures pass matplotlib's 65536-px limit
+(and take minutes); describe or --json show bigger topologies."""
+
+
+def check_drawable(topo: Topology, path: str | Path) -> None:
+    """TopologyError unless ``draw(topo, path)`` can work: at most MAX_DRAW_RANKS ranks, an image
+    format matplotlib writes (by the suffix; none means PNG) and an existing folder."""
+    if topo.world_size > MAX_DRAW_RANKS:
+        raise TopologyError(f"--draw: {topo.world_size} ranks are too many to draw (at most "
+                            f"{MAX_DRAW_RANKS}, MAX_DRAW_RANKS); print the tree or use --json")
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise TopologyError("--draw needs matplotlib: pip install 'topocoll[plot]'") from None
+    p = Path(path)
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = p.suffix[1:].lower()
+    if suffix and suffix not in formats:
+        raise TopologyError(f"--draw {path}: matplotlib cannot write {suffix!r} files; use one of "
+                            f"{', '.join(sorted(formats))}")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir():
+        raise TopologyError(f"--draw {path}: folder {str(folder)!r} does not exist")
+    if p.is_dir():
+        raise TopologyError(f"--draw {path}: is a folder")
 
 
 def describe(topo: Topology) -> str:
@@ -61,15 +95,18 @@ def describe(topo: Topology) -> str:
         walk(top, g, "")
     nics = "one per rank" if topo.nics_per_node is None else str(topo.nics_per_node)
     lines.append(f"NICs per node: {nics}; emulate links: {'yes' if topo.emulate else 'no'}")
-    for k in ("intra", "inter", "switch"):
-        lines.append(f"link {k:<6} {topo.links[k]}")
+    for k in ("intra", "inter", "switch", "uplink"):
+        if k in topo.links:
+            lines.append(f"link {k:<6} {topo.links[k]}")
     if topo.gpus:
         lines.append(f"GPUs: {list(topo.gpus)}")
     return "\n".join(lines)
 
 
 def draw(topo: Topology, path: str | Path) -> None:
-    """Draw the tree (switch levels -> nodes -> ranks) to an image file with matplotlib."""
+    """Draw the tree (switch levels -> nodes -> ranks) to an image file with matplotlib
+    (TopologyError where :func:`check_drawable` refuses, or the file cannot be written)."""
+    check_drawable(topo, path)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -100,8 +137,12 @@ def draw(topo: Topology, path: str | Path) -> None:
         ax.spines[side].set_visible(False)
     ax.set_title(f"topology {topo.source}".strip(), fontsize=9)
     fig.tight_layout()
-    fig.savefig(str(path), dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(str(path), dpi=100)
+    except OSError as e:
+        raise TopologyError(f"--draw {path}: cannot write it: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -116,18 +157,50 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", action="store_true", help="measure link alpha/beta (under mpiexec)")
     p.add_argument("--out", default="~/.cache/topocoll/links.json",
                    help="where --probe writes its links file (default: %(default)s)")
-    p.add_argument("--sizes", default="8,1024,16384,262144,1048576",
-                   help="message sizes in bytes for --probe")
-    p.add_argument("--iters", type=int, default=20, help="round trips per size for --probe")
+    p.add_argument("--sizes", default="8,1024,16384,262144,1048576", type=_sizes,
+                   help="message sizes in bytes for --probe: integers from 0 to "
+                        f"{MAX_PROBE_BYTES} (1 GiB), at least one above 0")
+    p.add_argument("--iters", type=_iters, default=20,
+                   help=f"round trips per size for --probe (1 to {MAX_PROBE_ITERS})")
     return p
+
+
+MAX_PROBE_BYTES = 2 ** 30
+"""Largest --probe message (each rank of a pair allocates one)."""
+MAX_PROBE_ITERS = 10 ** 6
+"""Most --probe round trips per size."""
+
+
+def _sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated byte counts, checked before any rank starts probing."""
+    parts = [t.strip() for t in text.split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"no message sizes in {text!r}: give e.g. 8,1024,1048576")
+    out = []
+    for t in parts:
+        if not t.isascii() or not t.isdigit() or int(t) > MAX_PROBE_BYTES:
+            raise argparse.ArgumentTypeError(f"bad message size {t!r}: expected an integer from 0 "
+                                             f"to {MAX_PROBE_BYTES} bytes")
+        out.append(int(t))
+    if max(out) == 0:
+        raise argparse.ArgumentTypeError("the sizes need one above 0 to measure a bandwidth")
+    return out
+
+
+def _iters(text: str) -> int:
+    if not text.strip().isascii() or not text.strip().isdigit() \
+            or not 1 <= int(text) <= MAX_PROBE_ITERS:
+        raise argparse.ArgumentTypeError(f"bad --iters {text!r}: expected an integer from 1 to "
+                                         f"{MAX_PROBE_ITERS}")
+    return int(text)
 
 
 def _topology(args: argparse.Namespace) -> tuple[Topology, int]:
     """The topology to show and this process's rank (0 when no MPI was needed)."""
-    if args.spec:
-        return parse_spec(args.spec), 0
-    if args.file:
-        return load(args.file), 0
+    if args.spec is not None:
+        return parse_spec(args.spec), _launcher_rank()
+    if args.file is not None:
+        return load(args.file), _launcher_rank()
     from mpi4py import MPI
 
     from .detect import detect
@@ -141,13 +214,21 @@ def _probe(args: argparse.Namespace) -> int:
     from .probe import probe, table, write
     comm = MPI.COMM_WORLD
     topo = detect(comm, spec=args.spec, path=args.file)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    result = probe(comm, topo, sizes, args.iters)
+    result = probe(comm, topo, args.sizes, args.iters)
     if comm.Get_rank() == 0:
         out = Path(args.out).expanduser()
         write(result, out)
         print(table(result))
         print(f"wrote {out}")
+    return 0
+
+
+def _launcher_rank() -> int:
+    """This process's rank as an MPI launcher tells it (no MPI call), 0 when run alone: with
+    --spec/--file under mpiexec only rank 0 prints, as without them."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
     return 0
 
 

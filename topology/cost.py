@@ -28,6 +28,7 @@ nothing of collectives: the schedules that produce phases live in ``collectives/
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -177,8 +178,11 @@ class CostModel:
                 busy = np.bincount(who, weights=nbytes, minlength=self._sizes[size]) / rate
                 if self.topology.emulate and not kind.startswith("up"):
                     # the emulator sleeps for the link's time, then the bytes really move over
-                    # shared memory: both costs add up
-                    busy = busy + float(nbytes.max()) / links["intra"].beta_bytes_per_s
+                    # shared memory: both costs add up, on the NICs the flows use (their
+                    # largest flow's copy; an idle NIC stays idle)
+                    largest = np.zeros(self._sizes[size])
+                    np.maximum.at(largest, who, nbytes)
+                    busy = busy + largest / links["intra"].beta_bytes_per_s
                 worst = max(worst, float(busy.max()))
                 if load is not None:
                     load[kind] += busy * repeat
@@ -189,8 +193,13 @@ def schedule_time(demands: Sequence[Sequence[Demand]], lanes: Sequence[str]) -> 
     """Makespan of chunks through stages (``demands[k][s]``, stage ``s`` on lane ``lanes[s]``) in
     the order of ``collectives/algorithms/pipeline.py``: ``SYNC`` stages one at a time, stage by
     stage, chunk by chunk; every other lane takes its chunks in turn, lanes at once; a stage
-    starts once its chunk's previous stage is done. Overlapping stages share the resources."""
+    starts once its chunk's previous stage is done. Overlapping stages share the resources.
+
+    A stage whose seconds or loads are not finite (or are negative) makes the makespan ``inf``:
+    no schedule that holds it ever ends, and the answer says so at once instead of looping."""
     chunks, nst = len(demands), len(lanes)
+    if not all(_finite(d) for row in demands for d in row):
+        return math.inf
     order = [(k, s) for s in range(nst) if lanes[s] == SYNC for k in range(chunks)]
     nxt = {s: 0 for s in range(nst) if lanes[s] != SYNC}
     done: set[tuple[int, int]] = set()
@@ -221,14 +230,23 @@ def schedule_time(demands: Sequence[Sequence[Demand]], lanes: Sequence[str]) -> 
                 raise RuntimeError("schedule deadlocked")
             break
         speed = _speeds({j: demands[j[0]][j[1]] for j in left})
-        step = min(t / speed[j] for j, t in left.items())
+        first = min(left, key=lambda j: left[j] / speed[j] if speed[j] > 0 else math.inf)
+        step = left[first] / speed[first] if speed[first] > 0 else math.inf
+        if not math.isfinite(step):  # no stage can progress (not with finite demands)
+            return math.inf
         now += step
         for j in list(left):
             left[j] -= step * speed[j]
-            if left[j] <= 1e-12 * max(1.0, now):
+            if j == first or left[j] <= 1e-12 * max(1.0, now):  # each pass ends one stage at least
                 del left[j]
                 done.add(j)
     return now
+
+
+def _finite(d: Demand) -> bool:
+    """Whether a stage's seconds and loads are finite and not negative."""
+    return (math.isfinite(d.seconds) and d.seconds >= 0.0
+            and all(bool(np.isfinite(v).all()) and not (v < 0).any() for v in d.load.values()))
 
 
 def _speeds(running: dict[tuple[int, int], Demand]) -> dict[tuple[int, int], float]:

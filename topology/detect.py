@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from .limits import TopologyError
-from .links import LinkParams, parse_link, parse_links
-from .model import Topology, load, parse_json, parse_spec, read_text_file
+from .links import LinkParams, parse_link_map, parse_links
+from .model import Topology, load_with_links, parse_json, parse_spec, read_text_file
 from .virtual import is_spec, parse_nics
 
 ENV_TOPOLOGY = "TOPOCOLL_TOPOLOGY"
@@ -75,20 +75,23 @@ def read_links_file(path: str | Path | None = None) -> dict[str, LinkParams] | N
         path = Path(env) if env else DEFAULT_LINKS_FILE.expanduser()
         if not env and not path.exists():
             return None
+        where = f"{path} ({ENV_LINKS_FILE})" if env else f"{path} (the default probe file)"
+    else:
+        where = str(path)
     text = read_text_file(path, "link file")
     try:
         data = parse_json(text)
     except TopologyError as e:
         sep = " " if str(e).startswith("line ") else ": "
-        raise TopologyError(f"{path}{sep}{e}") from None
+        raise TopologyError(f"{where}{sep}{e}") from None
     links = data.get("links") if isinstance(data, dict) else None
     if not isinstance(links, dict):
-        raise TopologyError(f"{path}: link file needs an object 'links' with levels "
+        raise TopologyError(f"{where}: link file needs an object 'links' with levels "
                             f"intra/inter/switch")
     try:
-        return {k: parse_link(v, k) for k, v in links.items()}
+        return parse_link_map(links)
     except TopologyError as e:
-        raise TopologyError(f"{path}: {e}") from None
+        raise TopologyError(f"{where}: {e}") from None
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -116,27 +119,31 @@ def _decide(size: int, facts: list[dict[str, Any]], spec: str | None,
     if os.environ.get(ENV_EMULATE, "").strip():
         overrides["emulate"] = _env(ENV_EMULATE, _parse_bool)
     env_topo = os.environ.get(ENV_TOPOLOGY, "").strip()
+    file_links: dict[str, LinkParams] | None = None  # the links a topology file itself gives
     if spec is not None:
         topo = parse_spec(spec, size)
     elif path is not None:
-        topo = _load_file(path, size)
+        topo, file_links = _load_file(path, size)
     elif env_topo:
         try:
-            topo = parse_spec(env_topo, size) if is_spec(env_topo) else _load_file(env_topo, size)
+            if is_spec(env_topo):
+                topo = parse_spec(env_topo, size)
+            else:
+                topo, file_links = _load_file(env_topo, size)
         except TopologyError as e:
             raise TopologyError(f"{ENV_TOPOLOGY}={env_topo!r}: {e}") from None
     else:
         topo = _real(size, facts)
-    file_links = dict(topo.links) if topo.source.startswith("file:") else None
     return topo.with_(links=resolve_links(file_links), **overrides)
 
 
-def _load_file(path: str | Path, size: int) -> Topology:
-    topo = load(path)
+def _load_file(path: str | Path, size: int) -> tuple[Topology, dict[str, LinkParams]]:
+    """The file's topology and the links it gives (not the defaults filling the others in)."""
+    topo, links = load_with_links(path)
     if topo.world_size != size:
         raise TopologyError(f"{path}: topology has {topo.world_size} ranks but the world size "
                             f"is {size}")
-    return topo.with_(source=f"file:{path}")
+    return topo.with_(source=f"file:{path}"), links
 
 
 def _real(size: int, facts: list[dict[str, Any]]) -> Topology:
@@ -157,8 +164,10 @@ def _real(size: int, facts: list[dict[str, Any]]) -> Topology:
         for h in hosts:
             leaf = tree.leaf_of(h) or tree.leaf_of(h.split(".")[0])
             if leaf is None:
+                listed = tree.hosts()
+                more = f", ... ({len(listed)} in all)" if len(listed) > 8 else ""
                 raise TopologyError(f"{conf}: host {h!r} is under no switch (hosts listed: "
-                                    f"{', '.join(tree.hosts()[:8])}...)")
+                                    f"{', '.join(listed[:8])}{more})")
             leaves.append(leaf)
         sw_parents, sw_names = switch_levels(tree, leaves)
         parents += sw_parents

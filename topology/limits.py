@@ -25,6 +25,18 @@ MAX_NESTING = 32
 rejected before parsing, so it cannot exhaust the parser's recursion."""
 
 
+MAX_LINK_SECONDS = 3600.0
+"""Largest link latency (``alpha_s``) accepted: an hour. With MIN_LINK_BYTES_PER_S it keeps every
+predicted time finite (a latency of ``1e308`` s overflows the cost model's sums to ``inf``)."""
+
+MIN_LINK_BYTES_PER_S = 1.0
+"""Smallest link bandwidth (``beta_bytes_per_s``) accepted: 1 B/s. A subnormal one such as
+``1e-320`` B/s turns a transfer time into ``inf`` and the cost model's shares into NaN."""
+
+MAX_LINK_BYTES_PER_S = 1e18
+"""Largest link bandwidth accepted: 1 EB/s, far above any link (a finite stand-in for "free")."""
+
+
 class TopologyError(ValueError):
     """A topology, spec or file is invalid; the message names the problem (and the line)."""
 

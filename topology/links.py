@@ -3,7 +3,7 @@
 Link grammar (``TOPOCOLL_LINKS``)::
 
     links := LEVEL "=" TIME ":" RATE ("," LEVEL "=" TIME ":" RATE)*
-    LEVEL := intra | inter | switch
+    LEVEL := intra | inter | switch | uplink              (any case)
     TIME  := NUMBER [s | ms | us | ns]                     (bare number: seconds)
     RATE  := NUMBER (B | KB | MB | GB | TB | KiB | MiB | GiB) "/s"    bytes per second
            | NUMBER (b | Kb | Mb | Gb | Tb) ("/s" | "ps")            bits per second
@@ -19,7 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .limits import TopologyError, brief
+from .limits import (MAX_LINK_BYTES_PER_S, MAX_LINK_SECONDS, MIN_LINK_BYTES_PER_S, TopologyError,
+                     brief)
 
 LINK_LEVELS = ("intra", "inter", "switch", "uplink")
 """Link classes: inside a node; between nodes under one leaf switch; across leaf switches; and,
@@ -44,7 +45,10 @@ def as_float(value: Any, what: str, strings: bool = False) -> float:
 
 @dataclass(frozen=True)
 class LinkParams:
-    """Alpha-beta cost of one link class: a message of n bytes takes ``alpha_s + n / beta``."""
+    """Alpha-beta cost of one link class: a message of n bytes takes ``alpha_s + n / beta``.
+
+    ``alpha_s`` lies in [0, MAX_LINK_SECONDS] and ``beta_bytes_per_s`` in [MIN_LINK_BYTES_PER_S,
+    MAX_LINK_BYTES_PER_S] (``limits``), so every predicted time stays finite."""
 
     alpha_s: float
     beta_bytes_per_s: float
@@ -52,10 +56,13 @@ class LinkParams:
     def __post_init__(self) -> None:
         alpha = as_float(self.alpha_s, "link latency")
         beta = as_float(self.beta_bytes_per_s, "link bandwidth")
-        if not (0.0 <= alpha < math.inf):
-            raise TopologyError(f"link latency must be finite and >= 0 s, got {brief(alpha)}")
-        if not (0.0 < beta < math.inf):
-            raise TopologyError(f"link bandwidth must be > 0 B/s and finite, got {brief(beta)}")
+        if not (0.0 <= alpha <= MAX_LINK_SECONDS):
+            raise TopologyError(f"link latency must be from 0 to {MAX_LINK_SECONDS:g} s "
+                                f"(MAX_LINK_SECONDS), got {brief(alpha)}")
+        if not (MIN_LINK_BYTES_PER_S <= beta <= MAX_LINK_BYTES_PER_S):
+            raise TopologyError(f"link bandwidth must be from {MIN_LINK_BYTES_PER_S:g} to "
+                                f"{MAX_LINK_BYTES_PER_S:g} B/s (MIN_LINK_BYTES_PER_S, "
+                                f"MAX_LINK_BYTES_PER_S), got {brief(beta)}")
 
     def time(self, nbytes: float) -> float:
         """Predicted seconds to move ``nbytes`` over this link."""
@@ -98,6 +105,22 @@ def parse_links(text: str) -> dict[str, LinkParams]:
     return out
 
 
+def parse_link_map(links: Mapping[Any, Any]) -> dict[str, LinkParams]:
+    """Links by level from a file's ``links`` object: level names as in ``TOPOCOLL_LINKS``
+    (``intra``, ``inter``, ``switch``, ``uplink``; any case), each a TIME:RATE string or an
+    object ``{"alpha_s": ..., "beta_bytes_per_s": ...}``."""
+    out: dict[str, LinkParams] = {}
+    for key, value in links.items():
+        level = key.strip().lower() if isinstance(key, str) else key
+        if level not in LINK_LEVELS:
+            raise TopologyError(f"unknown link level {brief(key)}; expected one of "
+                                f"{list(LINK_LEVELS)}")
+        if level in out:
+            raise TopologyError(f"link level {level!r} given twice (as {brief(key)} too)")
+        out[level] = parse_link(value, level)
+    return out
+
+
 def parse_link(value: Any, level: str = "link") -> LinkParams:
     """One link from ``"20us:1GB/s"`` or ``{"alpha_s": ..., "beta_bytes_per_s": ...}``."""
     if isinstance(value, LinkParams):
@@ -106,6 +129,10 @@ def parse_link(value: Any, level: str = "link") -> LinkParams:
         if "alpha_s" not in value or "beta_bytes_per_s" not in value:
             raise TopologyError(f"link {brief(level)} needs numbers alpha_s and "
                                 f"beta_bytes_per_s, got {brief(value)}")
+        extra = [k for k in value if k not in ("alpha_s", "beta_bytes_per_s")]
+        if extra:
+            raise TopologyError(f"link {brief(level)}: unknown key {brief(extra[0])}; a link "
+                                f"object has only alpha_s and beta_bytes_per_s")
         try:
             return LinkParams(as_float(value["alpha_s"], "alpha_s", strings=True),
                               as_float(value["beta_bytes_per_s"], "beta_bytes_per_s", strings=True))

@@ -10,6 +10,7 @@ of every level are contiguous from 0, node 0 holds rank 0, and a node's ranks ar
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import numbers
@@ -20,8 +21,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .limits import MAX_FILE_BYTES, MAX_LEVELS, MAX_NESTING, MAX_WORLD_SIZE, TopologyError, brief
-from .links import DEFAULT_LINKS, LINK_LEVELS, LinkParams, parse_link
+from .limits import (MAX_FILE_BYTES, MAX_LEVELS, MAX_NESTING, MAX_WORLD_SIZE, TopologyError, brief,
+                     counted)
+from .links import DEFAULT_LINKS, LINK_LEVELS, LinkParams, parse_link_map
 from .virtual import spec_layout
 
 FORMAT_VERSION = 1
@@ -58,6 +60,14 @@ class Topology:
     def __hash__(self) -> int:
         return hash(self.to_json(indent=None))
 
+    def digest(self) -> str:
+        """A short hex hash of everything but ``source``: equal on every process exactly when the
+        topologies place ranks, name groups and cost links alike (``hash()`` is salted per
+        process), so ranks can compare theirs cheaply."""
+        d = self.to_dict()
+        del d["source"]
+        return hashlib.blake2b(json.dumps(d, sort_keys=True).encode(), digest_size=8).hexdigest()
+
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_nodes(cls, nodes: Sequence[Sequence[int]], switch_of: Sequence[int] | None = None,
@@ -69,11 +79,21 @@ class Topology:
             raise TopologyError(f"nodes place {world} ranks, more than the limit of "
                                 f"{MAX_WORLD_SIZE} (MAX_WORLD_SIZE)")
         lists = [_int_list(n, f"nodes[{i}]") for i, n in enumerate(nodes)]
+        empty = next((i for i, ranks in enumerate(lists) if not ranks), None)
+        if empty is not None:
+            raise TopologyError(f"nodes[{empty}] is empty: every node holds at least one rank")
         node_of = [-1] * world
         for n, ranks in enumerate(lists):
             for r in ranks:
-                if not 0 <= r < world or node_of[r] != -1:
-                    raise TopologyError(f"rank {r} is out of range or in two nodes")
+                if not 0 <= r < world:
+                    missing = [m for m in range(world) if m not in set().union(*lists)]
+                    raise TopologyError(
+                        f"rank {r} in nodes[{n}] is out of range: the nodes hold "
+                        f"{counted(world, 'rank')}, so ranks run 0..{world - 1}"
+                        + (f" (missing: {_listed(missing)})" if missing else ""))
+                if node_of[r] != -1:
+                    raise TopologyError(f"rank {r} is in two nodes: nodes[{node_of[r]}] and "
+                                        f"nodes[{n}]")
                 node_of[r] = n
         sw = _int_list(switch_of, "switch_of_node") if switch_of is not None else (0,) * len(lists)
         return cls(world, (tuple(node_of), sw), **kw)
@@ -201,6 +221,8 @@ class Topology:
         Groups are renumbered in order of first appearance, so node 0 still holds rank 0; names,
         links, NICs and emulation carry over.
         """
+        if isinstance(ranks, (str, bytes, Mapping)) or not hasattr(ranks, "__iter__"):
+            raise TypeError(f"restrict needs a sequence of ranks, got {type(ranks).__name__}")
         members = [self._check_rank(r) for r in ranks]
         if len(set(members)) != len(members) or not members:
             raise TopologyError(f"restrict needs distinct ranks, got {list(ranks)}")
@@ -243,7 +265,7 @@ class Topology:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], text: str | None = None) -> "Topology":
         """Build from a dict (full ``parent`` form, or the short ``nodes``/``spec`` forms)."""
-        return _from_dict(cls, d, text)
+        return _from_dict(cls, d, text)[0]
 
     @classmethod
     def from_json(cls, text: str) -> "Topology":
@@ -268,11 +290,16 @@ class Topology:
             raise TopologyError(f"unknown level {level!r}; levels are {list(self.levels)}") from None
 
     def _check_rank(self, rank: int) -> int:
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral):
+            raise TypeError(f"a rank must be an int, got {type(rank).__name__} {brief(rank)}")
+        rank = int(rank)
         if not 0 <= rank < self.world_size:
             raise TopologyError(f"rank {rank} out of range for world size {self.world_size}")
         return rank
 
     def _check_group(self, g: int, level: str) -> None:
+        if isinstance(g, bool) or not isinstance(g, numbers.Integral):
+            raise TypeError(f"a {level} id must be an int, got {type(g).__name__} {brief(g)}")
         n = self.num_groups(level)
         if not 0 <= g < n:
             raise TopologyError(f"{level} {g} out of range: there are {n} {level}s")
@@ -293,12 +320,17 @@ def load(path: str | Path) -> Topology:
 
     A bare name that is no file, such as ``"h100-fat-tree"``, loads the cluster of that name that
     ships with the package (:func:`bundled_clusters` lists them)."""
+    return load_with_links(path)[0]
+
+
+def load_with_links(path: str | Path) -> tuple[Topology, dict[str, LinkParams]]:
+    """:func:`load`, and the links the file itself gives (the topology's links hold the defaults
+    for the levels it leaves out; ``detect`` fills those from a probe file first)."""
     p = _bundled_or(path)
     text = read_text_file(p, "topology file")
     try:
-        if p.suffix.lower() in (".yaml", ".yml"):
-            return Topology.from_dict(_load_yaml(text), text)
-        return Topology.from_json(text)
+        data = _load_yaml(text) if p.suffix.lower() in (".yaml", ".yml") else parse_json(text)
+        return _from_dict(Topology, data, text)
     except TopologyError as e:
         raise TopologyError(f"{p}: {e}") from None
 
@@ -341,7 +373,11 @@ def parse_json(text: str) -> Any:
                             f"{MAX_FILE_BYTES} (MAX_FILE_BYTES)")
     _check_nesting(text)
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        line = _line_of_nth(text, e.key, 2)
+        raise TopologyError(f"{f'line {line}: ' if line else ''}key {brief(e.key)} appears "
+                            f"twice in one object (a second value would silently win)") from None
     except json.JSONDecodeError as e:
         raise TopologyError(f"line {e.lineno}: invalid JSON: {e.msg}") from None
     except RecursionError:
@@ -352,6 +388,28 @@ def parse_json(text: str) -> Any:
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s object hook: the object as a dict, refusing a key given twice."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _line_of_nth(text: str, key: str, n: int) -> int | None:
+    """The line of the ``n``-th ``"key":`` in JSON ``text`` (None if not found)."""
+    found = list(re.finditer(rf'"{re.escape(json.dumps(key)[1:-1])}"\s*:', text))
+    return text.count("\n", 0, found[n - 1].start()) + 1 if len(found) >= n else None
+
 
 def _bundled_or(path: Any) -> Any:
     """``path``, or the bundled cluster file when ``path`` is a bare name that is no file."""
@@ -416,7 +474,7 @@ def _load_yaml(text: str) -> Any:
     if _too_deep(text) and _too_deep(_YAML_NOISE.sub("", text)):
         raise TopologyError(f"invalid YAML: nested deeper than {MAX_NESTING} levels (MAX_NESTING)")
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_unique_key_loader(yaml))  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark is not None else ""
@@ -425,6 +483,34 @@ def _load_yaml(text: str) -> Any:
         raise TopologyError("invalid YAML: nested too deeply for the parser") from None
     except (ValueError, TypeError, ArithmeticError) as e:  # a constructor's own error (huge int)
         raise TopologyError(f"invalid YAML: {_first_clause(e)}") from None
+
+
+def _unique_key_loader(yaml: Any) -> Any:
+    """PyYAML's SafeLoader, refusing a mapping key given twice (the last would silently win)."""
+    global _UNIQUE_LOADER
+    if _UNIQUE_LOADER is None:
+        class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc,name-defined]
+            def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+                seen: set[Any] = set()
+                for key_node, _ in node.value:
+                    key = self.construct_object(key_node, deep=deep)
+                    try:
+                        new = key not in seen
+                        seen.add(key)
+                    except TypeError:               # unhashable: construct_mapping says so
+                        continue
+                    if not new:
+                        raise yaml.constructor.ConstructorError(
+                            "while constructing a mapping", node.start_mark,
+                            f"key {brief(key)} appears twice in one mapping (a second value "
+                            f"would silently win)", key_node.start_mark)
+                return super().construct_mapping(node, deep=deep)
+
+        _UNIQUE_LOADER = UniqueKeyLoader
+    return _UNIQUE_LOADER
+
+
+_UNIQUE_LOADER: Any = None
 
 
 def _first_clause(e: Exception) -> str:
@@ -522,6 +608,10 @@ def _validate(t: Topology) -> None:
     size = t.world_size
     for i, p in enumerate(t.parent):
         size = _check_parent(p, t.levels[i], t.levels[i + 1], size)
+    if t.parent[0][0] != 0:
+        raise TopologyError(f"node 0 must hold rank 0 (node ids follow the ranks: a node's id "
+                            f"comes before those of nodes whose ranks are all higher), but rank "
+                            f"0 is in node {t.parent[0][0]}; list the node of rank 0 first")
     for level, names in t.names.items():
         if level not in t.levels:
             raise TopologyError(f"names given for unknown level {brief(level)}")
@@ -566,6 +656,12 @@ def _check_parent(p: tuple[int, ...], child: str, up: str, size: int) -> int:
     return len(used)
 
 
+def _listed(values: list[int]) -> str:
+    """``values`` for a message, at most ten of them: ``2, 5, 7`` or ``2, 3, ... (12 in all)``."""
+    shown = ", ".join(map(str, values[:10]))
+    return shown if len(values) <= 10 else f"{shown}, ... ({len(values)} in all)"
+
+
 def _check_scalars(t: Topology) -> None:
     nics = t.nics_per_node
     if nics is not None and (isinstance(nics, bool) or not isinstance(nics, int)
@@ -582,7 +678,10 @@ _KNOWN_KEYS = {"version", "world_size", "levels", "parent", "names", "links", "n
                "emulate", "gpus", "source", "nodes", "switch_of_node", "spec"}
 
 
-def _from_dict(cls: type[Topology], d: Any, text: str | None) -> Topology:
+def _from_dict(cls: type[Topology], d: Any,
+               text: str | None) -> tuple[Topology, dict[str, LinkParams]]:
+    """The topology of file data ``d`` (``text``: its source, for line numbers) and the links
+    that ``d`` gives."""
     def fail(msg: str, key: str | None = None) -> TopologyError:
         line = _line_of(text, key) if key else None
         return TopologyError(f"line {line}: {msg}" if line else msg)
@@ -602,11 +701,13 @@ def _from_dict(cls: type[Topology], d: Any, text: str | None) -> Topology:
     if "world_size" in d and (isinstance(world, bool) or not isinstance(world, int)):
         raise fail(f"world_size must be a positive integer, got {brief(world)}", "world_size")
     try:
-        topo = _place_ranks(cls, d, _file_fields(d, fail), fail)
+        kw = _file_fields(d, fail)
+        given = dict(kw.get("links", {}))
+        topo = _place_ranks(cls, d, kw, fail)
         if "world_size" in d and topo.world_size != world:
             raise fail(f"world_size is {world} but the ranks placed number "
                        f"{topo.world_size}", "world_size")
-        return topo
+        return topo, given
     except TopologyError as e:
         msg = str(e)
         if msg.startswith("line "):
@@ -624,12 +725,8 @@ def _file_fields(d: Mapping[str, Any], fail: Any) -> dict[str, Any]:
         links = d["links"]
         if not isinstance(links, Mapping):
             raise fail("links must be an object {intra|inter|switch|uplink: ...}", "links")
-        bad = next((k for k in links if not isinstance(k, str) or k not in LINK_LEVELS), None)
-        if bad is not None:
-            raise fail(f"unknown link level {brief(bad)}; expected one of {list(LINK_LEVELS)}",
-                       "links")
         try:
-            kw["links"] = {k: parse_link(v, k) for k, v in links.items()}
+            kw["links"] = parse_link_map(links)
         except TopologyError as e:
             raise fail(str(e), "links") from None
     for key in ("nics_per_node", "emulate", "source", "names", "gpus"):
@@ -647,6 +744,11 @@ def _place_ranks(cls: type[Topology], d: Mapping[str, Any], kw: dict[str, Any],
     if len(forms) != 1:
         raise fail("give exactly one of 'parent', 'nodes' or 'spec' to place the ranks"
                    + (f" (got {forms})" if forms else ""))
+    for key, form in (("switch_of_node", "nodes"), ("levels", "parent")):
+        if key in d and form not in d:
+            raise fail(f"{key!r} is only read with {form!r}; this file places the ranks with "
+                       f"{forms[0]!r} (which gives its own "
+                       f"{'switches' if key == 'switch_of_node' else 'levels'})", key)
     if "spec" in d:
         spec = d["spec"]
         if isinstance(spec, bool) or not isinstance(spec, (str, int)):

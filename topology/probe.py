@@ -53,6 +53,13 @@ def probe(comm: Any, topo: Topology, sizes: Sequence[int] = DEFAULT_SIZES,
     import numpy as np
     from mpi4py import MPI
 
+    sizes = list(sizes)
+    if (not sizes or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in sizes)
+            or max(sizes) == 0):
+        raise ValueError(f"probe needs integer message sizes >= 0, one above 0 at least; "
+                         f"got {sizes!r}")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"probe needs iters >= 1 (round trips per size), got {iters!r}")
     rank = comm.Get_rank()
     samples: dict[str, list[list[float]]] = {}
     levels = {k: [ab] for k, ab in probe_pairs(topo).items()}
@@ -78,6 +85,8 @@ def probe(comm: Any, topo: Topology, sizes: Sequence[int] = DEFAULT_SIZES,
 def fit(rows: Sequence[Sequence[float]]) -> LinkParams:
     """Least-squares ``t = alpha + n / beta`` over (bytes, seconds) rows, clamped to sane values."""
     n = len(rows)
+    if n == 0:
+        raise ValueError("fit needs at least one (bytes, seconds) row")
     xs = [float(r[0]) for r in rows]
     ys = [float(r[1]) for r in rows]
     mx, my = sum(xs) / n, sum(ys) / n
