@@ -7,6 +7,9 @@ so a late write lands in memory that is still the request's and never in memory 
 has handed to someone else. mpi4py's requests hold a reference to their buffers."""
 from __future__ import annotations
 
+import atexit
+import ctypes
+import gc
 import threading
 from typing import Any, NoReturn, Sequence
 
@@ -33,6 +36,8 @@ class MPIBackend(Backend):
 
         self._MPI = MPI
         self._byte = MPI.BYTE  # every transfer is raw bytes: [array, BYTE] (no view per call)
+        if not _EXIT_HOOK:
+            _EXIT_HOOK.append(atexit.register(keep_pending_at_exit))
         self.parent = comm
         self._owns_parent = owns
         self.coll = comm.Dup()
@@ -334,6 +339,40 @@ it for as long as this rank waits on the peer."""
 _ORPHANED: list[Any] = []
 """Requests abandoned by a failed wait that had not completed, kept (with their buffers) until
 they do: MPI may still write into their receive buffers when a late peer's data arrives."""
+
+_EXIT_HOOK: list[Any] = []
+"""``keep_pending_at_exit``, once registered (by the first backend made)."""
+
+
+def keep_pending_at_exit() -> None:
+    """Registered with atexit: keep every MPI request still active, with its buffer, for good.
+
+    mpi4py finalizes MPI only after the interpreter has freed its objects (``Py_AtExit``), so
+    a receive still pending at exit (an async recv never waited for, a kept request of a
+    dropped handle) had MPI_Finalize deliver a late message into freed memory: heap corruption
+    at exit (``malloc(): unsorted double linked list corrupted``). Only where user transfers
+    were posted or requests kept (``_POSTED``, ``_ORPHANED``): it scans the garbage
+    collector's objects for them."""
+    if not (_POSTED or _ORPHANED):
+        return
+    from mpi4py import MPI
+
+    if MPI.Is_finalized():
+        return
+    for obj in gc.get_objects():  # type(): isinstance would read proxies' __class__
+        if issubclass(type(obj), MPI.Request) and obj != MPI.REQUEST_NULL:
+            try:
+                if obj.Test():
+                    continue
+            except MPI.Exception:
+                continue  # it completed in error: MPI is done with its buffer
+            _FOREVER.append(obj)
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))  # outlives the module's list
+
+
+_FOREVER: list[Any] = []
+"""The requests ``keep_pending_at_exit`` kept (each also holds a reference of its own that
+is never let go, so it outlives this list when the interpreter clears the modules)."""
 
 _PRUNING = threading.Lock()
 """Held by the one thread testing the kept requests (``_keep``, the compiled lane's
