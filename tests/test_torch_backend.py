@@ -115,3 +115,11 @@ def test_a_receive_pending_at_exit_is_kept_with_its_tensor():
     run_ranks("torch_exit_pending.py", 2, args=["kept"], timeout=60)
     for _ in range(4):
         run_ranks("torch_exit_pending.py", 2, args=["exit"], timeout=60)
+
+
+@pytest.mark.parametrize("case", ["world_size", "rank", "one_rank", "device_id"])
+def test_init_arguments_that_contradict_mpi_raise_on_every_rank(case):
+    # a given rank/world_size used to be ignored (the world silently MPI's); a rank raising
+    # right after the rendezvous left the others 30 s connecting to its store
+    run_ranks("torch_rendezvous_args.py", 3 if case == "one_rank" else 2, args=[case],
+              timeout=60)

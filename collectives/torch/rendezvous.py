@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+import urllib.parse
 import zlib
 from datetime import timedelta
 from typing import Any, Iterator, Sequence
@@ -59,14 +60,17 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
     deadline = time.monotonic() + timeout.total_seconds()
     step = _GIVEN_UP.pop("hosts", None)  # a retry after a timeout goes on with what it posted
     if step is None:
-        name = np.zeros(_HOST_BYTES, np.uint8)
+        name = np.zeros(_HOST_BYTES + 16, np.uint8)
         mine = socket.gethostname().encode()[:_HOST_BYTES]
         name[:len(mine)] = np.frombuffer(mine, np.uint8)
-        names = np.empty((size, _HOST_BYTES), np.uint8)
+        name[_HOST_BYTES:].view(np.int64)[:] = _given(url)
+        names = np.empty((size, _HOST_BYTES + 16), np.uint8)
         step = (world.Iallgather(name, names), (name, names), None)
     _joined("hosts", step, deadline, timeout, rank, size)
     names = step[1][1]
-    hosts = [bytes(row).rstrip(b"\0") for row in names]
+    _check_given([tuple(int(v) for v in row[_HOST_BYTES:].view(np.int64)) for row in names],
+                 size)
+    hosts = [bytes(row[:_HOST_BYTES]).rstrip(b"\0") for row in names]
     host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0].decode()
     step = _GIVEN_UP.pop("port", None)
     if step is None:
@@ -82,11 +86,39 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
         store.set_timeout(timeout)  # rank 0's; an attempt that timed out may have made it
     else:
         store = dist.TCPStore(host, int(port[0]), size, is_master=False, timeout=timeout)
+    # every rank has reached rank 0's store before any goes on: one that raises right after
+    # (torch checks device_id there) must not take the store away from peers still connecting
+    # (torch's env:// master waits for its workers likewise)
+    _joined("connected", _GIVEN_UP.pop("connected", None) or (world.Ibarrier(), (), None),
+            deadline, timeout, rank, size)
     yield store, rank, size
     raise RuntimeError("topocoll:// rendezvous can't be repeated (MPI ranks are fixed)")
 
 
 _HOST_BYTES = 256  # a host name's bytes in the rendezvous (POSIX allows 255)
+
+
+def _given(url: str) -> tuple[int, int]:
+    """The ``rank`` and ``world_size`` given to ``init_process_group`` (torch puts them in the
+    URL's query); -1 where not given."""
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
+    return tuple(int(query[key][0]) if key in query else -1  # type: ignore[return-value]
+                 for key in ("rank", "world_size"))
+
+
+def _check_given(given: Sequence[tuple[int, int]], size: int) -> None:
+    """ValueError (on every rank: ``given`` is every rank's) where a rank or world size given
+    to ``init_process_group`` contradicts MPI's: under mpiexec MPI numbers the processes, and a
+    program written for another count or order would otherwise run silently as MPI's."""
+    for q, (rank, world_size) in enumerate(given):
+        if world_size not in (-1, size):
+            raise ValueError(f"init_process_group: world_size={world_size} was given (on MPI "
+                             f"rank {q}), but mpiexec started {size} processes; launch "
+                             f"{world_size} (mpiexec -n {world_size}) or leave world_size out")
+        if rank not in (-1, q):
+            raise ValueError(f"init_process_group: rank={rank} was given on MPI rank {q}; "
+                             f"under mpiexec MPI numbers the processes: leave rank out, or "
+                             f"pass the MPI rank (MPI.COMM_WORLD.Get_rank())")
 _GIVEN_UP: dict[str, tuple[Any, tuple[Any, ...], Any]] = {}
 """A rendezvous step that timed out: (its request, its buffers, rank 0's store), kept
 (MPI may still write the buffer) and waited on again by the next ``init_process_group``, which
