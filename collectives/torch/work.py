@@ -266,8 +266,10 @@ class Agreement:
         err = self.handle.exception()
         if err is not None:
             if isinstance(err, MismatchError):  # the peer called something else, or rejected
-                return MismatchError(f"{self.kind}: {str(err).removeprefix('all_gather: ')} "
-                                     f"(at {self.kind}'s agreement, an all-gather)")
+                return MismatchError(
+                    f"{self.kind}: the ranks' calls don't match: this rank's {self.kind} "
+                    f"checks the call with a small all-gather of int64 first, and a peer met "
+                    f"it with another call ({str(err).removeprefix('all_gather: ')})")
             return err
         try:
             self.tag = self.check(self.handle.wait())

@@ -141,6 +141,14 @@ def body():
         raises(collectives.MismatchError, ["disagree on collective"],
                lambda: dist.gather(x, lists if r == 0 else None, dst=0) if r % 2 else
                dist.scatter(torch.empty(4), lists if r == 0 else None, src=0))
+        # a gather met by a plain all_gather: the gather's rank says the calls differ, not
+        # that it passed an int64 tensor (its agreement's all-gather is int64)
+        if r == 0:
+            raises(collectives.MismatchError, ["gather", "calls don't match"],
+                   lambda: dist.gather(x, lists, dst=0))
+        else:
+            raises(collectives.MismatchError, ["disagree"],
+                   lambda: dist.all_gather([torch.empty(4) for _ in range(p)], x))
         lists = [torch.full((4,), -1.0) for _ in range(p)]  # in step: each gets its own call's
         dist.gather(torch.full((4,), float(r)), lists if r == 0 else None, dst=0)
         if r == 0:
