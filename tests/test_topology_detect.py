@@ -11,17 +11,7 @@ from mpi_harness import run_ranks
 from topocoll.topology import LinkParams, TopologyError
 from topocoll.topology.detect import _decide, as_mpi_comm, gpu_info, resolve_links
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    """No user settings or ~/.cache probe file leak into these tests."""
-    for k in ("TOPOCOLL_TOPOLOGY", "TOPOCOLL_SLURM_TOPOLOGY", "SLURM_TOPOLOGY_CONF",
-              "TOPOCOLL_LINKS", "TOPOCOLL_LINKS_FILE", "TOPOCOLL_NICS", "TOPOCOLL_EMULATE",
-              "SLURMD_NODENAME"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("clean_env")]
 
 
 def _facts(hosts, leaders):

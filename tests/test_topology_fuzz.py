@@ -27,22 +27,14 @@ from topocoll.topology.virtual import parse_nics
 
 detect_mod = importlib.import_module("topocoll.topology.detect")  # topology.detect: the function
 
+pytestmark = pytest.mark.usefixtures("clean_env")  # no user settings or probe file leak in
+
 SECONDS = 2.0
 """Most seconds one bad input may take to be refused (they take milliseconds; this is slack for
 a slow, shared 2-core machine)."""
 PEAK_BYTES = 256 * 2 ** 20
 """Most bytes (traced Python allocations) refusing one bad input may use; /dev/zero costs the
 64 MiB read that MAX_FILE_BYTES allows."""
-ENV = ("TOPOCOLL_TOPOLOGY", "TOPOCOLL_SLURM_TOPOLOGY", "SLURM_TOPOLOGY_CONF", "TOPOCOLL_LINKS",
-       "TOPOCOLL_LINKS_FILE", "TOPOCOLL_NICS", "TOPOCOLL_EMULATE", "SLURMD_NODENAME")
-
-
-@pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    """No user settings or ~/.cache probe file leak in."""
-    for k in ENV:
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
 
 
 @contextlib.contextmanager

@@ -96,12 +96,8 @@ def parse_links(text: str) -> dict[str, LinkParams]:
         if not eq:
             raise TopologyError(f"link setting {brief(part)} should read LEVEL=TIME:RATE, "
                                 f"e.g. inter=20us:1GB/s")
-        if level not in LINK_LEVELS:
-            raise TopologyError(f"unknown link level {brief(level)} in {brief(part)}; "
-                                f"expected one of {list(LINK_LEVELS)}")
-        if level in out:
-            raise TopologyError(f"link level {level!r} given twice in {brief(text)}")
-        out[level] = parse_link(value, level)
+        out[_new_level(level, out, f" in {brief(part)}", f" in {brief(text)}")] = \
+            parse_link(value, level)
     return out
 
 
@@ -112,13 +108,19 @@ def parse_link_map(links: Mapping[Any, Any]) -> dict[str, LinkParams]:
     out: dict[str, LinkParams] = {}
     for key, value in links.items():
         level = key.strip().lower() if isinstance(key, str) else key
-        if level not in LINK_LEVELS:
-            raise TopologyError(f"unknown link level {brief(key)}; expected one of "
-                                f"{list(LINK_LEVELS)}")
-        if level in out:
-            raise TopologyError(f"link level {level!r} given twice (as {brief(key)} too)")
-        out[level] = parse_link(value, level)
+        out[_new_level(level, out, "", f" (as {brief(key)} too)")] = parse_link(value, level)
     return out
+
+
+def _new_level(level: Any, out: Mapping[str, Any], where: str, again: str) -> str:
+    """``level`` if it is a link level not yet in ``out``; else TopologyError (``where`` and
+    ``again`` end the messages for an unknown and a repeated level)."""
+    if level not in LINK_LEVELS:
+        raise TopologyError(f"unknown link level {brief(level)}{where}; expected one of "
+                            f"{list(LINK_LEVELS)}")
+    if level in out:
+        raise TopologyError(f"link level {level!r} given twice{again}")
+    return level
 
 
 def parse_link(value: Any, level: str = "link") -> LinkParams:

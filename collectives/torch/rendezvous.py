@@ -68,8 +68,8 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
         step = (world.Iallgather(name, names), (name, names), None)
     _joined("hosts", step, deadline, timeout, rank, size)
     names = step[1][1]
-    _check_given([tuple(int(v) for v in row[_HOST_BYTES:].view(np.int64)) for row in names],
-                 size)
+    given = [row[_HOST_BYTES:].view(np.int64) for row in names]
+    _check_given([(int(g[0]), int(g[1])) for g in given], size)
     hosts = [bytes(row[:_HOST_BYTES]).rstrip(b"\0") for row in names]
     host = "127.0.0.1" if len(set(hosts)) == 1 else hosts[0].decode()
     step = _GIVEN_UP.pop("port", None)
@@ -89,8 +89,10 @@ def mpi_rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30),
     # every rank has reached rank 0's store before any goes on: one that raises right after
     # (torch checks device_id there) must not take the store away from peers still connecting
     # (torch's env:// master waits for its workers likewise)
-    _joined("connected", _GIVEN_UP.pop("connected", None) or (world.Ibarrier(), (), None),
-            deadline, timeout, rank, size)
+    step = _GIVEN_UP.pop("connected", None)
+    if step is None:
+        step = (world.Ibarrier(), (), None)
+    _joined("connected", step, deadline, timeout, rank, size)
     yield store, rank, size
     raise RuntimeError("topocoll:// rendezvous can't be repeated (MPI ranks are fixed)")
 
@@ -102,8 +104,8 @@ def _given(url: str) -> tuple[int, int]:
     """The ``rank`` and ``world_size`` given to ``init_process_group`` (torch puts them in the
     URL's query); -1 where not given."""
     query = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
-    return tuple(int(query[key][0]) if key in query else -1  # type: ignore[return-value]
-                 for key in ("rank", "world_size"))
+    rank, size = (int(query[key][0]) if key in query else -1 for key in ("rank", "world_size"))
+    return rank, size
 
 
 def _check_given(given: Sequence[tuple[int, int]], size: int) -> None:

@@ -1,4 +1,5 @@
-"""Defects found by review in topology/: each test failed before its fix."""
+"""Topology inputs that are wrong or unusual: link bounds, link precedence per level, links and
+topology files, topologies passed to init, and the topology command's messages."""
 from __future__ import annotations
 
 import math
@@ -66,16 +67,6 @@ def test_emulate_loads_only_the_nics_used():
 
 
 # ---- link precedence per level: TOPOCOLL_LINKS, the topology file, the probe file, defaults -----
-
-@pytest.fixture
-def clean_env(monkeypatch, tmp_path):
-    for k in ("TOPOCOLL_TOPOLOGY", "TOPOCOLL_SLURM_TOPOLOGY", "SLURM_TOPOLOGY_CONF",
-              "TOPOCOLL_LINKS", "TOPOCOLL_LINKS_FILE", "TOPOCOLL_NICS", "TOPOCOLL_EMULATE",
-              "SLURMD_NODENAME"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    return tmp_path
-
 
 def _probe_file(tmp_path, links):
     import json
