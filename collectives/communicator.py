@@ -13,6 +13,7 @@ import math
 import numbers
 import os
 import threading
+import weakref
 import zlib
 from dataclasses import replace
 from typing import Any, Callable, NoReturn
@@ -33,7 +34,7 @@ from .errors import (CollectiveError, CollectiveTimeoutError, CommunicatorBroken
 from .faults import note_broken, peer_exited
 from .flight import FlightEntry, FlightRecorder, Repeats
 from .gpu import copyto, empty, empty_like, shares_memory
-from .handle import HANDOFF_SPIN_SECONDS, Executor
+from .handle import HANDOFF_SPIN_SECONDS, ON_WORKER, Executor
 from .log import TRACE, logger, tracing
 from .one_off import TEMPLATE_MAX_OUT_BYTES, Rebound, Template, result_goes
 from .p2p import Posted, described
@@ -91,6 +92,29 @@ def rejected_together(method: Any) -> Any:
     return checked
 
 
+def _thread_name(ident: int) -> str:
+    """The name of the running thread ``ident``."""
+    return next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
+
+
+_LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
+"""Every communicator of this process (``_forked`` marks them unusable in a forked child)."""
+
+
+def _forked() -> None:
+    """``os.fork``'s hook in the child: every communicator made before the fork is unusable
+    there (its calls would pair with the parent's peers, whose sums would include the child's
+    data); marked broken, so each call raises CommunicatorBrokenError at once saying so."""
+    for comm in list(_LIVE):
+        comm._broken = (f"this process is a child forked (os.fork) from rank {comm.rank} after "
+                        f"the communicator was made; MPI ranks are processes, and the child's "
+                        f"calls would pair with its parent's peers: use communicators only in "
+                        f"the processes mpiexec started")
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def for_peers(err: Exception) -> bool:
     """Whether the peers must learn of ``err``, raised by a call before it reached them
     (``rejected_together``, a coalesced call's remaining ones): anything but the communicator's
@@ -112,6 +136,7 @@ class Communicator:
         self._executor = Executor(name)
         self._broken: str | None = None
         self._closed = False
+        _LIVE.add(self)
         self._owner: int | None = None  # the thread that issues operations (bind_thread)
         self._flight = FlightRecorder()
         self._flat_ring_cache: list[int] | None = None
@@ -735,6 +760,7 @@ class Communicator:
         failure, nothing that would wait for a missing peer is freed collectively."""
         if self._closed:
             return
+        self._may_close()
         self._closed = True
         self._prepared.clear()
         if self._takeover_slot is not None:  # first: no hand-over races the close
@@ -749,6 +775,21 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"<Communicator {self.name} rank {self.rank}/{self.size} {self.backend.name}>"
+
+    def _may_close(self) -> None:
+        """``close``'s thread check, made before anything changes: CollectiveError from a
+        done-callback (closing waits for the progress thread it runs on), or from another
+        thread while the owner lives (it may be inside a call whose memory close unmaps)."""
+        if self._executor.on_worker():
+            raise CollectiveError(ON_WORKER.format(what="close()"))
+        owner = self._owner
+        if owner is not None and owner != threading.get_ident() and \
+                any(t.ident == owner for t in threading.enumerate()):
+            raise CollectiveError(
+                f"close: communicator {self.name} belongs to thread "
+                f"{_thread_name(owner)!r}, which is still running (it may be inside a call "
+                f"whose memory close frees); close it from that thread, or call "
+                f"comm.bind_thread() here once that thread is done with it")
 
     # -- helpers --
     def _launch(self, call: Call, buf: Buffer, algo: str, async_op: bool, result: Any,

@@ -90,7 +90,7 @@ class Handle:
         that must finish this operation (a done-callback waiting on a later call)."""
         if not self._event.is_set() and self._executor is not None and \
                 self._executor.on_worker():
-            raise CollectiveError(_ON_WORKER.format(what=f"waiting for {self.name}"))
+            raise CollectiveError(ON_WORKER.format(what=f"waiting for {self.name}"))
 
     def result(self) -> Any:
         """Same as ``wait()``."""
@@ -219,7 +219,7 @@ class Executor:
         From a done-callback (on the progress thread itself, which would wait for its own
         queue) it raises CollectiveError (a RuntimeError) at once, on every rank alike: never a deadlock."""
         if self.on_worker():
-            raise CollectiveError(_ON_WORKER.format(what=f"a blocking {name}"))
+            raise CollectiveError(ON_WORKER.format(what=f"a blocking {name}"))
         with self._lock:
             inline = self._pending == 0
             if inline:
@@ -244,7 +244,7 @@ class Executor:
     def drain(self) -> None:
         """Block until every queued operation has finished."""
         if self.on_worker():
-            raise CollectiveError(_ON_WORKER.format(what="waiting for the queue (split, alloc, "
+            raise CollectiveError(ON_WORKER.format(what="waiting for the queue (split, alloc, "
                                                       "free, close)"))
         with self._idle:
             self._draining += 1
@@ -321,6 +321,6 @@ def _stop_at_exit() -> None:
         executor.stop_at_exit(EXIT_WAIT_SECONDS)
 
 
-_ON_WORKER = ("{what} from a done-callback would deadlock: callbacks run on the communicator's "
+ON_WORKER = ("{what} from a done-callback would deadlock: callbacks run on the communicator's "
               "progress thread, which is the one that must finish it; issue collectives there "
               "with async_op=True and wait for them elsewhere")

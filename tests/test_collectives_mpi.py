@@ -51,3 +51,11 @@ def test_async_handles_keep_order_and_overlap(n):
 def test_exit_after_async_calls_stops_the_progress_thread(n):
     out = run_ranks("exit_after_async.py", n, timeout=120)
     assert out.count("EXIT: no progress thread left") == n, out
+
+
+@pytest.mark.parametrize("case", ["close", "callback", "fork"])
+def test_other_threads_and_forked_children_are_refused(case):
+    # close() from another thread closed the communicator under its owner's call (a segfault or
+    # wrong sums); from a callback it left it half closed; a forked child's calls paired with
+    # the parent's peers
+    run_ranks("collectives_threads.py", 3, args=[case], timeout=90)

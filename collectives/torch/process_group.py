@@ -552,6 +552,9 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         if self._closed:
             return
         self._closed = True
+        with self._issuing:  # the communicator follows the caller (follows_caller), which
+            self._issuer = threading.get_ident()  # may not be the last to issue on it
+            self.comm.bind_thread()
         self.comm.drain()
         if not self._everyone_healthy():
             self.comm.backend.abandon()
