@@ -194,8 +194,8 @@ def _agree_on_settings(comm: Communicator, mpi_comm: Any,
         if problem is not None:
             raise problem
         bad = [(r, text) for r, text in enumerate(every) if text is not None]
-        raise ValueError(f"init: rank {bad[0][0]} has a bad setting ({bad[0][1]}); this rank "
-                         f"(rank {comm.rank}) has valid ones")
+        raise ValueError(f"init: another rank passed a bad setting (rank {bad[0][0]}: "
+                         f"{bad[0][1]}); this rank (rank {comm.rank}) has valid ones")
     if lo[0] != hi[0]:
         comm.close()
         raise ValueError(f"init: ranks disagree on checking calls across ranks (check= or "

@@ -30,7 +30,7 @@ class Setting(Generic[T]):
     stripped text, ValueError (naming the variable and ``accepts``) where it raises one."""
 
     def __init__(self, name: str, default: T, parse: Callable[[str], T], accepts: str,
-                 verdict: str = "is not valid:") -> None:
+                 verdict: str = "must be") -> None:
         self.name, self.default, self._parse, self.accepts = name, default, parse, accepts
         self._verdict = verdict
         _SETTINGS[name] = self
@@ -71,7 +71,7 @@ def flag(name: str, default: bool) -> Setting[bool]:
         if low in ON or low in OFF:
             return low in ON
         raise ValueError(text)
-    return Setting(name, default, parse, "use 1 (true, yes, on) or 0 (false, no, off)")
+    return Setting(name, default, parse, "1 (true, yes, on) or 0 (false, no, off)")
 
 
 def number(name: str, default: float, unit: str, zero: bool = False) -> Setting[float]:
@@ -82,7 +82,7 @@ def number(name: str, default: float, unit: str, zero: bool = False) -> Setting[
             raise ValueError(text)
         return value
     return Setting(name, default, parse,
-                   f"use a {'' if zero else 'positive '}number of {unit}"
+                   f"a {'' if zero else 'positive '}number of {unit}"
                    + (" (0 or more)" if zero else ""))
 
 
@@ -93,7 +93,7 @@ def count(name: str, default: int, what: str) -> Setting[int]:
         if value < 1:
             raise ValueError(text)
         return value
-    return Setting(name, default, parse, f"use a whole number of {what}, 1 or more")
+    return Setting(name, default, parse, f"a whole number of {what}, 1 or more")
 
 
 def byte_count(name: str, default: T, minimum: int = 0, multiple: int = 1) -> Setting:
@@ -104,18 +104,18 @@ def byte_count(name: str, default: T, minimum: int = 0, multiple: int = 1) -> Se
             raise ValueError(text)
         return value
     return Setting(name, default, parse,
-                   f"use a number of bytes, {minimum} or more"
+                   f"a number of bytes, {minimum} or more"
                    + (f" and a multiple of {multiple}" if multiple > 1 else ""))
 
 
 def choice(name: str, default: T, choices: Mapping[str, T], accepts: str = "",
-           verdict: str = "is not valid:") -> Setting[T]:
+           verdict: str = "must be") -> Setting[T]:
     """One of ``choices``' keys (matched case-insensitively), read as its value."""
     folded = {k.lower(): v for k, v in choices.items()}
 
     def parse(text: str) -> T:
         return folded[text.lower()] if text.lower() in folded else _no(text)
-    return Setting(name, default, parse, accepts or f"use one of {', '.join(choices)}", verdict)
+    return Setting(name, default, parse, accepts or f"one of {', '.join(choices)}", verdict)
 
 
 def _no(text: str) -> T:  # type: ignore[type-var]

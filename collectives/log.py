@@ -32,7 +32,7 @@ _OFF = ("0", "OFF", "FALSE", "NO", "NONE")
 DEBUG = env.choice("TOPOCOLL_DEBUG", None, {
     "INFO": logging.INFO, "1": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": TRACE,
     "WARNING": logging.WARNING, "WARN": logging.WARNING, **{off: None for off in _OFF}},
-    "use INFO (or 1), DEBUG, TRACE or WARNING; 0, off, false, no, none or empty for no output")
+    "INFO (or 1), DEBUG, TRACE or WARNING; 0, off, false, no, none or empty for no output")
 
 
 def _ranks(text: str) -> frozenset[int] | None:
@@ -46,7 +46,7 @@ def _ranks(text: str) -> frozenset[int] | None:
 
 
 DEBUG_RANKS: env.Setting[frozenset[int] | None] = env.Setting(
-    "TOPOCOLL_DEBUG_RANKS", frozenset({0}), _ranks, "use all, or rank numbers such as 0,3")
+    "TOPOCOLL_DEBUG_RANKS", frozenset({0}), _ranks, "all, or rank numbers such as 0,3")
 
 
 def configure(rank: int) -> None:
