@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 from . import log, select
@@ -101,8 +100,8 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
 
         backend_obj = EmulatedBackend.create(backend_obj, topo)
     comm_obj = Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
-    _agree_on_settings(comm_obj, comm, problem)
-    if select.hierarchical(topo) and "TOPOCOLL_STEP_OVERHEAD" not in os.environ:
+    calibrate = _agree_on_settings(comm_obj, comm, problem)
+    if select.hierarchical(topo) and calibrate:
         # auto and HO-Ring's chunking follow the cost model: give it this machine's step cost
         from .schedules import ensure_calibrated
 
@@ -166,7 +165,7 @@ _NO_CHUNK = 1 << 62
 
 
 def _agree_on_settings(comm: Communicator, mpi_comm: Any,
-                       problem: Exception | None = None) -> None:
+                       problem: Exception | None = None) -> bool:
     """Agree on the settings the ranks must share, or raise on every rank at once.
 
     ``problem`` (a bad ``timeout``, ``check`` or ``TOPOCOLL_*`` value here) raises on this rank
@@ -174,15 +173,20 @@ def _agree_on_settings(comm: Communicator, mpi_comm: Any,
     ``TOPOCOLL_CHECK``) raise ValueError: a checking rank would compare its signature with words
     an unchecking peer never wrote. ``TOPOCOLL_HORING_CHUNK`` is the ranks' smallest (ranks set
     it where some don't: the set ones'), as different chunk counts would pair mismatched
-    messages. Sub-communicators (``split``) inherit the agreed settings."""
+    messages. ``TOPOCOLL_STEP_OVERHEAD`` likewise (the cost model picks algorithms and chunk
+    counts): the smallest where every rank sets it; where some rank doesn't, every rank measures
+    it at init (returns whether to). Sub-communicators (``split``) inherit the agreed settings."""
     import numpy as np
 
+    from . import schedules
     from .algorithms.ho_ring import HORING_CHUNK
     from .context import OpContext
 
     chunk = None if problem is not None else HORING_CHUNK.get()
+    unmeasured = not schedules.STEP_OVERHEAD.is_set()
+    step = np.array([schedules.STEP_OVERHEAD_S], np.float64).view(np.int64)[0]  # >= 0: ordered
     mine = np.array([int(problem is not None) << 1 | int(comm.check),
-                     _NO_CHUNK if chunk is None else chunk], np.int64)
+                     _NO_CHUNK if chunk is None else chunk, int(unmeasured), step], np.int64)
     if comm.size == 1:
         lo = hi = mine
     else:
@@ -202,6 +206,10 @@ def _agree_on_settings(comm: Communicator, mpi_comm: Any,
                          f"TOPOCOLL_CHECK); this rank (rank {comm.rank}) has check={comm.check}. "
                          f"Set it alike on every rank.")
     comm.backend.horing_chunk = None if lo[1] == _NO_CHUNK else int(lo[1])
+    if not hi[2] and comm.topology is not None:
+        step = float(np.array([lo[3]], np.int64).view(np.float64)[0])
+        schedules.set_step_overhead(comm.topology, step)
+    return bool(hi[2])
 
 
 def _agree_on_topology(backend: "Backend", comm: Any, topology: Any,

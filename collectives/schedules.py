@@ -60,6 +60,14 @@ def ensure_calibrated(comm: Any, topology: Topology) -> float:
     return tuned.model.step_overhead_s
 
 
+def set_step_overhead(topology: Topology, seconds: float) -> None:
+    """Give ``topology``'s model this step cost (the ranks' agreed ``TOPOCOLL_STEP_OVERHEAD``)."""
+    tuned = _tuned(topology)
+    if tuned.model.step_overhead_s != seconds:
+        tuned.model.step_overhead_s = seconds
+        tuned.decisions.clear()
+
+
 def calibrate_local(comm: Any, model: CostModel, nbytes: int = 16 << 20, repeats: int = 3) -> None:
     """Measure the copy and reduction rates with every rank at work at once (collective), the
     way the intra-node stages and the rings' reductions run: on a machine with fewer cores than

@@ -34,6 +34,15 @@ def test_horing_chunk_differing_between_ranks_is_agreed():
     assert rc == 0 and all(f"RANK {r} OK" in out for r in range(4)), out
 
 
+
+def test_step_overhead_set_on_some_ranks_only_is_agreed():
+    # before: rank 0 skipped init's calibration, its peers ran it: MismatchError 'ranks disagree
+    # on collective' (barrier against all_reduce) on every rank, for a program that is right
+    rc, out = run_mpmd("env_one_rank.py", [{"TOPOCOLL_STEP_OVERHEAD": "30e-6"}, {}, {}, {}],
+                       ["ho_ring", str(256 << 10)], timeout=90,
+                       env={"TOPOCOLL_TOPOLOGY": "2x2"})
+    assert rc == 0 and all(f"RANK {r} OK" in out for r in range(4)), out
+
 SILENTLY_ACCEPTED = [("TOPOCOLL_CHECK", "maybe"), ("TOPOCOLL_SHM", "maybe"),
                      ("TOPOCOLL_CMA", "maybe"), ("TOPOCOLL_DEBUG_RANKS", "bogus"),
                      ("TOPOCOLL_SPIN_US", "nan"), ("TOPOCOLL_SPIN_US", "-100"),
