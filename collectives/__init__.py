@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 from . import log, select
@@ -60,9 +59,12 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    problem = _bad_setting(timeout, check)  # told to the peers below, after the collective set-up
+    # told to the peers below, after the collective set-up (which then reads the defaults)
+    problem = _bad_setting(timeout, check) or _environment_problem()
     if problem is not None:
-        timeout, check = None, None
+        from .communicator import CHECK, TIMEOUT
+
+        timeout, check = TIMEOUT.or_default(), CHECK.or_default()
     try:
         from mpi4py import MPI
     except ImportError as err:  # pragma: no cover - depends on the install
@@ -98,8 +100,8 @@ def init(comm: Any = None, backend: str = "auto", timeout: float | None = None,
 
         backend_obj = EmulatedBackend.create(backend_obj, topo)
     comm_obj = Communicator(backend_obj, timeout=timeout, check=check, topology=topo)
-    _agree_on_checking(comm_obj, problem)
-    if select.hierarchical(topo) and "TOPOCOLL_STEP_OVERHEAD" not in os.environ:
+    calibrate = _agree_on_settings(comm_obj, comm, problem)
+    if select.hierarchical(topo) and calibrate:
         # auto and HO-Ring's chunking follow the cost model: give it this machine's step cost
         from .schedules import ensure_calibrated
 
@@ -146,31 +148,68 @@ def _bad_setting(timeout: Any, check: Any) -> Exception | None:
     return None
 
 
-def _agree_on_checking(comm: Communicator, problem: Exception | None = None) -> None:
-    """Raise ValueError on every rank if ranks differ in ``check`` (or ``TOPOCOLL_CHECK``): a
-    checking rank would compare its signature with words an unchecking peer never wrote; and
-    ``problem`` (a bad ``timeout`` or ``check`` here) on this rank, a ValueError naming it on
-    the others, at once. Sub-communicators (``split``) inherit the agreed setting."""
+def _environment_problem() -> ValueError | None:
+    """A ValueError naming every malformed ``TOPOCOLL_*`` variable (docs/environment.md), or
+    None. Read before the collective set-up, which reads the defaults in their place."""
+    from . import env
+    from .algorithms import compiled, ho_ring  # noqa: F401 - define their settings
+    from .backends import cma, shm  # noqa: F401
+    from . import context, faults, flight, schedules, watchdog  # noqa: F401
+
+    found = env.problems()
+    return ValueError("; ".join(found)) if found else None
+
+
+_NO_CHUNK = 1 << 62
+"""``_agree_on_settings``'s word for an unset ``TOPOCOLL_HORING_CHUNK`` (above any set one)."""
+
+
+def _agree_on_settings(comm: Communicator, mpi_comm: Any,
+                       problem: Exception | None = None) -> bool:
+    """Agree on the settings the ranks must share, or raise on every rank at once.
+
+    ``problem`` (a bad ``timeout``, ``check`` or ``TOPOCOLL_*`` value here) raises on this rank
+    and a ValueError naming it on the others; ranks that differ in ``check`` (or
+    ``TOPOCOLL_CHECK``) raise ValueError: a checking rank would compare its signature with words
+    an unchecking peer never wrote. ``TOPOCOLL_HORING_CHUNK`` is the ranks' smallest (ranks set
+    it where some don't: the set ones'), as different chunk counts would pair mismatched
+    messages. ``TOPOCOLL_STEP_OVERHEAD`` likewise (the cost model picks algorithms and chunk
+    counts): the smallest where every rank sets it; where some rank doesn't, every rank measures
+    it at init (returns whether to). Sub-communicators (``split``) inherit the agreed settings."""
     import numpy as np
 
+    from . import schedules
+    from .algorithms.ho_ring import HORING_CHUNK
     from .context import OpContext
 
+    chunk = None if problem is not None else HORING_CHUNK.get()
+    unmeasured = not schedules.STEP_OVERHEAD.is_set()
+    step = np.array([schedules.STEP_OVERHEAD_S], np.float64).view(np.int64)[0]  # >= 0: ordered
+    mine = np.array([int(problem is not None) << 1 | int(comm.check),
+                     _NO_CHUNK if chunk is None else chunk, int(unmeasured), step], np.int64)
     if comm.size == 1:
-        lo = hi = np.array([int(problem is not None) << 1])
+        lo = hi = mine
     else:
-        lo, hi = comm.backend.agree(np.array([int(problem is not None) << 1 | int(comm.check)],
-                                             np.int64), OpContext("init", comm.timeout))
+        lo, hi = comm.backend.agree(mine, OpContext("init", comm.timeout))
     if hi[0] >> 1:
+        # every rank is here: tell each other what is wrong where
+        every = mpi_comm.allgather(None if problem is None else f"{problem}")
         comm.close()
         if problem is not None:
             raise problem
-        raise ValueError(f"init: another rank passed a bad timeout= or check= (the error raised "
-                         f"there says which); this rank (rank {comm.rank}) passed valid ones")
+        bad = [(r, text) for r, text in enumerate(every) if text is not None]
+        raise ValueError(f"init: another rank passed a bad setting (rank {bad[0][0]}: "
+                         f"{bad[0][1]}); this rank (rank {comm.rank}) has valid ones")
     if lo[0] != hi[0]:
         comm.close()
         raise ValueError(f"init: ranks disagree on checking calls across ranks (check= or "
                          f"TOPOCOLL_CHECK); this rank (rank {comm.rank}) has check={comm.check}. "
                          f"Set it alike on every rank.")
+    comm.backend.horing_chunk = None if lo[1] == _NO_CHUNK else int(lo[1])
+    if not hi[2] and comm.topology is not None:
+        step = float(np.array([lo[3]], np.int64).view(np.float64)[0])
+        schedules.set_step_overhead(comm.topology, step)
+    return bool(hi[2])
 
 
 def _agree_on_topology(backend: "Backend", comm: Any, topology: Any,

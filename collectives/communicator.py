@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-from . import select, takeover, watchdog
+from . import env, select, takeover, watchdog
 from .algorithms import hierarchy
 from .arrays import (Buffer, as_buffer, check_memory, check_writable, physical_memory,
                      torch_storage_dtype)
@@ -237,6 +237,7 @@ class Communicator:
         if sub is None:
             return None
         topo = self.topology.restrict(sub.parent_ranks) if self.topology is not None else None
+        sub.horing_chunk = self.backend.horing_chunk  # agreed at init, by a superset of ranks
         return Communicator(sub, timeout=self.timeout, check=self.check,
                             name=f"{self.name}.{int(color)}", topology=topo)
 
@@ -1480,18 +1481,16 @@ _SIGNATURE_LABELS = ("rejected by rank + 1", "collective", "algorithm", "dtype",
                      "memory (host or GPU)")
 
 
+TIMEOUT = env.number("TOPOCOLL_TIMEOUT", DEFAULT_TIMEOUT, "seconds")
+CHECK = env.flag("TOPOCOLL_CHECK", True)
+
+
 def _default_timeout() -> float:
-    raw = os.environ.get("TOPOCOLL_TIMEOUT")
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        return _positive(float(raw))
-    except ValueError as err:
-        raise ValueError(f"TOPOCOLL_TIMEOUT={raw!r} is not a positive number of seconds") from err
+    return TIMEOUT.get()
 
 
 def _default_check() -> bool:
-    return os.environ.get("TOPOCOLL_CHECK", "1").lower() not in ("0", "false", "no", "off")
+    return CHECK.get()
 
 
 def _positive(t: float) -> float:

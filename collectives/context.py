@@ -10,10 +10,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from . import watchdog
+from . import env, watchdog
 from .errors import CollectiveTimeoutError
 
-SPIN_SECONDS = float(os.environ.get("TOPOCOLL_SPIN_US", "2000")) * 1e-6
+SPIN_US = env.number("TOPOCOLL_SPIN_US", 2000.0, "microseconds", zero=True)
+SPIN_SECONDS = SPIN_US.at_import() * 1e-6
 """The longest a wait polls without sleeping (``TOPOCOLL_SPIN_US``, default 2000 us)."""
 MIN_SPIN_SECONDS = min(50e-6, SPIN_SECONDS)
 """The shortest: a peer that is about to arrive is never put off by a sleep."""

@@ -20,6 +20,9 @@ import sys
 import threading
 from typing import Any
 
+from . import env
+
+FINALIZE_AFTER_FAULT = env.flag("TOPOCOLL_FINALIZE_AFTER_FAULT", False)
 _state: dict[str, int] = {"broken": 0, "peer_exited": 0, "exit_hook": 0, "status": 1}
 
 
@@ -40,7 +43,7 @@ def install() -> None:
 def note_broken() -> None:
     """A communicator of this process broke: at exit, don't let MPI_Finalize wait for peers."""
     _state["broken"] = 1
-    if not _state["exit_hook"] and os.environ.get("TOPOCOLL_FINALIZE_AFTER_FAULT", "0") != "1":
+    if not _state["exit_hook"] and not FINALIZE_AFTER_FAULT.or_default():
         _state["exit_hook"] = 1
         atexit.register(exit_after_fault)
 

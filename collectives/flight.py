@@ -6,12 +6,14 @@ RAS do. Every rank numbers its operations the same way, since all issue them in 
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from typing import Any
 
-FLIGHT_RECORD_SIZE = max(1, int(os.environ.get("TOPOCOLL_FLIGHT_RECORD", "16") or 16))
+from . import env
+
+FLIGHT_RECORD = env.count("TOPOCOLL_FLIGHT_RECORD", 16, "operations")
+FLIGHT_RECORD_SIZE = FLIGHT_RECORD.at_import()
 """How many operations each communicator remembers (``TOPOCOLL_FLIGHT_RECORD``, default 16)."""
 
 SHOWN_IN_ERRORS = 8

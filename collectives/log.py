@@ -13,6 +13,8 @@ import logging
 import os
 import sys
 
+from . import env
+
 TRACE = 5
 """Below DEBUG: one line per call."""
 logging.addLevelName(TRACE, "TRACE")
@@ -25,24 +27,38 @@ ENV_PREFIXES = ("TOPOCOLL_", "MPIR_CVAR_", "UCX_", "SLURM_TOPOLOGY", "OMP_NUM_TH
 """Environment variables worth showing at init: ours, and those that change MPI or torch."""
 
 _state = {"configured": False, "trace": False}
-_OFF = ("", "0", "OFF", "FALSE", "NO", "NONE")
+_OFF = ("0", "OFF", "FALSE", "NO", "NONE")
 """``TOPOCOLL_DEBUG`` values that turn debug output off, as the other on/off variables read."""
+DEBUG = env.choice("TOPOCOLL_DEBUG", None, {
+    "INFO": logging.INFO, "1": logging.INFO, "DEBUG": logging.DEBUG, "TRACE": TRACE,
+    "WARNING": logging.WARNING, "WARN": logging.WARNING, **{off: None for off in _OFF}},
+    "INFO (or 1), DEBUG, TRACE or WARNING; 0, off, false, no, none or empty for no output")
+
+
+def _ranks(text: str) -> frozenset[int] | None:
+    """``TOPOCOLL_DEBUG_RANKS``: None (all) or the ranks listed."""
+    if text.lower() in ("all", "*"):
+        return None
+    ranks = frozenset(int(r) for r in text.split(",") if r.strip())
+    if not ranks or min(ranks) < 0:
+        raise ValueError(text)
+    return ranks
+
+
+DEBUG_RANKS: env.Setting[frozenset[int] | None] = env.Setting(
+    "TOPOCOLL_DEBUG_RANKS", frozenset({0}), _ranks, "all, or rank numbers such as 0,3")
 
 
 def configure(rank: int) -> None:
-    """Set the logger up from ``TOPOCOLL_DEBUG`` (once per process; idempotent)."""
+    """Set the logger up from ``TOPOCOLL_DEBUG`` (once per process; idempotent). Malformed
+    values leave it unset here; ``init`` raises them on every rank (``env.problems``)."""
     if _state["configured"]:
         return
     _state["configured"] = True
-    raw = os.environ.get("TOPOCOLL_DEBUG", "").strip().upper()
-    if raw in _OFF:
-        return
-    level = {"TRACE": TRACE, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
-             "WARNING": logging.WARNING, "WARN": logging.WARNING, "1": logging.INFO}.get(raw)
+    level, ranks = DEBUG.or_default(), DEBUG_RANKS.or_default()
     if level is None:
-        raise ValueError(f"TOPOCOLL_DEBUG={raw!r}: use INFO (or 1), DEBUG, TRACE or WARNING; "
-                         f"0, OFF or empty for none")
-    if not _shows(rank, os.environ.get("TOPOCOLL_DEBUG_RANKS", "0")):
+        return
+    if ranks is not None and rank not in ranks:
         logger.setLevel(logging.WARNING)
         return
     logger.setLevel(level)
@@ -70,12 +86,3 @@ def environment() -> str:
     found = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(ENV_PREFIXES))
     return " ".join(found) or "(none)"
 
-
-def _shows(rank: int, ranks: str) -> bool:
-    ranks = ranks.strip().lower()
-    if ranks in ("all", "*"):
-        return True
-    try:
-        return rank in {int(r) for r in ranks.split(",") if r.strip()}
-    except ValueError as err:
-        raise ValueError(f"TOPOCOLL_DEBUG_RANKS={ranks!r}: use 'all' or ranks like 0,3") from err

@@ -9,12 +9,13 @@ reduce_scatter.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from topocoll.topology import Topology, flat_ring, leaf_groups
 from topocoll.topology.cost import SYNC, CostModel, Phase, schedule_time
+
+from . import env
 
 MODELLED = {
     "all_reduce": ("ring", "hier", "hier_native", "ho_ring"),
@@ -25,7 +26,8 @@ MODELLED = {
 """Algorithms with a schedule here. MPI's native collectives are not modelled (MPI picks its own
 algorithm inside); ``hier_native``'s rail all-reduce is modelled as a ring without our step cost."""
 
-STEP_OVERHEAD_S = float(os.environ.get("TOPOCOLL_STEP_OVERHEAD", "30e-6"))
+STEP_OVERHEAD = env.number("TOPOCOLL_STEP_OVERHEAD", 30e-6, "seconds", zero=True)
+STEP_OVERHEAD_S = STEP_OVERHEAD.at_import()
 """Software cost of one step of our algorithms (Python, polling), added to every phase step."""
 
 
@@ -56,6 +58,14 @@ def ensure_calibrated(comm: Any, topology: Topology) -> float:
         tuned.calibrated = True
         tuned.decisions.clear()
     return tuned.model.step_overhead_s
+
+
+def set_step_overhead(topology: Topology, seconds: float) -> None:
+    """Give ``topology``'s model this step cost (the ranks' agreed ``TOPOCOLL_STEP_OVERHEAD``)."""
+    tuned = _tuned(topology)
+    if tuned.model.step_overhead_s != seconds:
+        tuned.model.step_overhead_s = seconds
+        tuned.decisions.clear()
 
 
 def calibrate_local(comm: Any, model: CostModel, nbytes: int = 16 << 20, repeats: int = 3) -> None:

@@ -8,9 +8,9 @@ HO-Ring, hier (with MPI's own all-reduce between nodes, ``hier_native``, or ring
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable
 
+from . import env
 from .algorithms import hier, ho_ring, native, ring, rotate, shm
 from .backends.base import Backend
 from .call import Call
@@ -114,11 +114,8 @@ def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
             raise ValueError(f"unknown algorithm {algo!r} for {kind}; "
                              f"choose one of {', '.join(algorithms_for(kind))}")
         return algo, "asked for by the caller"
-    forced = os.environ.get("TOPOCOLL_ALGO")
+    forced = ALGO.get()  # a typo must not pass for "auto" unnoticed (init checks it too)
     if forced:
-        if forced not in _NAMES:  # a typo must not pass for "auto" unnoticed
-            raise ValueError(f"TOPOCOLL_ALGO={forced!r} names no algorithm; known: "
-                             f"{', '.join(sorted(_NAMES))} (each used where the collective has it)")
         if forced in table and (not forced.startswith("shm") or has_shm):
             return forced, f"TOPOCOLL_ALGO={forced}"
     if has_shm and size > 1 and "shm" in table and not hierarchical(topology):
@@ -148,6 +145,9 @@ def choose(kind: str, algo: str, nbytes: int, size: int, topology: Any = None,
 
 
 _NAMES = frozenset(name for table in ALGORITHMS.values() for name in table)
+ALGO = env.choice("TOPOCOLL_ALGO", None, {name: name for name in sorted(_NAMES)},
+                  f"{', '.join(sorted(_NAMES))} (each used where the collective has it)",
+                  verdict="names no algorithm; known:")
 """Every algorithm's name, of any collective (what ``TOPOCOLL_ALGO`` may say)."""
 
 

@@ -20,11 +20,13 @@ import struct
 import threading
 from typing import Any
 
+from . import env
 from .algorithms.compiled import turned_off
 
 PERIOD_SECONDS = 0.001
 """How often the clock looks at the watched calls."""
 ENV_TAKEOVER = "TOPOCOLL_TAKEOVER"
+TAKEOVER = env.flag(ENV_TAKEOVER, True)
 """``0`` turns the takeover off: such calls go to the progress thread at issue."""
 
 
@@ -96,7 +98,7 @@ def _clock() -> Any:
 
 
 def _load() -> Any:
-    if turned_off() or os.environ.get(ENV_TAKEOVER, "1") == "0":
+    if turned_off() or not TAKEOVER.or_default():
         return None
     try:
         from . import _takeover  # type: ignore[attr-defined]

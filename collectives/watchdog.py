@@ -27,9 +27,11 @@ import time
 from types import CodeType, FrameType
 from typing import Callable
 
+from . import env
 from .faults import exit_after_fault
 
 ENV_WATCHDOG = "TOPOCOLL_WATCHDOG"
+WATCHDOG = env.flag(ENV_WATCHDOG, True)
 CHECK_SECONDS = 0.5
 """How often the watcher looks at the threads' stacks."""
 LATE_WAKE_SECONDS = 0.5
@@ -95,7 +97,7 @@ def report(name: str, timeout: float, late: float, waiting_for: Callable[[], str
 
 
 _CODES: set[CodeType] = set()
-_STATE = {"started": False, "off": os.environ.get(ENV_WATCHDOG, "1") == "0"}
+_STATE = {"started": False, "off": not WATCHDOG.at_import()}
 _LOCK = threading.Lock()
 _STOP = threading.Event()
 

@@ -62,6 +62,19 @@ def run_ranks_status(script: str | Path, n: int, args: Sequence[str] = (), timeo
     return _launch(cmd, path, n, timeout, env, check=False)
 
 
+def run_mpmd(script: str | Path, envs: Sequence[dict[str, str]], args: Sequence[str] = (),
+             timeout: float = 120, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``script`` on ``len(envs)`` ranks, rank r with ``envs[r]`` added to its environment
+    (an MPMD launch: ``mpiexec -n 1 env K=V python s : -n 1 python s``): the exit code and
+    the output; fails if the run outlives ``timeout`` (a rank left waiting)."""
+    path = _script(script)
+    cmd = [mpiexec_path()]
+    for r, extra in enumerate(envs):
+        cmd += ([":"] if r else []) + ["-n", "1", "env", *(f"{k}={v}" for k, v in extra.items()),
+                                       sys.executable, "-u", str(path), *args]
+    return _launch(cmd, path, len(envs), timeout, env, check=False)
+
+
 def run_torchrun(script: str | Path, n: int, args: Sequence[str] = (), timeout: float = 120,
                  env: dict[str, str] | None = None) -> str:
     """Run ``script`` on ``n`` ranks started by ``torchrun --standalone`` (no mpiexec, no PMI)."""

@@ -4,10 +4,14 @@ the pure-Python run and numpy's ufuncs then do the same work, a few microseconds
 small call. ``TOPOCOLL_SHM_COMPILED=0`` turns the compiled piece off."""
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from .. import env
+
 ENV_COMPILED = "TOPOCOLL_SHM_COMPILED"
+COMPILED = env.flag(ENV_COMPILED, True)
+_OFF = not COMPILED.at_import()
+"""Read once, at import: ``turned_off`` is asked on the hot path."""
 
 
 def plan_type() -> Any:
@@ -36,7 +40,7 @@ def reduces(type_char: str, op: int) -> bool:
 
 def turned_off() -> bool:
     """Whether ``TOPOCOLL_SHM_COMPILED=0`` turns the compiled pieces off."""
-    return os.environ.get(ENV_COMPILED, "1") == "0"
+    return _OFF
 
 
 def _load() -> Any:

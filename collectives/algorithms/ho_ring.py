@@ -12,8 +12,7 @@ that keep messages within 1 MiB, more where the model predicts a gain; at most 1
 """
 from __future__ import annotations
 
-import os
-
+from .. import env
 from ..backends.base import Backend
 from ..call import Call
 from ..context import OpContext
@@ -22,14 +21,21 @@ from . import hierarchy
 
 def ho_ring(b: Backend, ctx: OpContext, call: Call) -> None:
     """HO-Ring all_reduce / reduce_scatter / all_gather (by ``call.kind``)."""
-    hierarchy.run(b, ctx, call, "ho_ring", switch_aware=True, chunks=chunk_count)
+    fixed = b.horing_chunk
+    hierarchy.run(b, ctx, call, "ho_ring", switch_aware=True,
+                  chunks=lambda kind, nbytes, topology: chunk_count(kind, nbytes, topology, fixed))
 
 
-def chunk_count(kind: str, nbytes: int, topology) -> int:
-    """How many pipeline chunks a message of ``nbytes`` is cut into."""
+HORING_CHUNK = env.byte_count("TOPOCOLL_HORING_CHUNK", None, minimum=1)
+"""Read at ``init``, where the ranks take the smallest (``Backend.horing_chunk``): ranks that cut
+a message into different chunk counts would pair mismatched messages."""
+
+
+def chunk_count(kind: str, nbytes: int, topology, fixed: int | None = None) -> int:
+    """How many pipeline chunks a message of ``nbytes`` is cut into (``fixed``: the chunk size
+    in bytes, else the cost model's choice)."""
     from ..schedules import MAX_CHUNKS, best_chunks
 
-    fixed = os.environ.get("TOPOCOLL_HORING_CHUNK")
-    if fixed:
-        return max(1, min(MAX_CHUNKS, nbytes // max(int(fixed), 1)))
+    if fixed is not None:
+        return max(1, min(MAX_CHUNKS, nbytes // fixed))
     return best_chunks(kind, nbytes, topology)

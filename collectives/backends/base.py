@@ -32,6 +32,9 @@ class Backend(ABC):
     world_ranks: list[int] | None = None
     """Each of its ranks' rank in the world (MPI.COMM_WORLD), for error messages; None: the same."""
     tag_ub: int = 32767
+    horing_chunk: int | None = None
+    """HO-Ring's chunk in bytes (``TOPOCOLL_HORING_CHUNK``, the ranks' smallest, agreed at
+    ``init``); None: the cost model chooses."""
     """The largest tag a user send or recv may carry (MPI guarantees at least 32767)."""
     posts_receives: bool = False
     """Whether a user receive (``channel="p2p"``) may be posted before its message is probed,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import env
 from ..errors import TransportError
 
 ENV_CMA = "TOPOCOLL_CMA"
@@ -25,6 +26,8 @@ ENV_CMA_FROM = "TOPOCOLL_CMA_FROM"
 CMA_FROM_BYTES = 8 << 20
 """``TOPOCOLL_CMA_FROM``'s default: below it the slots' copies, which stay in cache step by step
 and repeat prepared, measured as fast or faster here (docs/shm.md, "Single-copy reads")."""
+CMA = env.flag(ENV_CMA, True)
+CMA_FROM = env.byte_count(ENV_CMA_FROM, CMA_FROM_BYTES)
 
 _PR_SET_PTRACER, _PR_SET_PTRACER_ANY = 0x59616D61, ctypes.c_ulong(-1)
 
@@ -66,16 +69,7 @@ class PeerMemory:
 
 def single_copy_from() -> int:
     """``TOPOCOLL_CMA_FROM`` in bytes (default ``CMA_FROM_BYTES``); ValueError if malformed."""
-    raw = os.environ.get(ENV_CMA_FROM)
-    if not raw:
-        return CMA_FROM_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{ENV_CMA_FROM}={raw!r} must be a number of bytes (0 or more)")
-    return value
+    return CMA_FROM.get()
 
 
 def probe(comm: Any) -> PeerMemory | None:
@@ -89,8 +83,7 @@ def probe(comm: Any) -> PeerMemory | None:
         from_bytes, bad = single_copy_from(), ""
     except ValueError as err:
         from_bytes, bad = CMA_FROM_BYTES, str(err)
-    readv = _readv() if os.environ.get(ENV_CMA, "1").strip().lower() not in \
-        ("0", "false", "no", "off") else None
+    readv = _readv() if CMA.or_default() else None
     word = np.array([comm.Get_rank() + 0x5EED], np.int64)
     peers = comm.allgather((os.getpid(), word.ctypes.data))
     ok, memory = readv is not None, None

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import env
 from . import cma
 from ..context import OpContext
 from ..errors import CollectiveTimeoutError
@@ -491,25 +492,25 @@ class SharedArena:
         return f"{names} at the shared-memory barrier"
 
 
+SHM = env.flag("TOPOCOLL_SHM", True)
+SHM_SLOT = env.byte_count("TOPOCOLL_SHM_SLOT", None, minimum=4096, multiple=4096)
+
+
 def shm_disabled() -> str | None:
-    """The reason shared memory is switched off by the environment (``TOPOCOLL_SHM=0``), or None."""
-    raw = os.environ.get("TOPOCOLL_SHM", "1").strip().lower()
-    if raw in ("0", "false", "no", "off"):
-        return f"disabled by TOPOCOLL_SHM={os.environ['TOPOCOLL_SHM']}"
-    return None
+    """The reason shared memory is switched off by the environment (``TOPOCOLL_SHM=0``), or None.
+    Read during ``init``'s collective set-up: a malformed value counts as unset here (``init``
+    raises it on every rank)."""
+    if SHM.or_default():
+        return None
+    return f"disabled by TOPOCOLL_SHM={os.environ['TOPOCOLL_SHM']}"
 
 
 def slot_size(ranks: int) -> int:
     """Pipeline step in bytes: ``TOPOCOLL_SHM_SLOT`` (a multiple of 4096), else the default for
-    ``ranks`` ranks on this machine's cores."""
-    raw = os.environ.get("TOPOCOLL_SHM_SLOT")
-    if not raw:
+    ``ranks`` ranks on this machine's cores (also where it is malformed: ``init`` raises that on
+    every rank, after the set-up the ranks do together)."""
+    value = SHM_SLOT.or_default()
+    if value is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         return OVERSUBSCRIBED_SLOT_BYTES if ranks > (cores or 1) else DEFAULT_SLOT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 4096 or value % 4096:
-        raise ValueError(f"TOPOCOLL_SHM_SLOT={raw!r} must be a positive multiple of 4096 bytes")
     return value
