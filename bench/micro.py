@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 import warnings
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -21,9 +21,10 @@ from topocoll.topology.limits import counted
 from topocoll.collectives.faults import exit_status
 
 from . import report
+from .agree import Verdict, agree
 from .baseline import MPIBaseline, MPICase
 from .colls import BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts
-from .options import AVERAGE_MODES, Options, UsageError, launcher_rank, parse
+from .options import AVERAGE_MODES, Options, UsageError, parse
 from .report import Result, Row
 from .sizes import format_size
 
@@ -39,20 +40,35 @@ def main(argv: Sequence[str]) -> int:
     """``topocoll bench <collective> [flags]``: 0 if every result was right (and fast enough for
     ``--min-bw``), else one of ``EXIT_WRONG``, ``EXIT_USAGE``, ``EXIT_TIMEOUT``, ``EXIT_MIN_BW``."""
     argv = list(argv)
+    opts, error, done = None, None, None
     try:
         opts = parse(argv[0] if argv else "", argv[1:])
     except UsageError as err:
-        if launcher_rank() == 0:
-            print(f"topocoll bench: error: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as done:  # --help
-        return int(done.code or 0)
-    if launcher_rank() == 0:
+        error = str(err)
+    except SystemExit as stop:  # --help
+        done = int(stop.code or 0)
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    # flags, outputs and memory are checked on each rank: agree before any collective
+    verdict = agree(world, error, argv)
+    if verdict.failed:
+        return _fail(world, verdict)
+    if done is not None or opts is None:
+        return done or 0
+    if world.Get_rank() == 0:
         for note in opts.notes:
             print(f"topocoll bench: note: {note}", file=sys.stderr)
     # repeated in-place prod/sum grows floats to inf during timing: expected, not worth a warning
     warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-    comm = collectives.init(timeout=opts.timeout)
+    comm, error = None, None
+    try:
+        comm = collectives.init(timeout=opts.timeout)
+    except Exception as err:  # noqa: BLE001 - a setting or the environment: said in one line
+        error = f"setting up the communicator failed: {type(err).__name__}: {one_line(err)}"
+    verdict = agree(world, error)
+    if verdict.failed or comm is None:
+        return _fail(world, verdict)
     try:
         rows = run(comm, opts, argv)
     except UsageError as err:  # depends on the world size, so the same on every rank
@@ -76,13 +92,25 @@ def main(argv: Sequence[str]) -> int:
     if bad:
         return EXIT_WRONG
     if opts.min_bw is not None and not report.gate(rows, opts.algos, opts.min_bw)[1]:
-        if launcher_rank() == 0:
+        if comm.rank == 0:
             print(f"topocoll bench: average bus bandwidth below the minimum {opts.min_bw:g} GB/s "
                   f"(--min-bw / NCCL_TESTS_MIN_BW) for "
                   f"{', '.join(report.gated_algos(opts.algos))}; see the footer",
                   file=sys.stderr)
         return EXIT_MIN_BW
     return 0
+
+
+def _fail(world: Any, verdict: Verdict) -> int:
+    """Print the agreed error on the rank it names; every rank returns ``EXIT_USAGE``."""
+    if world.Get_rank() == verdict.rank:
+        print(f"topocoll bench: error: {verdict.message}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error's text on one line (its lines joined with ``; ``)."""
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
 def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ()) -> list[Row]:
