@@ -153,19 +153,36 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
     memory.close()
     if baseline is not None:
         baseline.close()
+    error = None
     if lead:
         gate = report.gate(rows, opts.algos, opts.min_bw)[0] if opts.min_bw is not None else []
         foot = report.footer(rows, opts.algos)
         _out(foot[:-1] + gate + foot[-1:] + report.comparison(rows, opts.algos))
-        meta = _meta(opts, n, ranks, argv, rows)
+        error = _write(opts, _meta(opts, n, ranks, argv, rows), rows, n)
+    verdict = agree(comm.mpi_comm, error)  # a late write error: every rank exits 2 alike
+    if verdict.failed:
+        raise UsageError(verdict.message)
+    return rows
+
+
+def _write(opts: Options, meta: dict, rows: list[Row], n: int) -> str | None:
+    """Write the outputs asked for (checked before the run); the error of one that fails
+    anyway, or None."""
+    what = ""
+    try:
         if opts.json:
+            what = f"-J/--json {opts.json}"
             report.write_json(opts.json, meta, rows)
         if opts.csv:
+            what = f"--csv {opts.csv}"
             report.write_csv(opts.csv, rows)
         if opts.plot:
+            what = f"--plot {opts.plot}"
             report.plot(opts.plot, rows, f"{opts.collective}, {counted(n, 'rank')}"
                         + (f", {opts.dtypes[0]}" if len(opts.dtypes) == 1 else ""))
-    return rows
+    except (OSError, ValueError) as err:
+        return f"{what}: {one_line(err)}"
+    return None
 
 
 def empty_rows_notes(opts: Options, nranks: int) -> list[str]:

@@ -9,6 +9,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -159,10 +160,9 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
                          f"floating type (half, float, double, bfloat16)")
     algos = _algos(collective, ns.algo)
     roots = None if ns.root.strip().lower() == "all" else [_root(ns.root)]
-    if ns.plot is not None and not ns.plot.lower().endswith(".png"):
-        raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
-    for flag, path in (("-J/--json", ns.json), ("--csv", ns.csv), ("--plot", ns.plot)):
+    for flag, path in (("-J/--json", ns.json), ("--csv", ns.csv)):
         check_output(path, flag)
+    check_plot(ns.plot)
     check_memory(collective, maxb)
     if ns.fresh and collective == "sendrecv":
         raise UsageError("--fresh-buffers is not offered for sendrecv (a send and a recv on "
@@ -266,10 +266,12 @@ class ArgParser(argparse.ArgumentParser):
 
 
 def check_output(path: str | None, flag: str) -> None:
-    """Raise UsageError unless ``path`` (None: not asked for) can be written: its folder exists
-    and is writable, and it is not a folder itself. Checked before a run, so that a long run
-    does not end in a traceback at the write (every rank checks alike: the ranks of one host
-    see one file system)."""
+    """Raise UsageError unless ``path`` (None: not asked for) can be written: its folder exists,
+    it is not a folder itself, and writing is tried for real (an existing file opened for
+    append, a new one probed with a temporary file beside it, removed at once), because
+    ``os.access`` says yes to root for anything, ``/proc`` included. Checked before a run, so
+    that a long run does not end in a traceback at the write; every rank checks on its own
+    host and the ranks agree on the outcome (``bench.agree``)."""
     if path is None:
         return
     if not path:
@@ -279,9 +281,23 @@ def check_output(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: is a folder; give a file path")
     if not os.path.isdir(where):
         raise UsageError(f"{flag} {path}: folder {where} does not exist (create it first)")
-    if not os.access(where, os.W_OK | os.X_OK) or \
-            (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable here")
+    try:
+        if os.path.exists(path):
+            with open(path, "a"):
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=where, prefix=".topocoll-probe-"):
+                pass
+    except OSError as err:
+        raise UsageError(f"{flag} {path}: not writable here ({err.strerror or err})") from None
+
+
+def check_plot(path: str | None, flag: str = "--plot") -> None:
+    """``check_output`` for a plot, which is written as PNG: other extensions are refused
+    before the run (matplotlib would refuse some of them only at the end)."""
+    if path is not None and not path.lower().endswith(".png"):
+        raise UsageError(f"{flag} wants a .png path, got {path!r}")
+    check_output(path, flag)
 
 
 def local_ranks() -> int:

@@ -23,7 +23,7 @@ import time
 from typing import Any, Sequence
 
 from . import paro_budget
-from .options import ArgParser, UsageError, check_output, usage_failed
+from .options import ArgParser, UsageError, check_output, check_plot, usage_failed
 from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
@@ -51,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     comm = collectives.init()
+    error = None
     if args.fsdp:
         import torch.distributed as dist
 
@@ -116,18 +117,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{counted(args.rounds, 'round')} x {counted(args.steps, 'step')} (median)")
         run = {"header": header, "results": results, "budgets": budgets}
         _print(run)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(run, f, indent=1)
-        if args.plot:
-            _plot([run], args.plot)
+        error = _write(run, args)
     if args.fsdp:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    comm.close()
-    MPI.COMM_WORLD.Barrier()
-    return 0
+    comm.close()  # collective: reached by every rank, whatever rank 0's writes did
+    return 2 if MPI.COMM_WORLD.bcast(error if comm.rank == 0 else None, root=0) else 0
+
+
+def _write(run: dict[str, Any], args: argparse.Namespace) -> str | None:
+    """Rank 0 writes --json and --plot (checked before the run); a write that fails anyway is
+    said in one line and returned, so the peers still meet rank 0 in ``close``."""
+    what = ""
+    try:
+        if args.json:
+            what = f"--json {args.json}"
+            with open(args.json, "w") as f:
+                json.dump(run, f, indent=1)
+        if args.plot:
+            what = f"--plot {args.plot}"
+            _plot([run], args.plot)
+    except (OSError, ValueError) as err:
+        print(f"topocoll bench paro: error: {what}: {err}", file=sys.stderr, flush=True)
+        return f"{what}: {err}"
+    return None
 
 
 LOCAL = "local"
@@ -196,7 +210,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    "strategy and FSDP2 instead (bench/paro_peak.py; --peak --help lists its flags)")
     args = p.parse_args(list(argv) if argv is not None else None)
     check_output(args.json, "--json")
-    check_output(args.plot, "--plot")
+    check_plot(args.plot)
     missing = [path for path in args.from_json or () if not os.path.isfile(path)]
     if missing:
         raise UsageError(f"--from-json: no file {missing[0]}")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mpi_harness import RANKS_DIR, _launch, mpiexec_path
+from mpi_harness import RANKS_DIR, _launch, mpiexec_path, run_ranks
 
 SCRIPT = RANKS_DIR / "bench_cli.py"
 FAST = ["all_reduce", "-b", "8", "-e", "64", "-f", "8", "-n", "2", "-w", "1", "--quiet",
@@ -70,3 +70,33 @@ def test_a_setup_error_is_one_line_and_exit_2():
     # once a traceback on every rank and exit 1 (the "#wrong" status)
     out = mpmd(["env", "TOPOCOLL_NICS=abc", "2", *FAST], ["env", "TOPOCOLL_NICS=abc", "2", *FAST])
     _once(out, "setting up the communicator failed: TopologyError: TOPOCOLL_NICS")
+
+
+@pytest.mark.parametrize("argv,flag", [
+    # rank 0 raised at the write, skipping the collective close(): rank 1 waited there forever
+    (["paro", "--strategies", "NNG", "--rounds", "1", "--warmup", "0", "--width", "16",
+      "--layers", "1", "--batch", "1", "--steps", "1", "--accum", "1", "--plot", "{tmp}/p.png"],
+     "--plot"),
+    # rank 0: a traceback and exit 1 (the "#wrong" status); rank 1: exit 0
+    (["all_reduce", "-b", "8", "-e", "8", "-n", "2", "-w", "1", "--quiet", "--algo", "auto",
+      "--json", "{tmp}/r.json"], "-J/--json"),
+])
+def test_a_write_failing_after_the_run_ends_every_rank_with_exit_2(tmp_path, argv, flag):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    out = run_ranks("bench_late_write.py", 2, ["2", *argv], timeout=90)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count("No space left on device") == 1 and f"{flag} {tmp_path}" in out, out
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("argv,text", [
+    (["paro", "--plot", "x.txt"], "--plot wants a .png path, got 'x.txt'"),
+    (["rtp", "--plot", "x.pdf"], "--plot wants a .png path, got 'x.pdf'"),
+    # os.access says yes to root for /proc: the run used to end in a traceback at the write
+    (["all_reduce", "-b", "8", "-e", "8", "--json", "/proc/x.json"],
+     "-J/--json /proc/x.json: not writable here"),
+])
+def test_outputs_checked_for_real_before_the_run(argv, text):
+    out = run_ranks("bench_cli.py", 2, ["2", *argv], timeout=60)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count(text) == 1, out
