@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
 import tempfile
@@ -96,9 +97,11 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     minb = _size(ns.minbytes, "-b/--minbytes")
     maxb = _size(ns.maxbytes, "-e/--maxbytes")
     stepb = _size(ns.stepbytes, "-i/--stepbytes")
+    if not math.isfinite(ns.stepfactor):
+        raise UsageError(f"-f/--stepfactor must be a finite number, got {ns.stepfactor:g}")
     try:
         sizes = sweep(minb, maxb, ns.stepfactor, stepb)
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:
         raise UsageError(f"bad size range: {err}") from None
     for flag, value, low in (("-n/--iters", ns.iters, 1), ("-w/--warmup_iters", ns.warmup, 0),
                              ("--repeats", ns.repeats, 1)):
@@ -132,7 +135,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
                              f"(only {flag.split('/')[0]} 1 is accepted)")
         notes.append(f"{flag.split('/')[0]} 1 ({what}) accepted for nccl-tests compatibility: "
                      f"topocoll always runs one device per rank, one thread")
-    if ns.timeout < 0:
+    if not ns.timeout >= 0:  # NaN too; inf is "no limit"
         raise UsageError(f"-T/--timeout must be >= 0 seconds (0: topocoll's default), "
                          f"got {ns.timeout:g}")
     min_bw = ns.min_bw
@@ -148,16 +151,20 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     if ns.registered not in (0, 1, 2):
         raise UsageError(f"-R/--local_register must be 0 (plain buffers), 1 or 2 (registered "
                          f"buffers), got {ns.registered}")
-    if ns.min_time < 0:
-        raise UsageError(f"--min-time must be >= 0 milliseconds, got {ns.min_time:g}")
+    if not (math.isfinite(ns.min_time) and ns.min_time >= 0):
+        raise UsageError(f"--min-time must be a finite number >= 0 of milliseconds, "
+                         f"got {ns.min_time:g}")
     if ns.average not in AVERAGE_MODES:
         raise UsageError(f"-a/--average must be 0 (rank 0), 1 (avg), 2 (min) or 3 (max), "
                          f"got {ns.average}")
     ops = _choice(ns.op, BENCH_OPS, "-o/--op", "reduction op")
     dtypes = _choice(ns.datatype, tuple(DTYPES), "-d/--datatype", "datatype", DTYPE_ALIASES)
-    if spec.reduces and not any(valid_op(d, o) for d in dtypes for o in ops):
-        raise UsageError(f"op {'/'.join(ops)} can't reduce {'/'.join(dtypes)}: 'avg' needs a "
-                         f"floating type (half, float, double, bfloat16)")
+    named = "all" not in (ns.op.strip().lower(), ns.datatype.strip().lower())
+    bad = [(d, o) for d in dtypes for o in ops if not valid_op(d, o)]
+    if spec.reduces and (bad and named or not any(valid_op(d, o) for d in dtypes for o in ops)):
+        # named both: refused (-o avg,sum -d int32 used to drop avg silently); with "all", skipped
+        raise UsageError(f"op {bad[0][1]} can't reduce {bad[0][0]}: 'avg' needs a floating "
+                         f"type (half, float, double, bfloat16)")
     algos = _algos(collective, ns.algo)
     roots = None if ns.root.strip().lower() == "all" else [_root(ns.root)]
     for flag, path in (("-J/--json", ns.json), ("--csv", ns.csv)):
