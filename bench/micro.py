@@ -266,16 +266,29 @@ def _needs(baseline: MPIBaseline | None) -> MPIBaseline:
 
 def timed_iterations(comm: collectives.Communicator, opts: Options, case: Case) -> int:
     """Run the warm-up; return how many iterations to time: ``-n``, or with ``--min-time`` enough
-    to fill it (estimated from the warm-up, the largest count over ranks, at most ``MAX_ITERS``)."""
-    t0 = time.perf_counter()
-    case.run(max(opts.warmup, 1 if opts.min_time else 0), opts.blocking, fresh=opts.fresh,
-             wait_each=opts.wait_each)
+    to fill it (at most ``MAX_ITERS``), at the pace of calls made after the warm-up (not of the
+    warm-up itself, whose first call pays topocoll's preparation, ~100x a later one): blocks of
+    1, 2, 4, ... calls, each block's slowest rank's time agreed, until one takes
+    ``1/CALIBRATE`` of ``--min-time``."""
+    case.run(opts.warmup, opts.blocking, fresh=opts.fresh, wait_each=opts.wait_each)
     if not opts.min_time:
         return opts.iters
-    per_iter = (time.perf_counter() - t0) / max(opts.warmup, 1)
-    want = np.array([min(MAX_ITERS, math.ceil(opts.min_time / max(per_iter, 1e-7)))], np.int64)
-    comm.all_reduce(want, op="max")
-    return max(opts.iters, int(want[0]))
+    block, took = 1, np.zeros(1)
+    while True:
+        t0 = time.perf_counter()
+        case.run(block, opts.blocking, fresh=opts.fresh, wait_each=opts.wait_each)
+        took[0] = time.perf_counter() - t0
+        comm.all_reduce(took, op="max")  # every rank leaves the loop after the same block
+        if took[0] * CALIBRATE >= opts.min_time or block >= MAX_ITERS:
+            break
+        block *= 2
+    per_iter = float(took[0]) / block * opts.agg
+    want = min(MAX_ITERS, math.ceil(opts.min_time / max(per_iter, 1e-7)))
+    return max(opts.iters, want)
+
+
+CALIBRATE = 20
+"""``--min-time``'s pace is read from a block of calls at least this many times shorter."""
 
 
 MAX_ITERS = 100_000
