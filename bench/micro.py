@@ -5,6 +5,7 @@ machine disturbs all of them alike and their ratio stays meaningful.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -296,17 +297,18 @@ MAX_ITERS = 100_000
 
 
 def _median_row(tries: list[Row]) -> Row:
-    """The try with the median time (out-of-place where measured); #wrong summed over tries."""
-    def key(r: Row) -> float:
-        res = r.out_of_place or r.in_place
-        return res.time_us if res else 0.0
-
-    ordered = sorted(tries, key=key)
-    row = ordered[(len(ordered) - 1) // 2]
+    """Each mode's median try by its own time (an even count: the slower of the two middle
+    tries, a median that never flatters); #wrong and out-of-bounds summed over tries."""
+    row = dataclasses.replace(tries[0], extra=dict(tries[0].extra))
     for res_name in ("out_of_place", "in_place"):
-        res = getattr(row, res_name)
-        if res is not None and res.wrong is not None:
-            res.wrong = sum(getattr(t, res_name).wrong or 0 for t in tries)
+        measured = sorted((res for t in tries if (res := getattr(t, res_name)) is not None),
+                          key=lambda res: res.time_us)
+        if not measured:
+            continue
+        res = dataclasses.replace(measured[len(measured) // 2])
+        if res.wrong is not None:
+            res.wrong = sum(r.wrong or 0 for r in measured)
+        setattr(row, res_name, res)
     row.out_of_bounds = sum(t.out_of_bounds for t in tries)
     return row
 

@@ -591,3 +591,22 @@ def test_counts_in_printed_lines_agree_with_their_nouns():
         counted(3, "switch", "switches") == "3 switches"
     assert describe(parse_spec("1")).startswith("1 rank, 1 node, 1 leaf switch (")
     assert describe(parse_spec("2x4")).startswith("8 ranks, 2 nodes, 1 leaf switch (")
+
+
+def test_repeats_report_each_modes_own_median():
+    """--repeats: the in-place column was the in-place time of the out-of-place median's try
+    ((oop, ip) = (1, 100), (2, 1), (3, 2) reported ip 1, not 2); an even count took the faster
+    middle try."""
+    from topocoll.bench.micro import _median_row
+    from topocoll.bench.report import Result, Row
+
+    def tries(pairs):
+        return [Row("all_reduce", "auto", "auto", 8, 2, "float", "sum", -1,
+                    Result(o, 1.0, 1.0, 1, 10), Result(i, 1.0, 1.0, 0, 10), out_of_bounds=1)
+                for o, i in pairs]
+
+    row = _median_row(tries([(1, 100), (2, 1), (3, 2)]))
+    assert (row.out_of_place.time_us, row.in_place.time_us) == (2, 2)
+    assert (row.out_of_place.wrong, row.in_place.wrong, row.out_of_bounds) == (3, 0, 3)
+    row = _median_row(tries([(4, 1), (1, 3)]))  # even: the slower of the two middle tries
+    assert (row.out_of_place.time_us, row.in_place.time_us) == (4, 3)
