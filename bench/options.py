@@ -217,7 +217,8 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("-z", "--blocking", type=int, default=0,
         help="0: issue iterations with async_op=True and wait at the end; 1: wait each (default 0)")
     add("-a", "--average", type=int, default=3,
-        help="combine per-rank times: 0 rank 0, 1 avg, 2 min, 3 max (default 3)")
+        help="combine per-rank times: 0 rank 0, 1 avg, 2 min, 3 max (default 3; "
+             "nccl-tests: 1)")
     add("-R", "--local_register", dest="registered", type=int, default=0,
         help="0: plain buffers; 1 or 2: registered buffers (comm.alloc) for every algorithm, "
              "native included, as nccl-tests' -R (default 0)")
