@@ -25,7 +25,7 @@ from . import report
 from .agree import Verdict, agree
 from .baseline import MPIBaseline, MPICase
 from .colls import BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts
-from .options import AVERAGE_MODES, Options, UsageError, parse
+from .options import AVERAGE_MODES, Options, UsageError, one_line, parse
 from .report import Result, Row
 from .sizes import format_size
 
@@ -107,11 +107,6 @@ def _fail(world: Any, verdict: Verdict) -> int:
     if world.Get_rank() == verdict.rank:
         print(f"topocoll bench: error: {verdict.message}", file=sys.stderr, flush=True)
     return EXIT_USAGE
-
-
-def one_line(err: BaseException | str) -> str:
-    """An error's text on one line (its lines joined with ``; ``)."""
-    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
 
 
 def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ()) -> list[Row]:

@@ -335,6 +335,20 @@ def check_memory(collective: str, maxbytes: int, memory: int | None = None,
                          f"smaller -e")
 
 
+def one_line(err: BaseException | str) -> str:
+    """An error's text on one line (its lines joined with ``; ``)."""
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
+def at_least(args: argparse.Namespace, lows: dict[str, int]) -> None:
+    """Raise UsageError for the first flag (``--name``, read as ``args.name``) below its lowest
+    value; a flag left at None (not given, no default) is not checked."""
+    for flag, low in lows.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be at least {low}, got {value}")
+
+
 def usage_failed(prog: str, err: Exception | str) -> int:
     """Print ``<prog>: error: <err>`` once (launcher rank 0) and return 2, the usage status: how a
     tool's ``main`` ends on a bad command line, on every rank alike."""

@@ -23,7 +23,8 @@ import time
 from typing import Any, Sequence
 
 from . import paro_budget
-from .options import ArgParser, UsageError, check_output, check_plot, usage_failed
+from .options import (ArgParser, UsageError, at_least, check_output, check_plot, one_line,
+                      usage_failed)
 from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
@@ -209,6 +210,19 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--peak", action="store_true", help="measure peak memory per rank of every "
                    "strategy and FSDP2 instead (bench/paro_peak.py; --peak --help lists its flags)")
     args = p.parse_args(list(argv) if argv is not None else None)
+    at_least(args, {"--width": 1, "--layers": 1, "--batch": 1, "--steps": 1, "--rounds": 1,
+                    "--warmup": 0})
+    if any(k < 1 for k in args.accum):
+        raise UsageError(f"--accum: accumulation steps must be at least 1, got {args.accum}")
+    from topocoll.paro.strategy import parse_strategy
+
+    if not args.strategies:
+        raise UsageError("--strategies: none given")
+    for name in args.strategies:
+        try:
+            parse_strategy(name)
+        except ValueError as err:
+            raise UsageError(f"--strategies: {one_line(err)}") from None
     check_output(args.json, "--json")
     check_plot(args.plot)
     missing = [path for path in args.from_json or () if not os.path.isfile(path)]

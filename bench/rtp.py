@@ -37,7 +37,7 @@ import topocoll.rtp as rtp
 from topocoll.rtp.models import GPT
 
 from .memory import fixed_mmap_threshold, reset_high_water_mark, status
-from .options import ArgParser, UsageError, check_plot, usage_failed
+from .options import ArgParser, UsageError, at_least, check_plot, usage_failed
 
 if TYPE_CHECKING:
     from topocoll.rtp.ring import RowShards
@@ -330,6 +330,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--methods: unknown method {', '.join(map(repr, unknown))}; valid: "
                          f"{', '.join(BUILDERS)}" if unknown else "--methods: none given")
     args.methods = ",".join(names)
+    at_least(args, {"--layers": 1, "--d-model": 1, "--heads": 1, "--seq": 1, "--vocab": 1,
+                    "--micro": 1, "--steps": 1, "--warmup": 0, "--threads": 1,
+                    "--peak-rounds": 1})
+    if args.d_model % args.heads:
+        raise UsageError(f"--heads {args.heads} must divide --d-model {args.d_model}")
     check_plot(args.plot)
     return args
 

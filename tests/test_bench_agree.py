@@ -100,3 +100,23 @@ def test_outputs_checked_for_real_before_the_run(argv, text):
     out = run_ranks("bench_cli.py", 2, ["2", *argv], timeout=60)
     assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
     assert out.count(text) == 1, out
+
+
+@pytest.mark.parametrize("argv,text", [
+    # each was a traceback (StatisticsError, ZeroDivisionError, AssertionError, ValueError) or
+    # a message from every rank with exit 1, or a table of nan with exit 0
+    (["tesseract", "--iters", "0"], "tesseract: error: --iters must be at least 1, got 0"),
+    (["tesseract", "--q", "3"], "tesseract: error: --q 3 and --d 0: the 2.5-D grid needs"),
+    (["ddp", "--sizes", "6"], "ddp: error: --sizes: size '6' must be a positive multiple of 4"),
+    (["ddp", "--rounds", "0"], "ddp: error: --rounds must be at least 1"),
+    (["rtp", "--heads", "3"], "rtp: error: --heads 3 must divide --d-model 256"),
+    (["rtp", "--steps", "0"], "rtp: error: --steps must be at least 1"),
+    (["paro", "--strategies", "XYZ"], "paro: error: --strategies: invalid strategy 'XYZ'"),
+    (["primepar", "--memory", "abc"], "primepar: error: --memory: bad memory size 'abc'"),
+    (["membw", "--sizes", "3"], "membw: error: --sizes: every size must be at least 4 bytes"),
+])
+def test_model_benchmarks_check_their_flags(argv, text):
+    out = run_ranks("bench_cli.py", 2, ["2", *argv], timeout=90)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count(text) == 1 and out.count("error:") == 1, out
+    assert "Traceback" not in out, out
