@@ -21,12 +21,18 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .options import ArgParser, UsageError, at_least, usage_failed
+from .sizes import parse_size
+
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print on rank 0; return the exit status."""
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench ddp", err)
     import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
     from topocoll.topology.limits import counted
 
@@ -67,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="topocoll bench ddp", description=__doc__.splitlines()[0])
+    ap = ArgParser(prog="topocoll bench ddp", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1M,4M,16M", help="all_reduce sizes in bytes (K/M suffix)")
     ap.add_argument("--iters", type=int, default=10, help="all_reduces per timed round")
     ap.add_argument("--rounds", type=int, default=5, help="rounds per backend (best is kept)")
@@ -78,16 +84,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="backend that takes the process's first FSDP2 step (round 0)")
     ap.add_argument("--fsdp-only", action="store_true",
                     help="only the FSDP2 first steps (no all_reduce, no DDP)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(None if argv is None else list(argv))
+    at_least(args, {"--iters": 1, "--rounds": 1, "--steps": 1, "--fsdp-rounds": 0})
     args.sizes = [_bytes(s) for s in args.sizes.split(",") if s]
+    if not args.sizes:
+        raise UsageError("--sizes: no size given")
     return args
 
 
 def _bytes(s: str) -> int:
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1].upper(), 1)
-    n = int(s[:-1] if mult > 1 else s) * mult
+    try:
+        n = parse_size(s)
+    except ValueError as err:
+        raise UsageError(f"--sizes: {err}") from None
     if n < 4 or n % 4:
-        raise SystemExit(f"topocoll bench ddp: size {s!r} must be a positive multiple of 4 bytes")
+        raise UsageError(f"--sizes: size {s!r} must be a positive multiple of 4 bytes")
     return n
 
 

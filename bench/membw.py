@@ -19,12 +19,16 @@ import numpy as np
 
 from topocoll.topology.limits import counted
 
+from .options import ArgParser, UsageError, usage_failed
 from .sizes import format_size, parse_size
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print (rank 0); return the exit status."""
-    args = _parse(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench membw", err)
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -65,11 +69,11 @@ def _rate(comm, nbytes: int, op: Callable[[], object], seconds: float) -> list[f
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="topocoll bench membw", description=__doc__.splitlines()[0])
+    ap = ArgParser(prog="topocoll bench membw", description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="2M,16M", help="bytes per buffer, comma list (K/M suffix)")
     ap.add_argument("--min-time", type=float, default=200.0, metavar="MS",
                     help="milliseconds each figure lasts at least (default 200)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(None if argv is None else list(argv))
     try:
         args.sizes = [parse_size(s) for s in args.sizes.split(",")]
     except ValueError as err:

@@ -5,6 +5,7 @@ machine disturbs all of them alike and their ratio stays meaningful.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import os
@@ -12,7 +13,7 @@ import socket
 import sys
 import time
 import warnings
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -21,9 +22,10 @@ from topocoll.topology.limits import counted
 from topocoll.collectives.faults import exit_status
 
 from . import report
+from .agree import Verdict, agree
 from .baseline import MPIBaseline, MPICase
 from .colls import BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts
-from .options import AVERAGE_MODES, Options, UsageError, launcher_rank, parse
+from .options import AVERAGE_MODES, Options, UsageError, one_line, parse
 from .report import Result, Row
 from .sizes import format_size
 
@@ -39,20 +41,35 @@ def main(argv: Sequence[str]) -> int:
     """``topocoll bench <collective> [flags]``: 0 if every result was right (and fast enough for
     ``--min-bw``), else one of ``EXIT_WRONG``, ``EXIT_USAGE``, ``EXIT_TIMEOUT``, ``EXIT_MIN_BW``."""
     argv = list(argv)
+    opts, error, done = None, None, None
     try:
         opts = parse(argv[0] if argv else "", argv[1:])
     except UsageError as err:
-        if launcher_rank() == 0:
-            print(f"topocoll bench: error: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as done:  # --help
-        return int(done.code or 0)
-    if launcher_rank() == 0:
+        error = str(err)
+    except SystemExit as stop:  # --help
+        done = int(stop.code or 0)
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    # flags, outputs and memory are checked on each rank: agree before any collective
+    verdict = agree(world, error, argv)
+    if verdict.failed:
+        return _fail(world, verdict)
+    if done is not None or opts is None:
+        return done or 0
+    if world.Get_rank() == 0:
         for note in opts.notes:
             print(f"topocoll bench: note: {note}", file=sys.stderr)
     # repeated in-place prod/sum grows floats to inf during timing: expected, not worth a warning
     warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-    comm = collectives.init(timeout=opts.timeout)
+    comm, error = None, None
+    try:
+        comm = collectives.init(timeout=opts.timeout)
+    except Exception as err:  # noqa: BLE001 - a setting or the environment: said in one line
+        error = f"setting up the communicator failed: {type(err).__name__}: {one_line(err)}"
+    verdict = agree(world, error)
+    if verdict.failed or comm is None:
+        return _fail(world, verdict)
     try:
         rows = run(comm, opts, argv)
     except UsageError as err:  # depends on the world size, so the same on every rank
@@ -76,13 +93,20 @@ def main(argv: Sequence[str]) -> int:
     if bad:
         return EXIT_WRONG
     if opts.min_bw is not None and not report.gate(rows, opts.algos, opts.min_bw)[1]:
-        if launcher_rank() == 0:
+        if comm.rank == 0:
             print(f"topocoll bench: average bus bandwidth below the minimum {opts.min_bw:g} GB/s "
                   f"(--min-bw / NCCL_TESTS_MIN_BW) for "
                   f"{', '.join(report.gated_algos(opts.algos))}; see the footer",
                   file=sys.stderr)
         return EXIT_MIN_BW
     return 0
+
+
+def _fail(world: Any, verdict: Verdict) -> int:
+    """Print the agreed error on the rank it names; every rank returns ``EXIT_USAGE``."""
+    if world.Get_rank() == verdict.rank:
+        print(f"topocoll bench: error: {verdict.message}", file=sys.stderr, flush=True)
+    return EXIT_USAGE
 
 
 def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ()) -> list[Row]:
@@ -125,19 +149,38 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
     memory.close()
     if baseline is not None:
         baseline.close()
+    error = None
     if lead:
         gate = report.gate(rows, opts.algos, opts.min_bw)[0] if opts.min_bw is not None else []
         foot = report.footer(rows, opts.algos)
         _out(foot[:-1] + gate + foot[-1:] + report.comparison(rows, opts.algos))
-        meta = _meta(opts, n, ranks, argv, rows)
+        error = _write(opts, _meta(opts, n, ranks, argv, rows), rows, n)
+    if opts.json or opts.csv or opts.plot:  # a late write error: every rank exits 2 alike
+        failed = np.array([error is not None], np.int64)
+        comm.broadcast(failed, root=0)  # topocoll's: bounded by -T, unlike an MPI call
+        if failed[0]:
+            raise UsageError(error or "rank 0 could not write its outputs")
+    return rows
+
+
+def _write(opts: Options, meta: dict, rows: list[Row], n: int) -> str | None:
+    """Write the outputs asked for (checked before the run); the error of one that fails
+    anyway, or None."""
+    what = ""
+    try:
         if opts.json:
+            what = f"-J/--json {opts.json}"
             report.write_json(opts.json, meta, rows)
         if opts.csv:
+            what = f"--csv {opts.csv}"
             report.write_csv(opts.csv, rows)
         if opts.plot:
+            what = f"--plot {opts.plot}"
             report.plot(opts.plot, rows, f"{opts.collective}, {counted(n, 'rank')}"
                         + (f", {opts.dtypes[0]}" if len(opts.dtypes) == 1 else ""))
-    return rows
+    except (OSError, ValueError) as err:
+        return f"{what}: {one_line(err)}"
+    return None
 
 
 def empty_rows_notes(opts: Options, nranks: int) -> list[str]:
@@ -221,16 +264,29 @@ def _needs(baseline: MPIBaseline | None) -> MPIBaseline:
 
 def timed_iterations(comm: collectives.Communicator, opts: Options, case: Case) -> int:
     """Run the warm-up; return how many iterations to time: ``-n``, or with ``--min-time`` enough
-    to fill it (estimated from the warm-up, the largest count over ranks, at most ``MAX_ITERS``)."""
-    t0 = time.perf_counter()
-    case.run(max(opts.warmup, 1 if opts.min_time else 0), opts.blocking, fresh=opts.fresh,
-             wait_each=opts.wait_each)
+    to fill it (at most ``MAX_ITERS``), at the pace of calls made after the warm-up (not of the
+    warm-up itself, whose first call pays topocoll's preparation, ~100x a later one): blocks of
+    1, 2, 4, ... calls, each block's slowest rank's time agreed, until one takes
+    ``1/CALIBRATE`` of ``--min-time``."""
+    case.run(opts.warmup, opts.blocking, fresh=opts.fresh, wait_each=opts.wait_each)
     if not opts.min_time:
         return opts.iters
-    per_iter = (time.perf_counter() - t0) / max(opts.warmup, 1)
-    want = np.array([min(MAX_ITERS, math.ceil(opts.min_time / max(per_iter, 1e-7)))], np.int64)
-    comm.all_reduce(want, op="max")
-    return max(opts.iters, int(want[0]))
+    block, took = 1, np.zeros(1)
+    while True:
+        t0 = time.perf_counter()
+        case.run(block, opts.blocking, fresh=opts.fresh, wait_each=opts.wait_each)
+        took[0] = time.perf_counter() - t0
+        comm.all_reduce(took, op="max")  # every rank leaves the loop after the same block
+        if took[0] * CALIBRATE >= opts.min_time or block >= MAX_ITERS:
+            break
+        block *= 2
+    per_iter = float(took[0]) / block * opts.agg
+    want = min(MAX_ITERS, math.ceil(opts.min_time / max(per_iter, 1e-7)))
+    return max(opts.iters, want)
+
+
+CALIBRATE = 20
+"""``--min-time``'s pace is read from a block of calls at least this many times shorter."""
 
 
 MAX_ITERS = 100_000
@@ -238,17 +294,18 @@ MAX_ITERS = 100_000
 
 
 def _median_row(tries: list[Row]) -> Row:
-    """The try with the median time (out-of-place where measured); #wrong summed over tries."""
-    def key(r: Row) -> float:
-        res = r.out_of_place or r.in_place
-        return res.time_us if res else 0.0
-
-    ordered = sorted(tries, key=key)
-    row = ordered[(len(ordered) - 1) // 2]
+    """Each mode's median try by its own time (an even count: the slower of the two middle
+    tries, a median that never flatters); #wrong and out-of-bounds summed over tries."""
+    row = dataclasses.replace(tries[0], extra=dict(tries[0].extra))
     for res_name in ("out_of_place", "in_place"):
-        res = getattr(row, res_name)
-        if res is not None and res.wrong is not None:
-            res.wrong = sum(getattr(t, res_name).wrong or 0 for t in tries)
+        measured = sorted((res for t in tries if (res := getattr(t, res_name)) is not None),
+                          key=lambda res: res.time_us)
+        if not measured:
+            continue
+        res = dataclasses.replace(measured[len(measured) // 2])
+        if res.wrong is not None:
+            res.wrong = sum(r.wrong or 0 for r in measured)
+        setattr(row, res_name, res)
     row.out_of_bounds = sum(t.out_of_bounds for t in tries)
     return row
 

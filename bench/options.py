@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -95,9 +97,11 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     minb = _size(ns.minbytes, "-b/--minbytes")
     maxb = _size(ns.maxbytes, "-e/--maxbytes")
     stepb = _size(ns.stepbytes, "-i/--stepbytes")
+    if not math.isfinite(ns.stepfactor):
+        raise UsageError(f"-f/--stepfactor must be a finite number, got {ns.stepfactor:g}")
     try:
         sizes = sweep(minb, maxb, ns.stepfactor, stepb)
-    except ValueError as err:
+    except (ValueError, OverflowError) as err:
         raise UsageError(f"bad size range: {err}") from None
     for flag, value, low in (("-n/--iters", ns.iters, 1), ("-w/--warmup_iters", ns.warmup, 0),
                              ("--repeats", ns.repeats, 1)):
@@ -131,7 +135,7 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
                              f"(only {flag.split('/')[0]} 1 is accepted)")
         notes.append(f"{flag.split('/')[0]} 1 ({what}) accepted for nccl-tests compatibility: "
                      f"topocoll always runs one device per rank, one thread")
-    if ns.timeout < 0:
+    if not ns.timeout >= 0:  # NaN too; inf is "no limit"
         raise UsageError(f"-T/--timeout must be >= 0 seconds (0: topocoll's default), "
                          f"got {ns.timeout:g}")
     min_bw = ns.min_bw
@@ -147,22 +151,25 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
     if ns.registered not in (0, 1, 2):
         raise UsageError(f"-R/--local_register must be 0 (plain buffers), 1 or 2 (registered "
                          f"buffers), got {ns.registered}")
-    if ns.min_time < 0:
-        raise UsageError(f"--min-time must be >= 0 milliseconds, got {ns.min_time:g}")
+    if not (math.isfinite(ns.min_time) and ns.min_time >= 0):
+        raise UsageError(f"--min-time must be a finite number >= 0 of milliseconds, "
+                         f"got {ns.min_time:g}")
     if ns.average not in AVERAGE_MODES:
         raise UsageError(f"-a/--average must be 0 (rank 0), 1 (avg), 2 (min) or 3 (max), "
                          f"got {ns.average}")
     ops = _choice(ns.op, BENCH_OPS, "-o/--op", "reduction op")
     dtypes = _choice(ns.datatype, tuple(DTYPES), "-d/--datatype", "datatype", DTYPE_ALIASES)
-    if spec.reduces and not any(valid_op(d, o) for d in dtypes for o in ops):
-        raise UsageError(f"op {'/'.join(ops)} can't reduce {'/'.join(dtypes)}: 'avg' needs a "
-                         f"floating type (half, float, double, bfloat16)")
+    named = "all" not in (ns.op.strip().lower(), ns.datatype.strip().lower())
+    bad = [(d, o) for d in dtypes for o in ops if not valid_op(d, o)]
+    if spec.reduces and (bad and named or not any(valid_op(d, o) for d in dtypes for o in ops)):
+        # named both: refused (-o avg,sum -d int32 used to drop avg silently); with "all", skipped
+        raise UsageError(f"op {bad[0][1]} can't reduce {bad[0][0]}: 'avg' needs a floating "
+                         f"type (half, float, double, bfloat16)")
     algos = _algos(collective, ns.algo)
     roots = None if ns.root.strip().lower() == "all" else [_root(ns.root)]
-    if ns.plot is not None and not ns.plot.lower().endswith(".png"):
-        raise UsageError(f"--plot wants a .png path, got {ns.plot!r}")
-    for flag, path in (("-J/--json", ns.json), ("--csv", ns.csv), ("--plot", ns.plot)):
+    for flag, path in (("-J/--json", ns.json), ("--csv", ns.csv)):
         check_output(path, flag)
+    check_plot(ns.plot)
     check_memory(collective, maxb)
     if ns.fresh and collective == "sendrecv":
         raise UsageError("--fresh-buffers is not offered for sendrecv (a send and a recv on "
@@ -210,7 +217,8 @@ def parser(collective: str = "<collective>") -> argparse.ArgumentParser:
     add("-z", "--blocking", type=int, default=0,
         help="0: issue iterations with async_op=True and wait at the end; 1: wait each (default 0)")
     add("-a", "--average", type=int, default=3,
-        help="combine per-rank times: 0 rank 0, 1 avg, 2 min, 3 max (default 3)")
+        help="combine per-rank times: 0 rank 0, 1 avg, 2 min, 3 max (default 3; "
+             "nccl-tests: 1)")
     add("-R", "--local_register", dest="registered", type=int, default=0,
         help="0: plain buffers; 1 or 2: registered buffers (comm.alloc) for every algorithm, "
              "native included, as nccl-tests' -R (default 0)")
@@ -266,10 +274,12 @@ class ArgParser(argparse.ArgumentParser):
 
 
 def check_output(path: str | None, flag: str) -> None:
-    """Raise UsageError unless ``path`` (None: not asked for) can be written: its folder exists
-    and is writable, and it is not a folder itself. Checked before a run, so that a long run
-    does not end in a traceback at the write (every rank checks alike: the ranks of one host
-    see one file system)."""
+    """Raise UsageError unless ``path`` (None: not asked for) can be written: its folder exists,
+    it is not a folder itself, and writing is tried for real (an existing file opened for
+    append, a new one probed with a temporary file beside it, removed at once), because
+    ``os.access`` says yes to root for anything, ``/proc`` included. Checked before a run, so
+    that a long run does not end in a traceback at the write; every rank checks on its own
+    host and the ranks agree on the outcome (``bench.agree``)."""
     if path is None:
         return
     if not path:
@@ -279,9 +289,23 @@ def check_output(path: str | None, flag: str) -> None:
         raise UsageError(f"{flag} {path}: is a folder; give a file path")
     if not os.path.isdir(where):
         raise UsageError(f"{flag} {path}: folder {where} does not exist (create it first)")
-    if not os.access(where, os.W_OK | os.X_OK) or \
-            (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: not writable here")
+    try:
+        if os.path.exists(path):
+            with open(path, "a"):
+                pass
+        else:
+            with tempfile.NamedTemporaryFile(dir=where, prefix=".topocoll-probe-"):
+                pass
+    except OSError as err:
+        raise UsageError(f"{flag} {path}: not writable here ({err.strerror or err})") from None
+
+
+def check_plot(path: str | None, flag: str = "--plot") -> None:
+    """``check_output`` for a plot, which is written as PNG: other extensions are refused
+    before the run (matplotlib would refuse some of them only at the end)."""
+    if path is not None and not path.lower().endswith(".png"):
+        raise UsageError(f"{flag} wants a .png path, got {path!r}")
+    check_output(path, flag)
 
 
 def local_ranks() -> int:
@@ -309,6 +333,20 @@ def check_memory(collective: str, maxbytes: int, memory: int | None = None,
                          f"({'input and output' if buffers == 2 else 'in place'}){on_host}, "
                          f"more than this host's {format_size(memory)} of memory; give a "
                          f"smaller -e")
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error's text on one line (its lines joined with ``; ``)."""
+    return "; ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
+def at_least(args: argparse.Namespace, lows: dict[str, int]) -> None:
+    """Raise UsageError for the first flag (``--name``, read as ``args.name``) below its lowest
+    value; a flag left at None (not given, no default) is not checked."""
+    for flag, low in lows.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None and value < low:
+            raise UsageError(f"{flag} must be at least {low}, got {value}")
 
 
 def usage_failed(prog: str, err: Exception | str) -> int:

@@ -23,7 +23,8 @@ import time
 from typing import Any, Sequence
 
 from . import paro_budget
-from .options import ArgParser, UsageError, check_output, usage_failed
+from .options import (ArgParser, UsageError, at_least, check_output, check_plot, one_line,
+                      usage_failed)
 from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
@@ -51,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     comm = collectives.init()
+    error = None
     if args.fsdp:
         import torch.distributed as dist
 
@@ -116,18 +118,31 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{counted(args.rounds, 'round')} x {counted(args.steps, 'step')} (median)")
         run = {"header": header, "results": results, "budgets": budgets}
         _print(run)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(run, f, indent=1)
-        if args.plot:
-            _plot([run], args.plot)
+        error = _write(run, args)
     if args.fsdp:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    comm.close()
-    MPI.COMM_WORLD.Barrier()
-    return 0
+    comm.close()  # collective: reached by every rank, whatever rank 0's writes did
+    return 2 if MPI.COMM_WORLD.bcast(error if comm.rank == 0 else None, root=0) else 0
+
+
+def _write(run: dict[str, Any], args: argparse.Namespace) -> str | None:
+    """Rank 0 writes --json and --plot (checked before the run); a write that fails anyway is
+    said in one line and returned, so the peers still meet rank 0 in ``close``."""
+    what = ""
+    try:
+        if args.json:
+            what = f"--json {args.json}"
+            with open(args.json, "w") as f:
+                json.dump(run, f, indent=1)
+        if args.plot:
+            what = f"--plot {args.plot}"
+            _plot([run], args.plot)
+    except (OSError, ValueError) as err:
+        print(f"topocoll bench paro: error: {what}: {err}", file=sys.stderr, flush=True)
+        return f"{what}: {err}"
+    return None
 
 
 LOCAL = "local"
@@ -195,8 +210,21 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--peak", action="store_true", help="measure peak memory per rank of every "
                    "strategy and FSDP2 instead (bench/paro_peak.py; --peak --help lists its flags)")
     args = p.parse_args(list(argv) if argv is not None else None)
+    at_least(args, {"--width": 1, "--layers": 1, "--batch": 1, "--steps": 1, "--rounds": 1,
+                    "--warmup": 0})
+    if any(k < 1 for k in args.accum):
+        raise UsageError(f"--accum: accumulation steps must be at least 1, got {args.accum}")
+    from topocoll.paro.strategy import parse_strategy
+
+    if not args.strategies:
+        raise UsageError("--strategies: none given")
+    for name in args.strategies:
+        try:
+            parse_strategy(name)
+        except ValueError as err:
+            raise UsageError(f"--strategies: {one_line(err)}") from None
     check_output(args.json, "--json")
-    check_output(args.plot, "--plot")
+    check_plot(args.plot)
     missing = [path for path in args.from_json or () if not os.path.isfile(path)]
     if missing:
         raise UsageError(f"--from-json: no file {missing[0]}")

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from .options import ArgParser, UsageError, usage_failed
+from .options import ArgParser, UsageError, at_least, usage_failed
 
 MISS = 0.25
 """A measurement further than this fraction from its prediction is flagged as a miss."""
@@ -47,9 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         topo = topo.with_(links={**topo.links, **(read_links_file(args.links_file) or {})})
     costs = Costs(topo, Hardware(flops_per_s=flops, dtype_bytes=4, state_bytes_per_param=8))
-    from topocoll.primepar.__main__ import parse_bytes
-
-    budget = parse_bytes(args.memory)
+    budget = args.memory
     plans = {"searched": search(model, costs, budget, context_parallel=False)}
     wanted = [b.strip() for b in args.baselines.split(",") if b.strip()]
     plans.update({k: v for k, v in baselines(model, costs, context_parallel=False).items()
@@ -188,6 +186,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     bad = [n for n in args.scale if n < 1]
     if bad:
         raise UsageError(f"--scale: device counts must be at least 1, got {bad[0]}")
+    at_least(args, {"--layers": 1, "--hidden": 1, "--heads": 1, "--seq": 1, "--batch": 1,
+                    "--iters": 1})
+    from topocoll.primepar.__main__ import parse_bytes
+
+    try:
+        args.memory = parse_bytes(args.memory)
+    except ValueError as err:
+        raise UsageError(f"--memory: {err}") from None
     return args
 
 

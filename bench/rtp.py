@@ -37,7 +37,7 @@ import topocoll.rtp as rtp
 from topocoll.rtp.models import GPT
 
 from .memory import fixed_mmap_threshold, reset_high_water_mark, status
-from .options import ArgParser, UsageError, check_output, usage_failed
+from .options import ArgParser, UsageError, at_least, check_plot, usage_failed
 
 if TYPE_CHECKING:
     from topocoll.rtp.ring import RowShards
@@ -67,10 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             run.step(ids, comm, timed=i >= args.warmup)
     rows = [dict(run.summary(comm), peak=peaks[run.name]) for run in runs]
+    error = None
     if r == 0:
-        _report(rows, p, args)
+        try:
+            _report(rows, p, args)
+        except (OSError, ValueError) as err:  # the plot, checked before the run: gone since
+            error = f"--plot {args.plot}: {err}"
+            print(f"topocoll bench rtp: error: {error}", file=sys.stderr, flush=True)
     torch.distributed.destroy_process_group()
-    return 0
+    return 2 if comm.mpi_comm.bcast(error, root=0) else 0
 
 
 def _peaks(names: list[str], cfg: dict, comm: Any, args: argparse.Namespace,
@@ -325,7 +330,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--methods: unknown method {', '.join(map(repr, unknown))}; valid: "
                          f"{', '.join(BUILDERS)}" if unknown else "--methods: none given")
     args.methods = ",".join(names)
-    check_output(args.plot, "--plot")
+    at_least(args, {"--layers": 1, "--d-model": 1, "--heads": 1, "--seq": 1, "--vocab": 1,
+                    "--micro": 1, "--steps": 1, "--warmup": 0, "--threads": 1,
+                    "--peak-rounds": 1})
+    if args.d_model % args.heads:
+        raise UsageError(f"--heads {args.heads} must divide --d-model {args.d_model}")
+    check_plot(args.plot)
     return args
 
 

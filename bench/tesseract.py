@@ -20,10 +20,15 @@ import numpy as np
 
 from topocoll.topology.limits import counted
 
+from .options import ArgParser, UsageError, at_least, usage_failed
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the table. Returns the exit status."""
-    args = _parser().parse_args(argv)
+    try:
+        args = _parse(argv)
+    except UsageError as err:
+        return usage_failed("topocoll bench tesseract", err)
     import torch
 
     from topocoll import collectives
@@ -33,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     comm = collectives.init(check=args.check)
     p = comm.size
-    q, d = _grid_shape(p, args.q, args.d)
+    try:  # depends on the world size, the same on every rank
+        q, d = _grid_shape(p, args.q, args.d)
+    except ValueError as err:
+        return usage_failed("topocoll bench tesseract", err)
     ffn = args.ffn or 4 * args.hidden
     dtype = getattr(torch, args.dtype)
     itemsize = torch.empty(0, dtype=dtype).element_size()
@@ -94,7 +102,17 @@ def _grid_shape(p: int, q: int | None, d: int | None) -> tuple[int, int]:
                 (d is None or k * k * d == p))
     if d is None:
         d = p // (q * q)
+    if q * q * d != p:
+        raise ValueError(f"--q {q} and --d {d}: the 2.5-D grid needs q*q*d = {p} rank(s), "
+                         f"got {q * q * d}")
     return q, d
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    args = _parser().parse_args(None if argv is None else list(argv))
+    at_least(args, {"--rows": 1, "--hidden": 1, "--ffn": 1, "--q": 1, "--d": 1, "--iters": 1,
+                    "--warmup": 0})
+    return args
 
 
 def _print(args: argparse.Namespace, p: int, q: int, d: int, ffn: int,
@@ -141,7 +159,7 @@ def _print_placement(grid: Any, topo: Any) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="topocoll bench tesseract",
+    ap = ArgParser(prog="topocoll bench tesseract",
                                  description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--rows", type=int, default=2048, help="tokens (batch x sequence)")
     ap.add_argument("--hidden", type=int, default=256)

@@ -115,10 +115,19 @@ def test_registered_flag_is_nccl_tests_R_and_repeats_moved():
     ("all_reduce", ["-b", "64M", "-e", "8"], "larger than maxbytes"),
     ("all_reduce", ["-b", "8X"], "-b/--minbytes: bad size suffix"),
     ("all_reduce", ["-o", "avg", "-d", "int32"], "'avg' needs a floating type"),
+    # avg dropped silently, sum run alone (exit 0)
+    ("all_reduce", ["-o", "avg,sum", "-d", "int32"], "op avg can't reduce int32"),
+    ("all_reduce", ["-o", "avg", "-d", "float,int8"], "op avg can't reduce int8"),
+    # tracebacks and exit 1: an OverflowError from the sweep, NaN/inf past the checks
+    ("all_reduce", ["-b", "8", "-e", "1K", "-f", "inf"], "-f/--stepfactor must be a finite"),
+    ("all_reduce", ["-b", "8", "-e", "1K", "-f", "1e308"], "bad size range"),
+    ("all_reduce", ["--min-time", "nan"], "--min-time must be a finite number"),
+    ("all_reduce", ["--min-time", "inf"], "--min-time must be a finite number"),
+    ("all_reduce", ["-T", "nan"], "-T/--timeout must be >= 0 seconds"),
     ("all_reduce", ["-n", "0"], "-n/--iters must be at least 1"),
     ("all_reduce", ["-R", "5"], "-R/--local_register must be 0"),
     ("all_reduce", ["--repeats", "0"], "--repeats must be at least 1"),
-    ("all_reduce", ["--min-time", "-1"], "--min-time must be >= 0"),
+    ("all_reduce", ["--min-time", "-1"], "--min-time must be a finite number >= 0"),
     ("all_reduce", ["-c", "-1"], "-c/--check must be at least 0"),
     ("all_reduce", ["-m", "0"], "-m/--agg_iters must be at least 1"),
     ("all_reduce", ["-N", "0"], "-N/--run_cycles 0 .nccl-tests: run forever. is not supported"),
@@ -582,3 +591,22 @@ def test_counts_in_printed_lines_agree_with_their_nouns():
         counted(3, "switch", "switches") == "3 switches"
     assert describe(parse_spec("1")).startswith("1 rank, 1 node, 1 leaf switch (")
     assert describe(parse_spec("2x4")).startswith("8 ranks, 2 nodes, 1 leaf switch (")
+
+
+def test_repeats_report_each_modes_own_median():
+    """--repeats: the in-place column was the in-place time of the out-of-place median's try
+    ((oop, ip) = (1, 100), (2, 1), (3, 2) reported ip 1, not 2); an even count took the faster
+    middle try."""
+    from topocoll.bench.micro import _median_row
+    from topocoll.bench.report import Result, Row
+
+    def tries(pairs):
+        return [Row("all_reduce", "auto", "auto", 8, 2, "float", "sum", -1,
+                    Result(o, 1.0, 1.0, 1, 10), Result(i, 1.0, 1.0, 0, 10), out_of_bounds=1)
+                for o, i in pairs]
+
+    row = _median_row(tries([(1, 100), (2, 1), (3, 2)]))
+    assert (row.out_of_place.time_us, row.in_place.time_us) == (2, 2)
+    assert (row.out_of_place.wrong, row.in_place.wrong, row.out_of_bounds) == (3, 0, 3)
+    row = _median_row(tries([(4, 1), (1, 3)]))  # even: the slower of the two middle tries
+    assert (row.out_of_place.time_us, row.in_place.time_us) == (4, 3)

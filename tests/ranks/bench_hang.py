@@ -10,6 +10,7 @@ import time
 from mpi4py import MPI
 
 from topocoll.bench.__main__ import main
+import topocoll.bench.micro as micro
 from topocoll.bench.micro import EXIT_TIMEOUT
 from topocoll.collectives import faults
 
@@ -18,8 +19,17 @@ def body():
     seconds = sys.argv[1]
     rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
     last = rank == size - 1
-    argv = ["all_reduce", "-b", "8", "-e", "8" if last else "64", "-f", "8", "-n", "2", "-w", "1",
+    argv = ["all_reduce", "-b", "8", "-e", "64", "-f", "8", "-n", "2", "-w", "1",
             "--algo", "ring", "-T", seconds, "--quiet"]
+    if last:  # the same flags (the ranks agree on them), but this rank stops after one size
+        parse = micro.parse
+
+        def first_size_only(*args):
+            opts = parse(*args)
+            opts.sizes = opts.sizes[:1]
+            return opts
+
+        micro.parse = first_size_only
     t0 = time.monotonic()
     rc = main(argv)
     took = time.monotonic() - t0
