@@ -208,7 +208,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     except ValueError as err:
         raise _Usage(f"bad size range: {err}") from None
     args.algo = [a.strip() for a in args.algo.split(",") if a.strip()]
-    from topocoll.collectives.schedules import MODELLED, STEP_OVERHEAD_S
+    from topocoll.collectives.schedules import MODELLED, STEP_OVERHEAD, STEP_OVERHEAD_S
+
+    try:
+        STEP_OVERHEAD.get()  # read at import, where a malformed value stood in as the default
+    except ValueError as err:
+        raise _Usage(str(err)) from None
 
     bad = [a for a in args.algo if a not in MODELLED[args.op] and
            not (args.validate and a == "auto")]

@@ -537,6 +537,15 @@ def test_simulate_usage_errors_are_one_line_and_exit_2(argv, msg, capsys):
     assert msg in err.err
 
 
+def test_simulate_refuses_a_malformed_step_overhead(monkeypatch, capsys):
+    # read at import, a malformed value used to stand in silently as the default
+    from topocoll.bench.simulate import main
+
+    monkeypatch.setenv("TOPOCOLL_STEP_OVERHEAD", "abc")
+    assert main(["--topology", "2x2", "-b", "1K", "-e", "1K"]) == 2
+    assert "TOPOCOLL_STEP_OVERHEAD='abc' must be" in capsys.readouterr().err
+
+
 def test_sizes_that_cannot_fit_in_memory_are_refused():
     from topocoll.bench.options import check_memory
 
@@ -610,3 +619,28 @@ def test_repeats_report_each_modes_own_median():
     assert (row.out_of_place.wrong, row.in_place.wrong, row.out_of_bounds) == (3, 0, 3)
     row = _median_row(tries([(4, 1), (1, 3)]))  # even: the slower of the two middle tries
     assert (row.out_of_place.time_us, row.in_place.time_us) == (4, 3)
+
+
+def test_min_time_paces_by_calls_after_the_warm_up(monkeypatch):
+    """--min-time's iteration count comes from calls made after the warm-up: the warm-up's first
+    call (topocoll's preparation, here 100 ms against 10 us for a later one) used to set the
+    pace, giving 20 iterations (-n) where 20 ms asked for about 2000. A fake clock: no timing."""
+    from topocoll.bench import micro
+
+    clock = [0.0]
+
+    class Case:
+        calls = 0
+
+        def run(self, n, *_args, **_kw):
+            for _ in range(n):
+                clock[0] += 0.1 if Case.calls == 0 else 10e-6
+                Case.calls += 1
+
+    class Comm:
+        def all_reduce(self, x, op):
+            return x
+
+    monkeypatch.setattr(micro.time, "perf_counter", lambda: clock[0])
+    opts = parse("all_reduce", ["--min-time", "20", "-w", "5"])
+    assert 1900 <= micro.timed_iterations(Comm(), opts, Case()) <= 2100
