@@ -36,9 +36,11 @@ class Setting(Generic[T]):
         _SETTINGS[name] = self
 
     def is_set(self) -> bool:
+        """Whether the variable is set to something other than blanks."""
         return bool(os.environ.get(self.name, "").strip())
 
     def get(self) -> T:
+        """The value now (ValueError naming the variable where it is malformed)."""
         raw = os.environ.get(self.name, "")
         if not raw.strip():
             return self.default
@@ -66,6 +68,7 @@ class Setting(Generic[T]):
 
 
 def flag(name: str, default: bool) -> Setting[bool]:
+    """On or off: 1, true, yes, on or 0, false, no, off (any case)."""
     def parse(text: str) -> bool:
         low = text.lower()
         if low in ON or low in OFF:
