@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .options import ArgParser, UsageError, at_least, usage_failed
-from .sizes import parse_size
+from topocoll.bench.options import ArgParser, UsageError, at_least, usage_failed
+from topocoll.bench.sizes import parse_size
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
