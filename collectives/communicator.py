@@ -92,11 +92,6 @@ def rejected_together(method: Any) -> Any:
     return checked
 
 
-def _thread_name(ident: int) -> str:
-    """The name of the running thread ``ident``."""
-    return next((t.name for t in threading.enumerate() if t.ident == ident), str(ident))
-
-
 _LIVE: "weakref.WeakSet[Communicator]" = weakref.WeakSet()
 """Every communicator of this process (``_forked`` marks them unusable in a forked child)."""
 
@@ -784,11 +779,12 @@ class Communicator:
         if self._executor.on_worker():
             raise CollectiveError(ON_WORKER.format(what="close()"))
         owner = self._owner
-        if owner is not None and owner != threading.get_ident() and \
-                any(t.ident == owner for t in threading.enumerate()):
+        running = None if owner in (None, threading.get_ident()) else \
+            next((t for t in threading.enumerate() if t.ident == owner), None)
+        if running is not None:
             raise CollectiveError(
                 f"close: communicator {self.name} belongs to thread "
-                f"{_thread_name(owner)!r}, which is still running (it may be inside a call "
+                f"{running.name!r}, which is still running (it may be inside a call "
                 f"whose memory close frees); close it from that thread, or call "
                 f"comm.bind_thread() here once that thread is done with it")
 

@@ -107,6 +107,17 @@ class OpContext:
             return
         self._nap_until(done, waiting_for, start, moves=False)
 
+    def missed(self, run: int = -1) -> bool:
+        """A poll found the operation unfinished: whether its deadline has passed. The first
+        miss of ``run`` (a reused context's run number; -1: the context is the operation's
+        own) arms the deadline, ``timeout`` from now, and says False."""
+        now = time.monotonic()
+        if self.deadline is None or self.armed != run:
+            self.deadline = None if self.timeout is None else now + self.timeout
+            self.armed = run
+            return False
+        return now > self.deadline
+
     def left(self) -> float | None:
         """Seconds to the deadline (the whole timeout where the first poll arms it); None
         without a timeout."""

@@ -6,7 +6,6 @@ once a message is too large to be sent eagerly."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any, Callable
 
 from .context import OpContext
@@ -116,16 +115,8 @@ class Posted(DrivenHandle):
         bound by its timeout too: the first poll that finds it unfinished arms the deadline,
         and a poll past it waits, which raises the timeout (settled, so ``test()`` turns
         True and ``wait()`` raises it)."""
-        if self._driver(self, False):
-            return True
-        ctx = self._context()
-        if ctx.timeout is None:
-            return False
-        now = time.monotonic()
-        if ctx.deadline is None:
-            ctx.deadline = now + ctx.timeout
-            return False
-        return now > ctx.deadline and self._driver(self, True)
+        return self._driver(self, False) or \
+            (self._context().missed() and self._driver(self, True))
 
     def _drive_py(self, block: bool) -> bool:
         """``_drive`` in Python: wait for the queued post, then test (``block``: wait for) the

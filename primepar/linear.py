@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .._agree import agree
+from .._agree import agree, check_and_agree
 from .engine import Product, Trace, run
 from .grid import Grid, gather, lengths, ring_size, shard
 from .spec import TENSORS, Spec, check_shapes, parse
@@ -130,12 +130,7 @@ def _check_operands(x: torch.Tensor, w: torch.Tensor, spec: Spec, grid: Grid) ->
     naming it. Costs one all_reduce of two int64 over the layer's ranks per call (``agree``);
     without it the others would wait for that rank's blocks until the communicator times out.
     Where the spec rotates x's row blocks the ring also compares their lengths."""
-    problem = None
-    try:
-        _check_local(x, w, spec, grid)
-    except (TypeError, ValueError) as err:
-        problem = err
-    agree(grid.comm, "PrimeLinear", problem)
+    check_and_agree(grid.comm, "PrimeLinear", lambda: _check_local(x, w, spec, grid))
     if spec.time == "M" and spec.role(TENSORS["X"]) == "time" and grid.n > 1:
         # x's row blocks rotate, so every rank's must be as long; only the ring can tell (every
         # rank asks, so every rank raises alike, before any block moves).

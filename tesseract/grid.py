@@ -21,9 +21,9 @@ slice holds more tokens than the hidden size; ``inner="col"`` favours weight tra
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from .._agree import agree
+from .._agree import check_and_agree
 
 INNER = ("row", "col")
 
@@ -32,8 +32,8 @@ class Grid:
     """A communicator arranged as a [q, q, d] Tesseract grid, with its row/col/depth groups."""
 
     def __init__(self, comm: Any, q: int, d: int = 1, inner: str = "row") -> None:
-        agreed(comm, "Grid", lambda: check_grid(comm.size, q, d, inner),
-               {"q": q, "d": d, "inner": inner})
+        check_and_agree(comm, "tesseract.Grid", lambda: check_grid(comm.size, q, d, inner),
+                        {"q": q, "d": d, "inner": inner})
         self.comm = comm
         self.q, self.d, self.inner = int(q), int(d), inner
         self.coords = layout(getattr(comm, "topology", None), comm.size, self.q, self.d, inner)
@@ -68,19 +68,6 @@ class Grid:
     def __repr__(self) -> str:
         return (f"<Grid [q={self.q}, q={self.q}, d={self.d}] rank {self.comm.rank} at "
                 f"(i={self.i}, j={self.j}, k={self.k})>")
-
-
-def agreed(comm: Any, what: str, check: Callable[[], None], same: dict[str, Any]) -> None:
-    """Run this rank's ``check`` and compare ``same`` across ``comm`` (one small all-reduce):
-    raise on every rank if any rank's check failed or the ranks' ``same`` differ (``_agree``).
-    Ranks that built a grid or layer from other arguments would split into groups of other
-    layouts or hold other weights, and compute wrong numbers without an error."""
-    problem = None
-    try:
-        check()
-    except (TypeError, ValueError) as err:
-        problem = err
-    agree(comm, f"tesseract.{what}", problem, same=same)
 
 
 def check_grid(size: int, q: Any, d: Any, inner: str = "row") -> None:

@@ -10,7 +10,7 @@ Every layer's ``forward`` first checks its input on every rank of the grid at on
 (:func:`check_input`: one all-reduce of six int64 over the grid per call; a block checks once at
 its entry, its inner layers take what it hands them unchecked): a wrong block on one rank
 raises ValueError on every rank instead of leaving the others waiting in a broadcast. Their
-constructors compare their arguments across the grid the same way (``grid.agreed``).
+constructors compare their arguments across the grid the same way (``_agree.check_and_agree``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .grid import Grid, agreed
+from .._agree import check_and_agree
+from .grid import Grid
 from .ops import all_reduce_, copy_to
 from .summa import summa
 
@@ -32,11 +33,11 @@ class Linear(torch.nn.Module):
                  dtype: torch.dtype = torch.float32, seed: int = 0, parts: int = 1) -> None:
         super().__init__()
         q = grid.q
-        agreed(grid.agree, "Linear", lambda: _check_splits(
-                   ("Linear in_features", in_features, q),
-                   ("Linear out_features", out_features, q * parts)),
-               {"in_features": in_features, "out_features": out_features, "bias": bias,
-                "dtype": dtype, "seed": seed, "parts": parts})
+        check_and_agree(grid.agree, "tesseract.Linear", lambda: _check_splits(
+            ("Linear in_features", in_features, q),
+            ("Linear out_features", out_features, q * parts)),
+            {"in_features": in_features, "out_features": out_features, "bias": bias,
+             "dtype": dtype, "seed": seed, "parts": parts})
         self.grid, self.in_features, self.out_features = grid, in_features, out_features
         bound = 1.0 / math.sqrt(in_features)
         self.weight = _param(_uniform((in_features // q, out_features // q), bound, dtype,
@@ -64,8 +65,9 @@ class LayerNorm(torch.nn.Module):
     def __init__(self, grid: Grid, hidden: int, eps: float = 1e-5,
                  dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        agreed(grid.agree, "LayerNorm", lambda: _check_splits(("LayerNorm hidden", hidden, grid.q)),
-               {"hidden": hidden, "eps": eps, "dtype": dtype})
+        check_and_agree(grid.agree, "tesseract.LayerNorm",
+                        lambda: _check_splits(("LayerNorm hidden", hidden, grid.q)),
+                        {"hidden": hidden, "eps": eps, "dtype": dtype})
         self.grid, self.hidden, self.eps = grid, hidden, eps
         self.weight = _param(torch.ones(hidden // grid.q, dtype=dtype), ("vector", 1))
         self.bias = _param(torch.zeros(hidden // grid.q, dtype=dtype), ("vector", 1))
@@ -114,10 +116,11 @@ class SelfAttention(torch.nn.Module):
     def __init__(self, grid: Grid, hidden: int, heads: int, causal: bool = False,
                  dtype: torch.dtype = torch.float32, seed: int = 0) -> None:
         super().__init__()
-        agreed(grid.agree, "SelfAttention",
-               lambda: _check_splits(("SelfAttention heads", heads, grid.q),
-                                     ("SelfAttention hidden", hidden, heads)),
-               {"hidden": hidden, "heads": heads, "causal": causal, "dtype": dtype, "seed": seed})
+        check_and_agree(grid.agree, "tesseract.SelfAttention",
+                        lambda: _check_splits(("SelfAttention heads", heads, grid.q),
+                                              ("SelfAttention hidden", hidden, heads)),
+                        {"hidden": hidden, "heads": heads, "causal": causal, "dtype": dtype,
+                         "seed": seed})
         self.heads_local, self.causal = heads // grid.q, causal
         self.ln = LayerNorm(grid, hidden, dtype=dtype)
         self.qkv = Linear(grid, hidden, 3 * hidden, dtype=dtype, seed=seed, parts=3)
@@ -183,8 +186,10 @@ def check_input(grid: Grid, layer: str, x: Any, expected: str, param: torch.Tens
     (the layout gives every rank an equal block; different row counts would stall a broadcast).
 
     Collective over the whole grid: one all-reduce of six int64 (``_agree.agree``) per call."""
-    agreed(grid.agree, layer, lambda: _check_block(layer, x, expected, param),
-           {"input shape": list(getattr(x, "shape", ())), "input dtype": getattr(x, "dtype", None)})
+    check_and_agree(grid.agree, f"tesseract.{layer}",
+                    lambda: _check_block(layer, x, expected, param),
+                    {"input shape": list(getattr(x, "shape", ())),
+                     "input dtype": getattr(x, "dtype", None)})
 
 
 def _check_block(layer: str, x: Any, expected: str, param: torch.Tensor) -> None:

@@ -20,7 +20,6 @@ ranks share a node (the world, or a node sub-communicator of a hierarchical algo
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -183,12 +182,7 @@ def _overdue(arena: SharedArena, ctx: OpContext) -> bool:
     """``Run.overdue`` of a one-barrier run: the first poll that misses arms ``ctx``'s deadline
     for this run (stamped with the arena's barrier count, so a later run's wait knows it for
     another's); later ones say whether it has passed."""
-    epoch, now = arena.counters[EPOCH], time.monotonic()
-    if ctx.deadline is None or ctx.armed != epoch:
-        ctx.deadline = None if ctx.timeout is None else now + ctx.timeout
-        ctx.armed = epoch
-        return False
-    return now > ctx.deadline
+    return ctx.missed(arena.counters[EPOCH])
 
 
 def _from_registered_root(arena: SharedArena, ctx: OpContext,

@@ -19,7 +19,7 @@ raise for another's problem raise ``collectives.MismatchError`` (a ValueError).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -66,6 +66,18 @@ def agree(comm: Any, who: str, problem: BaseException | None = None,
     raise MismatchError(f"{who}: the ranks disagree on {name}: "
                         f"{_who_has([row[1 + differs[0]] for row in table])} (this is rank "
                         f"{comm.rank}); it must be the same on every rank")
+
+
+def check_and_agree(comm: Any, who: str, check: Callable[[], object],
+                    same: Mapping[str, Any] | None = None) -> None:
+    """:func:`agree` on this rank's ``check()``: its TypeError or ValueError is this rank's
+    problem (None if it returns)."""
+    problem = None
+    try:
+        check()
+    except (TypeError, ValueError) as err:
+        problem = err
+    agree(comm, who, problem, same)
 
 
 def _hash(text: str) -> int:

@@ -24,4 +24,5 @@ def body():
     assert rc == expected, f"bench {' '.join(argv)} exited {rc}, expected {expected}"
 
 
-rank_main(body)
+if __name__ == "__main__":
+    rank_main(body)
