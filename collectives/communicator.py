@@ -499,7 +499,7 @@ class Communicator:
         limit = self._timeout(timeout)  # checked here: a bad one raises at the call, not later
 
         def run() -> Any:
-            return move(buf.user, buf.flat(), peer, tag, OpContext(name, limit))
+            return move(buf.user, buf.flat(), peer, tag, OpContext(name, limit), queued=async_op)
 
         return self._submit(name, run, async_op)
 
@@ -519,29 +519,31 @@ class Communicator:
         return StagedReceive(got, lambda: copyto(buf.flat(), host), buf.user)
 
     def _send(self, user: Any, flat: Any, dst: int, tag: int, ctx: OpContext,
-              req: Any = None) -> Any:
+              req: Any = None, queued: bool = False) -> Any:
         """The send itself (``flat``: ``user`` as a flat array), on whichever thread runs it;
-        ``req``: the send, posted already (the compiled lane's), to wait for."""
+        ``req``: the send, posted already (the compiled lane's), to wait for; ``queued``: an
+        async send run in issue order (a backend that doesn't post at issue)."""
         b = self.backend
         try:
             if req is None:
                 req = b.isend(flat, dst, tag, channel="p2p")
             b.wait([req], ctx, self._p2p_peers[dst])
         except CollectiveTimeoutError as err:
-            self._timed_out_on_itself(err, dst)
+            self._timed_out_on_itself(err, dst, queued)
             raise
 
     def _recv(self, user: Any, flat: Any, src: int, tag: int, ctx: OpContext,
-              req: Any = None) -> Any:
+              req: Any = None, queued: bool = False) -> Any:
         """The receive itself: the message's size first (a mismatch consumes it, so the channel
         stays in step, and raises), then the data into ``flat``; ``user`` is the result.
-        ``req``: the receive, posted already for a message of the right size, to wait for."""
+        ``req``: the receive, posted already for a message of the right size, to wait for;
+        ``queued`` as for ``_send``."""
         b = self.backend
         if req is None:
             try:
                 nbytes = b.probe_count(src, tag, ctx)
             except CollectiveTimeoutError as err:
-                self._timed_out_on_itself(err, src)
+                self._timed_out_on_itself(err, src, queued)
                 raise
             if nbytes != flat.nbytes:
                 junk = empty(nbytes, np.uint8, flat)  # consume it: the channel stays in step
@@ -552,11 +554,19 @@ class Communicator:
         b.wait([req], ctx, self._p2p_peers[src])
         return user
 
-    def _timed_out_on_itself(self, err: CollectiveTimeoutError, peer: int) -> None:
+    def _timed_out_on_itself(self, err: CollectiveTimeoutError, peer: int,
+                             queued: bool = False) -> None:
         """Where a blocking send or recv timed out on this very rank (``peer``), raise ``err``
         saying why: MPI meets such a call only with its other half posted before it, async (a
         blocking send to itself waits for a receive nobody can post: MPI hangs, this times
-        out). Else return (``err`` stands)."""
+        out). ``queued``: an async one on a backend that runs them in issue order (NCCL's),
+        which no later call can meet. Else return (``err`` stands)."""
+        if peer == self.rank and queued:
+            raise CollectiveTimeoutError(
+                f"{err}. Rank {peer} is this rank: the {self.backend.name} backend runs sends and "
+                f"receives one after another in issue order, so an async one to or from itself "
+                f"is met by none issued after it (only a send small enough to complete without "
+                f"its receive is)") from err
         if peer == self.rank:
             raise CollectiveTimeoutError(
                 f"{err}. Rank {peer} is this rank: a blocking send to itself is met only by a "

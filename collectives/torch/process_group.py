@@ -646,7 +646,7 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         at once where nothing issued before is unfinished, else once it is (its results copied
         back), so calls on a non-contiguous tensor keep issue order as on a contiguous one."""
         stand_in = torch.empty(t.shape, dtype=t.dtype, device=t.device)
-        self.comm._in_order("stage in", lambda: stand_in.copy_(t.detach()))
+        self._stage_in(stand_in, lambda: stand_in.copy_(t.detach()))
         return stand_in
 
     def _apart(self, t: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -659,9 +659,34 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         """The tensors ``ts`` (one dtype and device) flattened into one, in order, with their
         values as the collective issued next sees them (as ``_copy_in``)."""
         out = torch.empty((sum(t.numel() for t in ts),), dtype=ts[0].dtype, device=ts[0].device)
-        self.comm._in_order("stage in",
-                            lambda: torch.cat([t.detach().reshape(-1) for t in ts], out=out))
+        self._stage_in(out, lambda: torch.cat([t.detach().reshape(-1) for t in ts], out=out))
         return out
+
+    def _stage_in(self, dst: torch.Tensor, fill: Callable[[], object]) -> None:
+        """Run ``fill`` (which writes ``dst`` from the caller's tensors) in issue order
+        (``Communicator._in_order``). On CUDA, where it runs later than the call (behind
+        unfinished calls, on whichever thread completes them), it first waits for the work the
+        caller's stream had queued at the call, and it ends before the next call is issued (whose
+        ready fence, recorded at the call, can't cover it)."""
+        if dst.device.type != "cuda":
+            self.comm._in_order("stage in", fill)
+            return
+        queued = torch.cuda.Event()
+        queued.record(torch.cuda.current_stream(dst.device))
+        at_call = [True]
+
+        def run() -> None:
+            if at_call[0]:  # on the caller's thread and stream, before the call's fence
+                fill()
+                return
+            with torch.cuda.device(dst.device):
+                stream = torch.cuda.current_stream()
+                stream.wait_event(queued)
+                fill()
+                stream.synchronize()
+
+        self.comm._in_order("stage in", run)
+        at_call[0] = False
 
     def _post_each(self, post: Any, pairs: Sequence[tuple[int, torch.Tensor]],
                    tag: int) -> list[Any]:

@@ -100,7 +100,7 @@ class Work(dist.Work):
     def _finish(self, error: BaseException | None = None, post: Post | None = None) -> None:
         if error is None and post is not None:
             try:
-                post()
+                _run_post(post, self._outputs)
             except BaseException as err:  # noqa: BLE001 - delivered to the waiter
                 error = err
         if error is not None:
@@ -374,6 +374,19 @@ def _resolve(fut: Future, outputs: list[torch.Tensor], error: BaseException | No
 def _left(deadline: float | None) -> float | None:
     """Seconds until ``deadline`` (``time.monotonic()``), never below 0; None for none."""
     return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+def _run_post(post: Post, outputs: Sequence[torch.Tensor]) -> None:
+    """Run ``post``; where the outputs are CUDA tensors, on their device and finished on the GPU
+    before returning: it runs on whichever thread completes the operation, whose stream the
+    waiter's stream doesn't follow, and the waiter reads the outputs once ``wait()`` returns."""
+    device = next((t.device for t in outputs if t.device.type == "cuda"), None)
+    if device is None:
+        post()
+        return
+    with torch.cuda.device(device):
+        post()
+        torch.cuda.current_stream().synchronize()
 
 
 def _seconds(timeout: timedelta | float | None) -> float | None:

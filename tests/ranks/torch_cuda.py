@@ -43,6 +43,53 @@ def collectives_match(r, p):
         assert torch.equal(got.cpu(), torch.full((5,), float((r - 1) % p)))
 
 
+def in_place_behind_queued_work(r, p):
+    """FSDP's in-place gather (input = a chunk of the output) and reduce-scatter (output = a
+    chunk of the input), issued on a side stream behind an unfinished async call: the input's
+    copy, made later on the thread that completes that call, still sees a fill the caller's
+    stream queued before the call (held back on the GPU behind a sleep kernel)."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    n, spin = 1 << 16, 50_000_000  # a sleep of ~25 ms at ~2 GHz
+    with torch.cuda.stream(torch.cuda.Stream()):
+        for case in ("gather", "scatter"):
+            other = torch.ones(16, device=dev)
+            buf = torch.zeros(p * n, device=dev)
+            torch.cuda._sleep(spin)
+            w = dist.all_reduce(other, async_op=True)  # unfinished until the first sleep ends
+            torch.cuda._sleep(spin)
+            if case == "gather":
+                chunk = buf[r * n:(r + 1) * n]
+                chunk.fill_(r + 1)
+                dist.all_gather_into_tensor(buf, chunk)
+                out = buf
+                want = torch.cat([torch.full((n,), q + 1.0) for q in range(p)])
+            else:
+                buf.fill_(r + 1)
+                out = buf[r * n:(r + 1) * n]
+                dist.reduce_scatter_tensor(out, buf)
+                want = torch.full((n,), float(p * (p + 1) // 2))
+            w.wait()
+            assert torch.equal(out.cpu(), want), f"in-place {case}: {out.cpu().unique()}"
+            assert torch.equal(other.cpu(), torch.full((16,), float(p)))
+
+
+def written_back_before_wait_returns(r, p):
+    """A non-contiguous output is written through a contiguous stand-in, copied back by the
+    thread that completes the call: the copy is finished when ``wait()`` returns, even with that
+    thread's stream busy (a sleep kernel on the default stream) and the caller on another."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with torch.cuda.stream(torch.cuda.Stream()):
+        base = torch.zeros(1 << 16, 2, device=dev)
+        t = base[:, 0]  # every other element: not contiguous
+        t.fill_(r + 1)
+        with torch.cuda.stream(torch.cuda.default_stream(dev)):
+            torch.cuda._sleep(50_000_000)
+        dist.all_reduce(t, async_op=True).wait()
+        assert torch.equal(t.cpu(), torch.full((1 << 16,), float(p * (p + 1) // 2))), \
+            f"non-contiguous all_reduce: {t.cpu().unique()}"
+        assert torch.equal(base[:, 1].cpu(), torch.zeros(1 << 16))
+
+
 def ddp_matches_gloo(r, gloo):
     weights = {}
     for name, dev, group in (("topocoll", "cuda", None), ("gloo", "cpu", gloo)):
@@ -71,6 +118,8 @@ def body():
     pg = dist.distributed_c10d._get_default_group()
     print(f"CUDA_TENSORS_OVER {pg.comm.backend.name}", flush=True)
     collectives_match(r, p)
+    in_place_behind_queued_work(r, p)
+    written_back_before_wait_returns(r, p)
     ddp_matches_gloo(r, dist.new_group(backend="gloo"))
     dist.destroy_process_group()
 
