@@ -501,7 +501,7 @@ class Communicator:
         def run() -> Any:
             return move(buf.user, buf.flat(), peer, tag, OpContext(name, limit), queued=async_op)
 
-        return self._submit(name, run, async_op)
+        return self._submit(name, run, async_op, limit=limit)
 
     def _p2p_staged(self, receives: int, buf: Buffer, peer: Any, tag: Any, async_op: bool,
                     timeout: float | None) -> Any:
@@ -886,7 +886,7 @@ class Communicator:
                                                 holds=small), buf.user)
             elif small or keep[0] is None:  # in-place rotate too: prepare() unstages it
                 self._template(kind, buf, keep, result, what, prepare, call.root)
-        return self._submit(kind, run, async_op, what)
+        return self._submit(kind, run, async_op, what, limit=limit)
 
     def _template(self, kind: str, buf: Buffer, keep: tuple[Any, tuple[Any, ...]],
                   result: Any, what: Any, prepare: Callable[[Any], Any], root: int) -> None:
@@ -1154,13 +1154,14 @@ class Communicator:
         self._local.submitted = True
 
     def _submit(self, name: str, run: Any, async_op: bool, what: Any = None,
-                ends_later: bool = False) -> Any:
+                ends_later: bool = False, limit: float | None = None) -> Any:
         """Run ``run`` in issue order (inline, or queued if ``async_op``), recorded in the flight
         record. A failure other than a mismatch or an argument error (which every rank raises
         alike, before any transfer) breaks the communicator, and every operation queued behind
         it or issued later fails at once with CommunicatorBrokenError. ``ends_later``: ``run``
         only starts the operation; it takes the flight entry, which whoever completes the
-        operation ends."""
+        operation ends. ``limit``: the call's timeout (None: the communicator's), which also
+        bounds a blocking call's wait behind a done-callback that never ends (``_stuck``)."""
         self._made()  # from here on every rank's errors are shared or agreed
         self._usable(name)
         entry = self._flight.issue(name, what)
@@ -1172,7 +1173,8 @@ class Communicator:
             if self._started is not None:
                 self._complete(True)  # issued before this one: it finishes first
             if self._broken:
-                entry.end("not run: communicator broken")
+                if entry.ended is None:  # not already ended by _stuck
+                    entry.end("not run: communicator broken")
                 raise self._broken_error(name)
             entry.start()
             try:
@@ -1185,7 +1187,22 @@ class Communicator:
 
         if async_op:
             return self._executor.submit(name, guarded)
-        return self._executor.run(name, guarded)
+        return self._executor.run(name, guarded, self._timeout(limit),
+                                  lambda callback, secs: self._stuck(name, entry, callback, secs))
+
+    def _stuck(self, name: str, entry: FlightEntry, callback: str,
+               secs: float) -> BaseException:
+        """The error of blocking call ``name`` that never started: the progress thread is still
+        in a done-callback of ``callback`` (for ``secs`` s). The communicator breaks: the call
+        stays queued, and when (if ever) its turn comes it fails at once, as any call behind a
+        timeout does."""
+        err = CollectiveTimeoutError(
+            f"{name} timed out on rank {self.rank} before it started: the progress thread of "
+            f"communicator {self.name} has been running a done-callback of {callback} for "
+            f"{secs:.1f} s. A done-callback that blocks until this thread's next call, or waits "
+            f"for another communicator's done-callback, never ends; keep callbacks short and "
+            f"non-blocking")
+        return self._fail(name, err, entry)
 
     def _usable(self, name: str) -> None:
         """Raise unless this thread may issue ``name`` here now: not closed, not broken, and

@@ -16,6 +16,10 @@ EXIT_WAIT_SECONDS = 2.0
 """At interpreter exit, how long a progress thread may take to finish what is queued before it is
 left behind (a hung operation must not hang the exit)."""
 
+STUCK_POLL_SECONDS = 0.25
+"""How often a blocking call queued behind others looks whether the progress thread is stuck in
+a done-callback (``Executor.run``)."""
+
 HANDOFF_SPIN_SECONDS = 100e-6
 """How long a waiter (or the idle progress thread) polls before blocking: a thread woken from a
 blocking wait costs 10-20 us here, longer than most small collectives' remaining time."""
@@ -197,6 +201,8 @@ class Executor:
         self._draining = 0  # threads waiting in drain(): only they need a notify
         self._thread: threading.Thread | None = None
         self._exec = threading.Lock()  # held by whichever thread runs an operation
+        # (operation name, time.monotonic()) while the progress thread runs its done-callbacks
+        self._in_callbacks: tuple[str, float] | None = None
 
     def submit(self, name: str, fn: Callable[[], Any]) -> Handle:
         """Queue ``fn`` and return its handle."""
@@ -213,11 +219,15 @@ class Executor:
         self._queue.put((handle, fn))
         return handle
 
-    def run(self, name: str, fn: Callable[[], Any]) -> Any:
+    def run(self, name: str, fn: Callable[[], Any], limit: float | None = None,
+            stuck: Callable[[str, float], BaseException] | None = None) -> Any:
         """Run ``fn`` now, after everything already queued; return its result or raise.
 
         From a done-callback (on the progress thread itself, which would wait for its own
-        queue) it raises CollectiveError (a RuntimeError) at once, on every rank alike: never a deadlock."""
+        queue) it raises CollectiveError (a RuntimeError) at once, on every rank alike: never a deadlock.
+        Queued operations end by their own limits, but a done-callback has none: where the
+        progress thread stays in one for ``limit`` seconds of this wait, ``fn`` never started
+        and ``stuck(callback's operation, seconds in it)`` is raised (``fn`` stays queued)."""
         if self.on_worker():
             raise CollectiveError(ON_WORKER.format(what=f"a blocking {name}"))
         with self._lock:
@@ -231,7 +241,10 @@ class Executor:
             finally:
                 self._exec.release()
                 self._release()
-        return self.submit(name, fn).wait()
+        handle = self.submit(name, fn)
+        if stuck is None or limit is None:
+            return handle.wait()
+        return self._wait_behind(handle, limit, stuck)
 
     def idle(self) -> bool:
         """Whether nothing is queued or running on the progress thread (a read, no lock)."""
@@ -282,6 +295,20 @@ class Executor:
             self._queue.put(None)
             thread.join(wait)
 
+    def _wait_behind(self, handle: Handle, limit: float,
+                     stuck: Callable[[str, float], BaseException]) -> Any:
+        """``run``'s wait for a queued ``handle``: its result, or ``stuck``'s error once the
+        progress thread has spent ``limit`` seconds of this wait in one done-callback run."""
+        began = time.monotonic()
+        spin(handle._event.is_set, HANDOFF_SPIN_SECONDS)
+        while not handle._event.wait(STUCK_POLL_SECONDS):
+            inside = self._in_callbacks
+            if inside is not None:
+                now = time.monotonic()
+                if now - max(inside[1], began) >= limit:
+                    raise stuck(inside[0], now - inside[1])
+        return handle.wait()
+
     def _release(self) -> None:
         with self._lock:
             self._pending -= 1
@@ -301,11 +328,14 @@ class Executor:
                     result, error = fn(), None
                 except BaseException as err:  # noqa: BLE001 - delivered to the waiter
                     result, error = None, err
+            if handle._callbacks:
+                self._in_callbacks = (handle.name, time.monotonic())
             try:
                 handle._finish(result, error)
             except BaseException:  # noqa: BLE001 - a callback's SystemExit: this thread goes on
                 logger.exception("a done-callback of %s raised", handle.name)
             finally:
+                self._in_callbacks = None
                 self._release()
             del item, handle, fn, result, error  # don't keep the last operation's arrays alive
 

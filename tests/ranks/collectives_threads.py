@@ -7,6 +7,9 @@
   stay marked closed, every later call refused, the owner's close() a no-op).
 - "fork": a child forked after init can't use the parent's communicator: its call raises at
   once naming the fork (it used to pair with the parent's peers: they got wrong sums).
+- "stuck_callback": a done-callback that blocks until after the owner's next blocking call; that
+  call raises its timeout naming the callback (it used to wait for ever: its limit started only
+  once it ran), and the communicator is broken; another communicator still works.
 """
 import _common  # noqa: F401
 from _common import expect_raises, rank_main
@@ -19,7 +22,8 @@ import time
 import numpy as np
 
 from topocoll import collectives
-from topocoll.collectives import CollectiveError, CommunicatorBrokenError
+from topocoll.collectives import faults
+from topocoll.collectives import CollectiveError, CollectiveTimeoutError, CommunicatorBrokenError
 
 
 def close(c):
@@ -90,9 +94,29 @@ def fork(c):
     c.close()
 
 
+def stuck_callback(c):
+    other = c.split(0)
+    released = threading.Event()
+    h = c.all_reduce(np.ones(1 << 16, np.float32), async_op=True)
+    h.add_done_callback(lambda _h: released.wait(60))  # until after the call below
+    t0 = time.monotonic()
+    expect_raises(CollectiveTimeoutError, lambda: c.all_reduce(np.ones(8), timeout=1.5),
+                  "all_reduce timed out", f"rank {c.rank}", "before it started",
+                  "done-callback of all_reduce")
+    waited = time.monotonic() - t0
+    assert 1.5 <= waited < 10, waited
+    released.set()
+    assert np.all(h.wait() == c.size)
+    expect_raises(CommunicatorBrokenError, lambda: c.all_reduce(np.ones(4)), "unusable")
+    assert np.all(other.all_reduce(np.ones(4)) == c.size)  # other communicators go on
+    other.close()
+
+
 def body():
     c = collectives.init(timeout=20)
     globals()[sys.argv[1]](c)
 
 
 rank_main(body)
+if sys.argv[1] == "stuck_callback":  # it broke a communicator on purpose: exit as after a fault
+    faults.exit_without_finalize(0)
