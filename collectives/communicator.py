@@ -1308,10 +1308,15 @@ class Communicator:
         for i, (label, mine) in enumerate(fields):
             if lo[i] != hi[i]:
                 extra = f" (range {lo[i]}..{hi[i]} over ranks)" if label == "element count" else ""
+                kinds = [_KIND_OF_CODE.get(int(v)) for v in (lo[i], hi[i])]
+                what = f"{label} ({kinds[0]} and {kinds[1]} among them)" \
+                    if label == "collective" and None not in kinds else label
                 same = "" if label == "collective" else f" with the same {label}"
-                raise MismatchError(f"{ctx.name}: ranks disagree on {label}; this rank (rank "
+                err = MismatchError(f"{ctx.name}: ranks disagree on {what}; this rank (rank "
                                     f"{self.rank}) has {mine}{extra}. Every rank must call the "
                                     f"same collective{same}.")
+                err.field = label
+                raise err
 
     def _out(self, out: Any, like: Buffer, shape: tuple[int, ...], what: str,
              overlap_ok: bool = False) -> Buffer:
@@ -1502,6 +1507,11 @@ def _signature_of(*values: Any) -> tuple[np.ndarray, list[tuple[str, Any]]]:
 _SIGNATURE_LABELS = ("rejected by rank + 1", "collective", "algorithm", "dtype", "element count",
                      "shape", "root", "reduction op", "shift (modulo the number of ranks)",
                      "memory (host or GPU)")
+
+_KIND_OF_CODE = {zlib.crc32(repr(kind).encode()): kind for kind in (
+    "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "rotate",
+    "barrier")}
+"""The collectives' names by their code in a signature (``_signature_of``), for messages."""
 
 
 TIMEOUT = env.number("TOPOCOLL_TIMEOUT", DEFAULT_TIMEOUT, "seconds")

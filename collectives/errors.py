@@ -7,7 +7,10 @@ class CollectiveError(RuntimeError):
 
 
 class MismatchError(CollectiveError, ValueError):
-    """Ranks called the same collective with different shapes, dtypes, roots, ops or algorithms."""
+    """Ranks called the same collective with different shapes, dtypes, roots, ops or algorithms.
+    ``field``: what differed, where the cross-rank check found it ("collective", "dtype", ...)."""
+
+    field: str | None = None
 
 
 class MessageTruncated(MismatchError):

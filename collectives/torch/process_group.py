@@ -405,6 +405,20 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
         receive ``output_split_sizes[r]`` rows from rank r into ``output``."""
         t = _check(input, "all_to_all input", stand_in=self._copy_in)
         out = _check(output, "all_to_all output", like=t, written=True, stand_in="empty")
+        try:
+            return self._all_to_all_single(output, out, t, output_split_sizes, input_split_sizes,
+                                           opts)
+        except collectives.MismatchError as err:
+            if err.field == "collective":
+                err.add_note("all_to_all_single with split sizes exchanges them in an all_gather "
+                             "first; without, it runs the all_to_all at once: pass split sizes "
+                             "on every rank or on none.")
+            raise
+
+    def _all_to_all_single(self, output: torch.Tensor, out: torch.Tensor, t: torch.Tensor,
+                           output_split_sizes: Sequence[int] | None,
+                           input_split_sizes: Sequence[int] | None, opts: Any) -> Work:
+        """``all_to_all_single`` on the checked ``out`` and ``t``."""
         p = self.size()
         if not output_split_sizes and not input_split_sizes:
             if t.numel() % p or out.numel() != t.numel():

@@ -128,6 +128,19 @@ def body():
         one_rank(ValueError, ["input_split_sizes"],
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [2] * p),
                  lambda: dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [1] * p))
+        # split sizes on one rank, none on the others: the split-size exchange (an all_gather)
+        # meets the plain all_to_all; every rank's message names both and says why
+        try:
+            if r == 0:
+                dist.all_to_all_single(torch.empty(p), torch.ones(p), [1] * p, [1] * p)
+            else:
+                dist.all_to_all_single(torch.empty(p), torch.ones(p))
+        except collectives.MismatchError as err:
+            assert "all_to_all and all_gather among them" in str(err) or \
+                "all_gather and all_to_all among them" in str(err), str(err)
+            assert any("split sizes on every rank or on none" in n for n in err.__notes__), err
+        else:
+            raise AssertionError("all_to_all_single with and without split sizes didn't raise")
         # gather and scatter agree first (their messages would pair with another call's)
         lists = [torch.empty(4) for _ in range(p)]
         one_rank(ValueError, ["gather output[0] overlaps itself"],  # the root's outputs
