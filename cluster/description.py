@@ -14,13 +14,13 @@ divided by ``oversubscription`` (default 1: non-blocking).
 from __future__ import annotations
 
 import ipaddress
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from topocoll.topology.limits import counted
+from topocoll.topology.limits import TopologyError, counted
+from topocoll.topology.model import parse_json
 
 from .errors import DescriptionError as ClusterError
 
@@ -117,9 +117,9 @@ def load(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Descri
             raise ClusterError(f"{p}: invalid YAML: {e}") from None
     else:
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ClusterError(f"{p} line {e.lineno}: invalid JSON: {e.msg}") from None
+            data = parse_json(text)  # a key given twice is refused, not silently overridden
+        except TopologyError as e:
+            raise ClusterError(f"{p} {e}") from None
     if not isinstance(data, dict):
         raise ClusterError(f"{p}: a description is an object with keys {', '.join(KEYS)}")
     data.update(overrides or {})

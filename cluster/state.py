@@ -78,10 +78,11 @@ class StateDir:
             raise UsageError(f"state directory {self.path}: cannot list: {e.strerror}") from None
 
     def create(self) -> list[Path]:
-        """Make the directory and its missing parents; return the ones made, outermost first.
+        """Make the directory and its missing parents and claim it (an empty journal); return
+        the directories made, outermost first.
 
         A directory that already holds files of the names ``up`` writes is refused: they would
-        be overwritten, and later removed by ``down``."""
+        be overwritten, and later removed by ``down``; so is one another ``up`` claimed first."""
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"state directory {self.path} is not a directory")
         clash = self.written()
@@ -104,6 +105,18 @@ class StateDir:
             made.append(d)
         if not self.path.is_dir():
             raise UsageError(f"state directory {self.path} is not a directory")
+        try:  # the claim: of two `up`s racing for this directory, one makes the journal
+            self.file("journal.jsonl").open("x").close()
+        except FileExistsError:
+            self.remove_dirs(made)
+            raise UsageError(f"state directory {self.path}: another `topocoll cluster up` is "
+                             f"bringing a cluster up there (its journal.jsonl appeared "
+                             f"meanwhile); wait for it, or choose another --name/--state-dir") \
+                from None
+        except OSError as e:
+            self.remove_dirs(made)
+            raise UsageError(f"cannot write to the state directory {self.path}: "
+                             f"{e.strerror}") from None
         return made
 
     def write(self, name: str, text: str, mode: int = 0o644) -> Path:

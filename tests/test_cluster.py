@@ -114,6 +114,10 @@ def test_bad_description_on_the_command_line_exits_2(tmp_path):
     p = _cli("up", str(bad), "--state-dir", str(tmp_path / "s"))
     assert p.returncode == 2 and "d.json line 2: invalid JSON" in p.stderr, p.stderr
     assert not (tmp_path / "s").exists()
+    bad.write_text('{"hosts": 2,\n "hosts": 3}')  # the second value used to win silently
+    p = _cli("up", str(bad), "--state-dir", str(tmp_path / "s"))
+    assert p.returncode == 2 and "d.json line 2: key 'hosts' appears twice" in p.stderr, p.stderr
+    assert not (tmp_path / "s").exists()
 
 
 def test_missing_root_or_iproute2_is_named(tmp_path):

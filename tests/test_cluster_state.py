@@ -87,6 +87,20 @@ def test_up_refuses_a_directory_holding_its_file_names(tmp_path):
         StateDir(Path("/proc/nope")).create()
 
 
+def test_of_two_ups_racing_for_one_directory_one_claims_it(tmp_path, monkeypatch):
+    """Both found the directory free; the other one's journal appeared before this one's claim:
+    this one is refused and leaves the other's state alone (both used to write there, so
+    ``down`` knew only one cluster's prefix and left the other's namespaces behind)."""
+    state = StateDir(tmp_path / "s")
+    first = state.create()
+    assert first == [tmp_path / "s"] and (tmp_path / "s" / "journal.jsonl").exists()
+    state.record(kind="state_dir", made=[str(p) for p in first])
+    monkeypatch.setattr(StateDir, "written", lambda self: [])  # checked before the other claimed
+    with pytest.raises(cluster.UsageError, match="another `topocoll cluster up` is bringing"):
+        StateDir(tmp_path / "s").create()
+    assert '"state_dir"' in (tmp_path / "s" / "journal.jsonl").read_text()
+
+
 @pytest.mark.parametrize("name", ["..", "../victims/v2", "/tmp/x", "a/b", "", ".hidden"])
 def test_a_name_stays_under_the_state_root(name, tmp_path, monkeypatch):
     monkeypatch.setenv("TOPOCOLL_CLUSTER_ROOT", str(tmp_path))
