@@ -239,8 +239,8 @@ class SharedArena:
                 self.abandon()
                 raise CollectiveTimeoutError(
                     f"{ctx.name} timed out on {self.peer_name(quitter)}, which gave up on the "
-                    f"call (its own wait timed out or the call failed there), while waiting for "
-                    f"{waiting_for}")
+                    f"call (its own wait timed out, was interrupted, or the call failed there), "
+                    f"while waiting for {waiting_for}")
         if not ORDERED_STORES:
             self._win.Sync()  # peers' data loads after their flags
 
