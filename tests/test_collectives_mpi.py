@@ -59,3 +59,10 @@ def test_other_threads_and_forked_children_are_refused(case):
     # wrong sums); from a callback it left it half closed; a forked child's calls paired with
     # the parent's peers
     run_ranks("collectives_threads.py", 3, args=[case], timeout=90)
+
+
+def test_threads_waiting_on_each_others_handles():
+    # two threads, each owning a communicator and waiting on the other's async calls, hung on 3
+    # ranks within a hundred rounds: a waiter on a call another thread had completed went on
+    # waiting for the owner's next call, which needed the waiter's own thread elsewhere
+    run_ranks("threads_cross_wait.py", 3, timeout=60, launcher=NO_CLEANUP)
