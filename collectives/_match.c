@@ -468,7 +468,7 @@ inline_now(Lane *l)
     return t < 0 ? -1 : t ? 1 : 2;
 }
 
-static int complete_started(Lane *l, int block, int soon);
+static int complete_started(Lane *l, int block, int soon, PyObject *handle);
 
 /* lock.release(), keeping the error being raised, if any (release's own error replaces it):
  * 0, or -1 with an error. */
@@ -698,7 +698,7 @@ run_inline(Lane *l, PyObject *entry, int async_op, int *ran)
     Py_INCREF(go);
     int ok = inline_now(l);
     if (ok == 2)                /* one is out: finish it if its peers arrive within the run's */
-        ok = complete_started(l, 0, 1);  /* own spin (_complete_soon's first step), else Python */
+        ok = complete_started(l, 0, 1, NULL);  /* own spin (_complete_soon's first), else Python */
     PyObject *record = ok == 1 ?
         extended_record(l, SLOT(entry, l->at.what), SLOT(entry, l->at.kind)) : NULL;
     if (!record || extend_record(l, record) < 0) {
@@ -805,12 +805,19 @@ poll_run(Lane *l, PyObject *run, int block, int soon)
     return r;
 }
 
+/* How long a waiter for one handle's call blocks on the completion lock before it looks again
+ * whether that call is still the started one (complete_started). */
+#define OWN_CALL_LOOK_SECONDS 1e-3
+
 /* Communicator._complete in C: complete the started repeat, if one is (waiting for its peers if
  * block; soon: within the run's own short spin); 1 where none is left, 0 where its peers are not
  * all in yet, -1 on error. Its error goes to its handle; its callbacks run here, outside the
- * lock. */
+ * lock. `handle` (or NULL: whichever is started): only the call of that StartedHandle; 1 where
+ * another, or none, is started (it was completed, and settled, already), and a blocking wait
+ * for the lock gives up once that is so (the lock may then be held for a newer call, whose
+ * peers may wait for this very thread). */
 static int
-complete_started(Lane *l, int block, int soon)
+complete_started(Lane *l, int block, int soon, PyObject *handle)
 {
     PyObject *started = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */
     if (!started || started == Py_None)
@@ -819,11 +826,23 @@ complete_started(Lane *l, int block, int soon)
         PyErr_SetString(PyExc_SystemError, "a started call that is not (handle, entry, record)");
         return -1;
     }
+    if (handle && PyTuple_GET_ITEM(started, 0) != handle)
+        return 1;
     Py_INCREF(started);
     PyObject *lock = Py_XNewRef(PyDict_GetItemWithError(l->guards, s_completing));
     /* not blocking: another thread completing it (the progress thread, handed it) is "not yet" */
-    PyObject *got = !lock ? NULL : block ? PyObject_CallMethodNoArgs(lock, s_acquire) :
+    PyObject *got = !lock ? NULL : block && !handle ? PyObject_CallMethodNoArgs(lock, s_acquire) :
         PyObject_CallMethodOneArg(lock, s_acquire, Py_False);
+    while (got == Py_False && block && handle) {   /* in slices, looking between them */
+        Py_DECREF(got);
+        PyObject *now = PyDict_GetItemWithError(l->guards, s_started);  /* borrowed */
+        if (now != started) {
+            Py_DECREF(lock);
+            Py_DECREF(started);
+            return PyErr_Occurred() ? -1 : 1;
+        }
+        got = PyObject_CallMethod(lock, "acquire", "Od", Py_True, OWN_CALL_LOOK_SECONDS);
+    }
     if (!got) {
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_SystemError, "a communicator without its completion lock");
@@ -859,13 +878,21 @@ complete_started(Lane *l, int block, int soon)
     PyObject *value = NULL;
     if (done < 0 && !(value = caught()))  /* the run raised: to the handle, via _settle */
         goto unlock;
-    if (PyDict_SetItem(l->guards, s_started, Py_None) < 0) {
-        Py_XDECREF(value);
-        goto unlock;
-    }
     callbacks = done > 0 ? settle_done(l, started) :
         PyObject_CallMethodObjArgs(l->comm, s_settle, started, value, NULL);
     Py_XDECREF(value);
+    /* only now, settled or not: a thread that finds another (or none) started reads a settled
+     * handle (a waiter on it returns at once) */
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    if (PyDict_SetItem(l->guards, s_started, Py_None) < 0) {
+        Py_XDECREF(et);
+        Py_XDECREF(ev);
+        Py_XDECREF(etb);
+        Py_CLEAR(callbacks);
+        goto unlock;
+    }
+    PyErr_Restore(et, ev, etb);
     if (callbacks)
         result = 1;
 unlock:
@@ -887,18 +914,21 @@ unlock:
     return result;
 }
 
-/* complete(block, soon=False) -> whether no started repeat is left (complete_started). */
+/* complete(block, soon=False, handle=None) -> whether no started repeat is left (with handle:
+ * whether that handle's call is not the started one, completed now or before;
+ * complete_started). */
 static PyObject *
 lane_complete(Lane *l, PyObject *const *argv, Py_ssize_t argc)
 {
-    if (argc < 1 || argc > 2) {
-        PyErr_SetString(PyExc_TypeError, "complete(block, soon=False)");
+    if (argc < 1 || argc > 3) {
+        PyErr_SetString(PyExc_TypeError, "complete(block, soon=False, handle=None)");
         return NULL;
     }
     int block = PyObject_IsTrue(argv[0]), soon = argc > 1 ? PyObject_IsTrue(argv[1]) : 0;
     if (block < 0 || soon < 0)
         return NULL;
-    int done = complete_started(l, block, soon);
+    PyObject *handle = argc > 2 && argv[2] != Py_None ? argv[2] : NULL;
+    int done = complete_started(l, block, soon, handle);
     return done < 0 ? NULL : PyBool_FromLong(done);
 }
 

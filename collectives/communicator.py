@@ -57,6 +57,10 @@ takeover, up to this many input bytes; larger ones go to the progress thread at 
 thread hand-off is a few per cent of the call, and in place at 4 MiB on 4 ranks of 2 cores the
 inline start measured slower (docs/collectives.md, Repeated calls)."""
 
+OWN_CALL_LOOK_SECONDS = 1e-3
+"""How long a waiter for one handle's started call blocks on the completion lock before it looks
+again whether that call is still the started one (``_complete_py``; ``_match.c`` has its own)."""
+
 
 def rejected_together(method: Any) -> Any:
     """A collective whose argument errors reach every rank: when this rank rejects the call
@@ -1066,16 +1070,24 @@ class Communicator:
             raise err
         raise failure from err
 
-    def _complete_py(self, block: bool, soon: bool = False) -> bool:
+    def _complete_py(self, block: bool, soon: bool = False, handle: Any = None) -> bool:
         """Complete the prepared call started with ``async_op=True``, if one is (waiting for the
         peers if ``block``; ``soon``: within the run's own short spin, where it has one);
-        whether none is left. Its error goes to its handle. ``self._complete``: this, or its
-        compiled form (``_match.Lane.complete``)."""
+        whether none is left. Its error goes to its handle. ``handle``: only that
+        StartedHandle's call (its waiter's way): True where another, or none, is started (it
+        was completed and settled already); a blocking wait for the lock looks again every
+        ``OWN_CALL_LOOK_SECONDS`` and gives up once that is so, for the lock may then be held
+        for a newer call whose peers wait for this very thread. ``self._complete``: this, or
+        its compiled form (``_match.Lane.complete``)."""
         started = self._started
-        if started is None:
+        if started is None or (handle is not None and started[0] is not handle):
             return True
         lock = self._completing
-        if not lock.acquire(block):  # not `with`: the async repeat's hot path. Not blocking:
+        if handle is not None and block:
+            while not lock.acquire(timeout=OWN_CALL_LOOK_SECONDS):
+                if self._started is not started:
+                    return True
+        elif not lock.acquire(block):  # not `with`: the async repeat's hot path. Not blocking:
             return False  # another thread completing it (handed over) is "not yet"
         try:
             if self._started is not started:

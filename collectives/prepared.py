@@ -287,13 +287,15 @@ def _torch_strided() -> Any:
 
 class Completion:
     """How a communicator completes its started prepared call, made once and shared by every
-    StartedHandle it makes: ``finish(block)`` (whether none is left), ``finish_later()`` (the
-    same, queued for the progress thread), ``lock``, held while a started call completes, and
-    ``call_after(fn)`` (queue ``fn()`` for the progress thread behind what is queued)."""
+    StartedHandle it makes: ``finish(block, soon=False, handle=None)`` (whether none is left;
+    with ``handle``, whether that handle's call is done: another started call is not its),
+    ``finish_later()`` (the same, queued for the progress thread), ``lock``, held while a
+    started call completes, and ``call_after(fn)`` (queue ``fn()`` for the progress thread
+    behind what is queued)."""
 
     __slots__ = ("finish", "finish_later", "lock", "call_after", "overdue")
 
-    def __init__(self, finish: Callable[[bool], bool], finish_later: Callable[[], None],
+    def __init__(self, finish: Callable[..., bool], finish_later: Callable[[], None],
                  lock: threading.Lock, call_after: Callable[[Callable[[], Any]], Any],
                  overdue: Callable[[], bool]) -> None:
         self.finish, self.finish_later, self.lock = finish, finish_later, lock
@@ -340,11 +342,14 @@ class StartedHandle(DrivenHandle):
     def _drive(self, block: bool) -> bool:
         """Complete it (``block``: waiting for the peers); whether it is done. Polled without
         blocking past its timeout (counted from the first poll that found it unfinished), it
-        completes blocking, whose wait raises the timeout at once, into this handle."""
+        completes blocking, whose wait raises the timeout at once, into this handle. Only this
+        call: once another thread completed it, the communicator's owner may have started the
+        next, which a waiter on another thread must not wait for (its peers may be waiting for
+        that very thread)."""
         completion = self._completion
-        if completion.finish(block):
+        if completion.finish(block, False, self):
             return True
-        return completion.overdue() and completion.finish(True)
+        return completion.overdue() and completion.finish(True, False, self)
 
     def _waited(self) -> None:
         self._claimed = True
@@ -357,7 +362,7 @@ class StartedHandle(DrivenHandle):
         if not completion.lock.acquire(False):
             def finished_then_fn() -> None:
                 if not self._done:
-                    completion.finish(True)
+                    completion.finish(True, False, self)
                 run_done_callbacks(self, [fn])
 
             completion.call_after(finished_then_fn)

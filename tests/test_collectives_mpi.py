@@ -60,3 +60,10 @@ def test_other_threads_and_forked_children_are_refused(case):
     # the parent's peers; a blocking call behind a done-callback that never ended waited for ever
     run_ranks("collectives_threads.py", 3, args=[case], timeout=90,
               launcher=NO_CLEANUP if case == "stuck_callback" else ())
+
+
+def test_threads_waiting_on_each_others_handles():
+    # two threads, each owning a communicator and waiting on the other's async calls, hung on 3
+    # ranks within a hundred rounds: a waiter on a call another thread had completed went on
+    # waiting for the owner's next call, which needed the waiter's own thread elsewhere
+    run_ranks("threads_cross_wait.py", 3, timeout=60, launcher=NO_CLEANUP)

@@ -612,8 +612,8 @@ def test_a_done_callback_never_waits_for_another_thread_completing_the_call():
     queued, finished, seen = [], [], []
     lock = threading.Lock()
 
-    def finish(block):
-        finished.append(block)
+    def finish(block, soon=False, own=None):
+        finished.append((block, own))
         handle.settle("result", None)
         return True
 
@@ -624,7 +624,7 @@ def test_a_done_callback_never_waits_for_another_thread_completing_the_call():
     assert seen == [] and len(queued) == 1 and handle._callbacks is None
     lock.release()
     queued[0]()  # the progress thread's turn
-    assert finished == [True] and seen == [handle]
+    assert finished == [(True, handle)] and seen == [handle]  # its own call, no other
     handle.add_done_callback(seen.append)  # done: at once, on this thread
     assert seen == [handle, handle] and len(queued) == 1
 
@@ -663,6 +663,42 @@ def test_the_compiled_lane_leaves_async_repeats_python_must_start():
     assert h._done and seen == [h] and h2._done and run.calls == ["soon", "start",
                                                                   ("complete", False)]
     assert comm.calls == [("repeat", True), ("repeat", False)] and comm._started is None
+
+
+def test_a_waiter_completes_its_own_call_and_never_a_newer_one():
+    """complete(block, soon, handle), a StartedHandle's wait: once another thread completed its
+    call and the owner started the next, the waiter returns at once, driving nothing, even
+    while the completion lock is held for that newer call (two threads that each own a
+    communicator and wait on each other's handles hung, each waiting for the other's next
+    call: tests/ranks/threads_cross_wait.py)."""
+    import threading
+
+    lane, comm, executor, flight, entry, x, run = _lane_setup()
+    flight.issue_running("all_reduce", entry.what).running = 0
+    h1 = lane.run("all_reduce", x, None, ARGS, True, True)  # its peers late: started
+    assert comm._started[0] is h1 and not h1._done
+    run.calls.clear()
+    assert lane.complete(False, False, h1) is False and run.calls == [("complete", False)]
+    run.arrived = True
+    assert lane.complete(False) is True and h1._done  # the owner's next call completes it
+    run.arrived = False
+    h2 = lane.run("all_reduce", x, None, ARGS, True, True)
+    assert comm._started[0] is h2
+    run.calls.clear()
+    assert lane.complete(True, False, h1) is True and run.calls == []  # h2 is not h1's
+    assert lane.complete(False, False, h2) is False and run.calls == [("complete", False)]
+
+    run.calls.clear()
+    comm._completing.acquire()  # another thread completes h2, blocking
+    answers = []
+    waiter = threading.Thread(target=lambda: answers.append(lane.complete(True, False, h2)))
+    waiter.start()
+    waiter.join(0.05)
+    assert waiter.is_alive() and not answers  # a blocking wait for its own call waits
+    comm._started = ("a newer", entry, None)  # h2 completed, the next started: lock held still
+    waiter.join(5)
+    comm._completing.release()
+    assert answers == [True] and run.calls == []
 
 
 def test_the_compiled_lane_repeats_a_known_entry_as_python_would():
