@@ -326,6 +326,15 @@ def test_min_bw_from_nccl_tests_env(monkeypatch):
     assert parse("all_reduce", []).min_bw is None
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_negative_nccl_tests_min_bw_is_named_as_the_variable(monkeypatch, value):
+    # before: "--min-bw must be >= 0 GB/s, got -1", a flag the user never gave
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", value)
+    with pytest.raises(UsageError, match=f"^NCCL_TESTS_MIN_BW='{value}' must be >= 0 GB/s"):
+        parse("all_reduce", [])
+    assert parse("all_reduce", ["--min-bw", "2"]).min_bw == 2.0  # the flag wins, unread
+
+
 def test_gate_judges_topocoll_algorithms_not_the_baseline():
     rows = [_row("mpi4py", 1024, 10.0), _row("auto", 1024, 2.0), _row("ring", 1024, 6.0)]
     assert report.gated_algos(["mpi4py", "auto", "ring"]) == ["auto", "ring"]
