@@ -24,7 +24,8 @@ from topocoll.collectives.faults import exit_status
 from . import report
 from .agree import Verdict, agree
 from .baseline import MPIBaseline, MPICase
-from .colls import BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts
+from .colls import (BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts, input_count,
+                    resolve)
 from .options import AVERAGE_MODES, Options, UsageError, one_line, parse
 from .report import Result, Row
 from .sizes import format_size
@@ -117,11 +118,12 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
     ranks = [(r, host, pid) for r, (host, pid) in
              enumerate(comm.mpi_comm.allgather((socket.gethostname(), os.getpid())))]
     combos = opts.combos(n)
+    width = report.fit_algo_width(shown_algos(comm, opts))  # rows print as they come
     if lead:
         for note in empty_rows_notes(opts, n):
             print(f"topocoll bench: note: {note}", file=sys.stderr, flush=True)
         _out(report.header(_params(opts, comm), ranks, algo_column=True,
-                           per_rank=opts.per_rank))
+                           per_rank=opts.per_rank, algo_width=width))
     total = len(combos) * opts.cycles * len(opts.sizes) * len(opts.algos) * opts.repeats
     rows, step = [], 0
     memory = Memory(comm, opts.registered > 0, opts.tensors)
@@ -145,7 +147,8 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
             row.cycle = cycle
             rows.append(row)
             if lead:
-                _out([report.row_line(row, algo_column=True, per_rank=opts.per_rank)])
+                _out([report.row_line(row, algo_column=True, per_rank=opts.per_rank,
+                                      algo_width=width)])
     memory.close()
     if baseline is not None:
         baseline.close()
@@ -161,6 +164,21 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
         if failed[0]:
             raise UsageError(error or "rank 0 could not write its outputs")
     return rows
+
+
+def shown_algos(comm: collectives.Communicator, opts: Options) -> set[str]:
+    """Every value the table's algorithm column will show (``report.shown``): each algorithm,
+    ``auto`` as what it picks at each size and datatype of the sweep (``auto>shm_or_native``)."""
+    name, out = opts.collective, set()
+    for algo in opts.algos:
+        for dtype in opts.dtypes:
+            itemsize = DTYPES[dtype].itemsize
+            for size in dict.fromkeys(opts.sizes):
+                count = counts(name, size, itemsize, comm.size)[0]
+                nbytes = input_count(name, count, comm.size) * itemsize
+                resolved = algo if algo == BASELINE else resolve(comm, name, algo, nbytes)
+                out.add(report.shown(algo, resolved))
+    return out
 
 
 def _write(opts: Options, meta: dict, rows: list[Row], n: int) -> str | None:
