@@ -68,6 +68,8 @@ def main(argv: Sequence[str]) -> int:
         comm = collectives.init(timeout=opts.timeout)
     except Exception as err:  # noqa: BLE001 - a setting or the environment: said in one line
         error = f"setting up the communicator failed: {type(err).__name__}: {one_line(err)}"
+    if comm is not None:  # an algorithm that can't run here (--algo shm, TOPOCOLL_SHM=0): now
+        error = unavailable_algo(comm, opts)  # and in one line, not a traceback mid-run
     verdict = agree(world, error)
     if verdict.failed or comm is None:
         return _fail(world, verdict)
@@ -164,6 +166,18 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
         if failed[0]:
             raise UsageError(error or "rank 0 could not write its outputs")
     return rows
+
+
+def unavailable_algo(comm: collectives.Communicator, opts: Options) -> str | None:
+    """Why one of ``--algo``'s algorithms can't run on ``comm`` (the communicator's answer:
+    ``shm`` where shared memory is off or the ranks span nodes), or None."""
+    if opts.collective not in collectives.ALGORITHMS:  # sendrecv: MPI's own messages
+        return None
+    for algo in opts.algos:
+        why = None if algo == BASELINE else comm.algorithm_unavailable(opts.collective, algo)
+        if why is not None:
+            return f"--algo {algo}: {one_line(why)}"
+    return None
 
 
 def shown_algos(comm: collectives.Communicator, opts: Options) -> set[str]:

@@ -72,6 +72,20 @@ def test_a_setup_error_is_one_line_and_exit_2():
     _once(out, "setting up the communicator failed: TopologyError: TOPOCOLL_NICS")
 
 
+@pytest.mark.parametrize("env,flags,text", [
+    # the shm algorithms without shared memory: a traceback on every rank at the first timed
+    # call, exit 1 (the "#wrong" status)
+    ("TOPOCOLL_SHM=0", ["--algo", "ring,shm"], "--algo shm: algorithm 'shm' can't run here: "
+                                               "disabled by TOPOCOLL_SHM=0"),
+    ("TOPOCOLL_SHM=0", ["--algo", "shm_or_native"], "disabled by TOPOCOLL_SHM=0"),
+    # refused by init already (one line, exit 2): kept so
+    ("TOPOCOLL_ALGO=bogus", [], "TOPOCOLL_ALGO='bogus' names no algorithm"),
+])
+def test_an_algorithm_that_cannot_run_here_is_refused_before_timing(env, flags, text):
+    argv = ["env", env, "2", *FAST, *flags]
+    _once(mpmd(argv, argv), text)
+
+
 @pytest.mark.parametrize("argv,flag", [
     # rank 0 raised at the write, skipping the collective close(): rank 1 waited there forever
     (["paro", "--strategies", "NNG", "--rounds", "1", "--warmup", "0", "--width", "16",
