@@ -22,7 +22,7 @@ from topocoll.topology.limits import counted
 from topocoll.collectives.faults import exit_status
 
 from . import report
-from .agree import Verdict, agree
+from .agree import ENV, Verdict, agree, fail, parse_agreed
 from .baseline import MPIBaseline, MPICase
 from .colls import (BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts, input_count,
                     resolve)
@@ -42,22 +42,15 @@ def main(argv: Sequence[str]) -> int:
     """``topocoll bench <collective> [flags]``: 0 if every result was right (and fast enough for
     ``--min-bw``), else one of ``EXIT_WRONG``, ``EXIT_USAGE``, ``EXIT_TIMEOUT``, ``EXIT_MIN_BW``."""
     argv = list(argv)
-    opts, error, done = None, None, None
-    try:
-        opts = parse(argv[0] if argv else "", argv[1:])
-    except UsageError as err:
-        error = str(err)
-    except SystemExit as stop:  # --help
-        done = int(stop.code or 0)
+    # flags, outputs, memory and NCCL_TESTS_MIN_BW are checked on each rank: agree before any
+    # collective
+    opts, done = parse_agreed("topocoll bench", argv, lambda a: parse(a[0] if a else "", a[1:]),
+                              ENV)
+    if done is not None or opts is None:
+        return done or 0
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    # flags, outputs and memory are checked on each rank: agree before any collective
-    verdict = agree(world, error, argv)
-    if verdict.failed:
-        return _fail(world, verdict)
-    if done is not None or opts is None:
-        return done or 0
     if world.Get_rank() == 0:
         for note in opts.notes:
             print(f"topocoll bench: note: {note}", file=sys.stderr)
@@ -107,9 +100,7 @@ def main(argv: Sequence[str]) -> int:
 
 def _fail(world: Any, verdict: Verdict) -> int:
     """Print the agreed error on the rank it names; every rank returns ``EXIT_USAGE``."""
-    if world.Get_rank() == verdict.rank:
-        print(f"topocoll bench: error: {verdict.message}", file=sys.stderr, flush=True)
-    return EXIT_USAGE
+    return fail(world, verdict, "topocoll bench")
 
 
 def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ()) -> list[Row]:

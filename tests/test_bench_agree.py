@@ -134,3 +134,25 @@ def test_model_benchmarks_check_their_flags(argv, text):
     assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
     assert out.count(text) == 1 and out.count("error:") == 1, out
     assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("first,second,text", [
+    # a flag error on rank 1 only: rank 0 went on into collectives.init (or the torch process
+    # group) and waited there forever for the rank that had left
+    (["rtp"], ["rtp", "--heads", "3"], "rtp: error: rank 1: --heads 3 must divide --d-model"),
+    (["paro"], ["paro", "--strategies", "XYZ"], "paro: error: rank 1: --strategies: invalid"),
+    (["paro", "--peak"], ["paro", "--peak", "--rounds", "0"],
+     "paro --peak: error: rank 1: --rounds must be at least 1"),
+    (["tesseract"], ["tesseract", "--iters", "0"], "tesseract: error: rank 1: --iters must be"),
+    (["primepar"], ["primepar", "--memory", "abc"], "primepar: error: rank 1: --memory: bad"),
+    (["ddp"], ["ddp", "--rounds", "0"], "ddp: error: rank 1: --rounds must be at least 1"),
+    # valid flags that differ, or another tool: the ranks ran different collectives
+    (["rtp", "--steps", "1"], ["rtp", "--steps", "2"],
+     "rtp: error: rank 1 was started with other flags than rank 0"),
+    (["rtp"], ["paro"], "rank 1 was started with other flags than rank 0 ('topocoll bench paro'"),
+])
+def test_model_benchmarks_agree_before_communicating(first, second, text):
+    out = mpmd(["2", *first], ["2", *second], timeout=90)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count("error:") == 1 and text in out, out
+    assert "Traceback" not in out, out
