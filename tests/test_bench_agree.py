@@ -86,6 +86,17 @@ def test_an_algorithm_that_cannot_run_here_is_refused_before_timing(env, flags, 
     _once(mpmd(argv, argv), text)
 
 
+def test_overlap_refuses_an_algorithm_that_cannot_run_here():
+    # before: a ValueError traceback on every rank at the first all_reduce, exit 1
+    argv = ["env", "TOPOCOLL_SHM=0", "2", "overlap", "--algo", "shm", "--size", "1M",
+            "--repeats", "1"]
+    out = mpmd(argv, argv)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count("topocoll bench overlap: error: --algo shm: algorithm 'shm' can't run "
+                     "here: disabled by TOPOCOLL_SHM=0") == 1, out
+    assert "Traceback" not in out, out
+
+
 @pytest.mark.parametrize("argv,flag", [
     # rank 0 raised at the write, skipping the collective close(): rank 1 waited there forever
     (["paro", "--strategies", "NNG", "--rounds", "1", "--warmup", "0", "--width", "16",
