@@ -78,6 +78,21 @@ def counts(name: str, nbytes: int, itemsize: int, nranks: int) -> tuple[int, int
     return count, count * itemsize
 
 
+def input_count(name: str, count: int, nranks: int) -> int:
+    """Elements in a rank's input buffer for a call of ``count`` elements (``counts``'s): every
+    rank's part for reduce_scatter and all_to_all, ``count`` otherwise."""
+    return nranks * count if name in ("reduce_scatter", "all_to_all") else count
+
+
+def resolve(comm: collectives.Communicator, name: str, algo: str, input_bytes: int) -> str:
+    """The algorithm ``algo`` stands for when ``name`` moves ``input_bytes`` of input per rank on
+    ``comm``: what ``auto`` picks there (the same on every rank), ``p2p`` for sendrecv, the name
+    itself otherwise."""
+    if name == "sendrecv" or algo != "auto":
+        return "p2p" if name == "sendrecv" else algo
+    return comm.algorithm_for(name, input_bytes)
+
+
 def valid_algos(name: str) -> tuple[str, ...]:
     """Algorithm names ``--algo`` accepts for a collective: ``collectives.algorithms_for``'s, then
     ``mpi4py``, the baseline (mpi4py's own call, see ``bench/baseline.py``)."""
@@ -137,7 +152,7 @@ class Case:
         self.comm, self.spec, self.dtype = comm, SPECS[name], dtype
         self.count, self.op, self.root, self.mode, self.algo = count, op, root, mode, algo
         n = comm.size
-        in_len = n * count if name in ("reduce_scatter", "all_to_all") else count
+        in_len = input_count(name, count, n)
         out_len = n * count if name in ("all_gather", "all_to_all") else count
         memory = memory or Memory(comm, False)
         self._in = _Array(dtype, in_len, memory.get("in", _Array.bytes_for(dtype, in_len)),
@@ -149,9 +164,7 @@ class Case:
 
     def resolved(self) -> str:
         """The algorithm ``auto`` stands for at this size (the name itself otherwise)."""
-        if self.spec.name == "sendrecv" or self.algo != "auto":
-            return "p2p" if self.spec.name == "sendrecv" else self.algo
-        return self.comm.algorithm_for(self.spec.name, self.input_bytes)
+        return resolve(self.comm, self.spec.name, self.algo, self.input_bytes)
 
     def run(self, iters: int, blocking: bool, agg: int = 1, fresh: bool = False,
             wait_each: bool = False) -> None:

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from topocoll.bench.options import ArgParser, UsageError, at_least, usage_failed
+from topocoll.bench.agree import parse_agreed
+from topocoll.bench.options import ArgParser, UsageError, at_least
 from topocoll.bench.sizes import parse_size
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -29,10 +30,9 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print on rank 0; return the exit status."""
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench ddp", err)
+    args, done = parse_agreed("topocoll bench ddp", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     import topocoll.collectives.torch  # noqa: F401 - registers "topocoll"
     from topocoll.topology.limits import counted
 

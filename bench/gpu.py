@@ -22,16 +22,16 @@ import tempfile
 import time
 from typing import Any, Callable, Sequence
 
-from .options import ArgParser, UsageError, check_output, usage_failed
+from .agree import parse_agreed
+from .options import ArgParser, check_output
 from .sizes import format_size, parse_size
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print (rank 0); return the exit status."""
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench gpu", err)
+    args, done = parse_agreed("topocoll bench gpu", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     import cupy
     import torch
     import torch.distributed as dist

@@ -19,16 +19,16 @@ import numpy as np
 
 from topocoll.topology.limits import counted
 
-from .options import ArgParser, UsageError, usage_failed
+from .agree import parse_agreed
+from .options import ArgParser
 from .sizes import format_size, parse_size
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Measure and print (rank 0); return the exit status."""
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench membw", err)
+    args, done = parse_agreed("topocoll bench membw", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD

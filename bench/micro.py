@@ -22,9 +22,10 @@ from topocoll.topology.limits import counted
 from topocoll.collectives.faults import exit_status
 
 from . import report
-from .agree import Verdict, agree
+from .agree import ENV, Verdict, agree, fail, parse_agreed
 from .baseline import MPIBaseline, MPICase
-from .colls import BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts
+from .colls import (BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts, input_count,
+                    resolve)
 from .options import AVERAGE_MODES, Options, UsageError, one_line, parse
 from .report import Result, Row
 from .sizes import format_size
@@ -41,22 +42,15 @@ def main(argv: Sequence[str]) -> int:
     """``topocoll bench <collective> [flags]``: 0 if every result was right (and fast enough for
     ``--min-bw``), else one of ``EXIT_WRONG``, ``EXIT_USAGE``, ``EXIT_TIMEOUT``, ``EXIT_MIN_BW``."""
     argv = list(argv)
-    opts, error, done = None, None, None
-    try:
-        opts = parse(argv[0] if argv else "", argv[1:])
-    except UsageError as err:
-        error = str(err)
-    except SystemExit as stop:  # --help
-        done = int(stop.code or 0)
+    # flags, outputs, memory and NCCL_TESTS_MIN_BW are checked on each rank: agree before any
+    # collective
+    opts, done = parse_agreed("topocoll bench", argv, lambda a: parse(a[0] if a else "", a[1:]),
+                              ENV)
+    if done is not None or opts is None:
+        return done or 0
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    # flags, outputs and memory are checked on each rank: agree before any collective
-    verdict = agree(world, error, argv)
-    if verdict.failed:
-        return _fail(world, verdict)
-    if done is not None or opts is None:
-        return done or 0
     if world.Get_rank() == 0:
         for note in opts.notes:
             print(f"topocoll bench: note: {note}", file=sys.stderr)
@@ -67,6 +61,8 @@ def main(argv: Sequence[str]) -> int:
         comm = collectives.init(timeout=opts.timeout)
     except Exception as err:  # noqa: BLE001 - a setting or the environment: said in one line
         error = f"setting up the communicator failed: {type(err).__name__}: {one_line(err)}"
+    if comm is not None:  # an algorithm that can't run here (--algo shm, TOPOCOLL_SHM=0): now
+        error = unavailable_algo(comm, opts)  # and in one line, not a traceback mid-run
     verdict = agree(world, error)
     if verdict.failed or comm is None:
         return _fail(world, verdict)
@@ -104,9 +100,7 @@ def main(argv: Sequence[str]) -> int:
 
 def _fail(world: Any, verdict: Verdict) -> int:
     """Print the agreed error on the rank it names; every rank returns ``EXIT_USAGE``."""
-    if world.Get_rank() == verdict.rank:
-        print(f"topocoll bench: error: {verdict.message}", file=sys.stderr, flush=True)
-    return EXIT_USAGE
+    return fail(world, verdict, "topocoll bench")
 
 
 def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ()) -> list[Row]:
@@ -117,11 +111,12 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
     ranks = [(r, host, pid) for r, (host, pid) in
              enumerate(comm.mpi_comm.allgather((socket.gethostname(), os.getpid())))]
     combos = opts.combos(n)
+    width = report.fit_algo_width(shown_algos(comm, opts))  # rows print as they come
     if lead:
         for note in empty_rows_notes(opts, n):
             print(f"topocoll bench: note: {note}", file=sys.stderr, flush=True)
         _out(report.header(_params(opts, comm), ranks, algo_column=True,
-                           per_rank=opts.per_rank))
+                           per_rank=opts.per_rank, algo_width=width))
     total = len(combos) * opts.cycles * len(opts.sizes) * len(opts.algos) * opts.repeats
     rows, step = [], 0
     memory = Memory(comm, opts.registered > 0, opts.tensors)
@@ -145,7 +140,8 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
             row.cycle = cycle
             rows.append(row)
             if lead:
-                _out([report.row_line(row, algo_column=True, per_rank=opts.per_rank)])
+                _out([report.row_line(row, algo_column=True, per_rank=opts.per_rank,
+                                      algo_width=width)])
     memory.close()
     if baseline is not None:
         baseline.close()
@@ -161,6 +157,33 @@ def run(comm: collectives.Communicator, opts: Options, argv: Sequence[str] = ())
         if failed[0]:
             raise UsageError(error or "rank 0 could not write its outputs")
     return rows
+
+
+def unavailable_algo(comm: collectives.Communicator, opts: Options) -> str | None:
+    """Why one of ``--algo``'s algorithms can't run on ``comm`` (the communicator's answer:
+    ``shm`` where shared memory is off or the ranks span nodes), or None."""
+    if opts.collective not in collectives.ALGORITHMS:  # sendrecv: MPI's own messages
+        return None
+    for algo in opts.algos:
+        why = None if algo == BASELINE else comm.algorithm_unavailable(opts.collective, algo)
+        if why is not None:
+            return f"--algo {algo}: {one_line(why)}"
+    return None
+
+
+def shown_algos(comm: collectives.Communicator, opts: Options) -> set[str]:
+    """Every value the table's algorithm column will show (``report.shown``): each algorithm,
+    ``auto`` as what it picks at each size and datatype of the sweep (``auto>shm_or_native``)."""
+    name, out = opts.collective, set()
+    for algo in opts.algos:
+        for dtype in opts.dtypes:
+            itemsize = DTYPES[dtype].itemsize
+            for size in dict.fromkeys(opts.sizes):
+                count = counts(name, size, itemsize, comm.size)[0]
+                nbytes = input_count(name, count, comm.size) * itemsize
+                resolved = algo if algo == BASELINE else resolve(comm, name, algo, nbytes)
+                out.add(report.shown(algo, resolved))
+    return out
 
 
 def _write(opts: Options, meta: dict, rows: list[Row], n: int) -> str | None:

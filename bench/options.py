@@ -139,6 +139,8 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
         raise UsageError(f"-T/--timeout must be >= 0 seconds (0: topocoll's default), "
                          f"got {ns.timeout:g}")
     min_bw = ns.min_bw
+    if min_bw is not None and not min_bw >= 0:  # NaN too
+        raise UsageError(f"--min-bw must be >= 0 GB/s, got {min_bw:g}")
     if min_bw is None and os.environ.get("NCCL_TESTS_MIN_BW", "").strip():
         text = os.environ["NCCL_TESTS_MIN_BW"]
         try:
@@ -146,8 +148,9 @@ def parse(collective: str, argv: Sequence[str]) -> Options:
         except ValueError:
             raise UsageError(f"NCCL_TESTS_MIN_BW: expected a bandwidth in GB/s, got "
                              f"{text!r}") from None
-    if min_bw is not None and not min_bw >= 0:
-        raise UsageError(f"--min-bw must be >= 0 GB/s, got {min_bw:g}")
+        if not min_bw >= 0:  # the variable is named: the user set no --min-bw
+            raise UsageError(f"NCCL_TESTS_MIN_BW={text!r} must be >= 0 GB/s (unset it for "
+                             f"no minimum)")
     if ns.registered not in (0, 1, 2):
         raise UsageError(f"-R/--local_register must be 0 (plain buffers), 1 or 2 (registered "
                          f"buffers), got {ns.registered}")

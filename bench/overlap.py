@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from typing import Callable, Sequence
 
@@ -16,7 +15,8 @@ import numpy as np
 
 from topocoll import collectives
 
-from .options import ArgParser, UsageError, launcher_rank
+from .agree import agree, fail, parse_agreed
+from .options import ArgParser, UsageError
 from .sizes import format_size, parse_size
 
 PHASES = ("all_reduce", "matmul", "sequence", "overlapped")
@@ -24,15 +24,14 @@ PHASES = ("all_reduce", "matmul", "sequence", "overlapped")
 
 def main(argv: Sequence[str]) -> int:
     """``topocoll bench overlap [--size 32M] [--repeats 5] [--algo auto]``; 2 on bad flags."""
-    try:
-        opts = _parse(argv)
-    except UsageError as err:
-        if launcher_rank() == 0:
-            print(f"topocoll bench overlap: error: {err}", file=sys.stderr)
-        return 2
-    except SystemExit as done:  # --help
-        return int(done.code or 0)
+    opts, done = parse_agreed("topocoll bench overlap", argv, _parse)  # before any collective
+    if opts is None:
+        return done or 0
     comm = collectives.init()
+    why = comm.algorithm_unavailable("all_reduce", opts.algo)  # --algo shm, TOPOCOLL_SHM=0
+    verdict = agree(comm.mpi_comm, None if why is None else f"--algo {opts.algo}: {why}")
+    if verdict.failed:
+        return fail(comm.mpi_comm, verdict, "topocoll bench overlap")
     times = measure(comm, opts.size, opts.repeats, opts.algo)
     if comm.rank == 0:
         print("\n".join(table(times, comm.size, opts.size, opts.algo)), flush=True)

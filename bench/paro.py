@@ -23,8 +23,8 @@ import time
 from typing import Any, Sequence
 
 from . import paro_budget
-from .options import (ArgParser, UsageError, at_least, check_output, check_plot, one_line,
-                      usage_failed)
+from .agree import parse_agreed
+from .options import ArgParser, UsageError, at_least, check_output, check_plot, one_line
 from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
@@ -37,10 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import paro_peak
 
         return paro_peak.main([a for a in argv if a != "--peak"])
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench paro", err)
+    args, done = parse_agreed("topocoll bench paro", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     if args.from_json:
         return _replot(args.from_json, args.plot)
     import torch

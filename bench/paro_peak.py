@@ -31,17 +31,17 @@ import sys
 from typing import Any, Callable, Sequence
 
 from .memory import fixed_mmap_threshold, reset_high_water_mark, status
-from .options import ArgParser, UsageError, check_output, usage_failed
+from .agree import parse_agreed
+from .options import ArgParser, at_least, check_output
 from .paro_budget import FSDP
 from .paro_model import batches, fully_shard_units, mlp
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the measurement; rank 0 prints the table. Returns 0."""
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench paro --peak", err)
+    args, done = parse_agreed("topocoll bench paro --peak", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
@@ -187,6 +187,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", default=None,
                    help="write kept and peak bytes (the worst rank's) as JSON here (rank 0)")
     args = p.parse_args(list(argv) if argv is not None else None)
+    at_least(args, {"--width": 1, "--layers": 1, "--batch": 1, "--rounds": 1})  # 0: no sample
     check_output(args.json, "--json")
     return args
 

@@ -20,7 +20,8 @@ from typing import Sequence
 
 import torch
 
-from .options import ArgParser, UsageError, at_least, usage_failed
+from .agree import parse_agreed
+from .options import ArgParser, UsageError, at_least
 
 MISS = 0.25
 """A measurement further than this fraction from its prediction is flagged as a miss."""
@@ -28,10 +29,9 @@ MISS = 0.25
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the tables."""
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench primepar", err)
+    args, done = parse_agreed("topocoll bench primepar", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     from topocoll import collectives
     from topocoll.primepar.cost import Costs, Hardware
     from topocoll.primepar import Model, baselines, search

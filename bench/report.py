@@ -6,7 +6,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 MODES = (("oop", "out-of-place"), ("ip", "in-place"))
 
@@ -79,14 +79,20 @@ def bandwidths(size: int, seconds: float, factor: float) -> tuple[float, float]:
     return algbw, algbw * factor
 
 
+ALGO_WIDTH = 10
+"""The algorithm column's usual width (``auto>shm``, ``auto>ring``): its width where the caller
+gives none, and the least ``fit_algo_width`` gives (a longer value widens it)."""
+
+
 def header(params: str, ranks: Sequence[tuple[int, str, int]], algo_column: bool,
-           per_rank: bool = False) -> list[str]:
+           per_rank: bool = False, algo_width: int = ALGO_WIDTH) -> list[str]:
     """The lines before the rows: parameters, one line per rank, the column titles (with
-    ``per_rank``, each mode adds min/avg/max time over ranks)."""
+    ``per_rank``, each mode adds min/avg/max time over ranks); ``algo_width``: the algorithm
+    column's, as ``row_line`` is given it (``fit_algo_width``)."""
     lines = [f"# {params}", "#", "# Using ranks"]
     lines += [f"#  Rank {r:3d} Pid {pid:7d} on {host:>12s}" for r, host, pid in ranks]
     lead = _cells(("size", "count", "type", "redop", "root"), ("(B)", "(elements)", "", "", ""),
-                  algo_column)
+                  algo_width if algo_column else None)
     block = [("time", "(us)"), ("algbw", "(GB/s)"), ("busbw", "(GB/s)"), ("#wrong", "")]
     widths: tuple[int, ...] = _WIDTHS
     if per_rank:
@@ -101,23 +107,30 @@ def header(params: str, ranks: Sequence[tuple[int, str, int]], algo_column: bool
     return lines
 
 
-ALGO_WIDTH = 10
-"""The algorithm column: wide enough for ``auto>shm`` and ``auto>ring``."""
-
-
 def shown_algo(row: Row) -> str:
     """The algorithm as the table shows it: what ``auto`` ran, as ``auto>shm``."""
-    if row.resolved and row.resolved != row.algo:
-        return f"{row.algo}>{row.resolved}"
-    return row.algo
+    return shown(row.algo, row.resolved)
 
 
-def row_line(row: Row, algo_column: bool, per_rank: bool = False) -> str:
+def shown(algo: str, resolved: str) -> str:
+    """``algo`` as the table shows it once it has run as ``resolved``: ``auto>shm``, or ``algo``."""
+    return f"{algo}>{resolved}" if resolved and resolved != algo else algo
+
+
+def fit_algo_width(values: Iterable[str]) -> int:
+    """The algorithm column's width for the values it will show (``shown``'s), known before the
+    first row is printed: the longest of them (``auto>shm_or_native``), at least ``ALGO_WIDTH``."""
+    return max([ALGO_WIDTH, *map(len, values)])
+
+
+def row_line(row: Row, algo_column: bool, per_rank: bool = False,
+             algo_width: int = ALGO_WIDTH) -> str:
     """One table line, nccl-tests columns (N/A where the API has no such mode); with
-    ``per_rank``, min/avg/max time over ranks after each mode's ``#wrong``."""
+    ``per_rank``, min/avg/max time over ranks after each mode's ``#wrong``; the algorithm
+    column ``algo_width`` wide (as ``header``'s)."""
     s = f"{row.size:12d}  {row.count:12d}  {row.type:>8s}  {row.redop:>6s}  {row.root:6d}"
     if algo_column:
-        s += f"  {shown_algo(row):>{ALGO_WIDTH}s}"
+        s += f"  {shown_algo(row):>{algo_width}s}"
     for mode, _ in MODES:
         res = row.result(mode)
         if row.extra.get("skipped"):  # the footer says why
@@ -197,8 +210,10 @@ def comparison(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
     table: dict[tuple[int, str, str, int], dict[str, float | None]] = {}
     for r in rows:
         table.setdefault((r.size, r.type, r.redop, r.root), {})[r.algo] = r.algbw()
+    widths = {a: max(8, len(a)) for a in algos}  # shm_or_native fits its column too
     lines = [f"# busbw ratio vs {base} (out-of-place where offered; >1 is faster than {base})",
-             "#       size      type   redop    root" + "".join(f"  {a:>8s}" for a in algos)]
+             "#       size      type   redop    root" +
+             "".join(f"  {a:>{widths[a]}s}" for a in algos)]
     missing = False
     for (size, typ, redop, root), got in table.items():
         ref = got.get(base)
@@ -206,7 +221,8 @@ def comparison(rows: Sequence[Row], algos: Sequence[str]) -> list[str]:
         cells = []
         for a in algos:
             v = got.get(a)
-            cells.append(f"  {v / ref:8.2f}" if v is not None and ref else f"  {'N/A':>8s}")
+            w = widths[a]
+            cells.append(f"  {v / ref:{w}.2f}" if v is not None and ref else f"  {'N/A':>{w}s}")
         lines.append(f"{size:12d}  {typ:>8s}  {redop:>6s}  {root:6d}" + "".join(cells))
     if missing:
         lines.append(f"# N/A: no {base} bandwidth for that row (skipped, or a zero size)")
@@ -289,11 +305,14 @@ _WIDTHS = (7, 6, 6, 6)
 _SPREAD = (7, 7, 7)
 
 
-def _cells(titles: Sequence[str], units: Sequence[str], algo_column: bool) -> tuple[str, str]:
-    """The leading columns' title and unit lines, with the widths ``row_line`` uses."""
-    widths = (12, 12, 8, 6, 6) + ((ALGO_WIDTH,) if algo_column else ())
-    titles = tuple(titles) + (("algo",) if algo_column else ())
-    units = tuple(units) + (("",) if algo_column else ())
+def _cells(titles: Sequence[str], units: Sequence[str],
+           algo_width: int | None) -> tuple[str, str]:
+    """The leading columns' title and unit lines, with the widths ``row_line`` uses (the
+    algorithm column ``algo_width`` wide; None: no such column)."""
+    algo = algo_width is not None
+    widths = (12, 12, 8, 6, 6) + ((algo_width,) if algo_width is not None else ())
+    titles = tuple(titles) + (("algo",) if algo else ())
+    units = tuple(units) + (("",) if algo else ())
     first = "  ".join(f"{t:>{w}s}" for t, w in zip(titles, widths))
     second = "  ".join(f"{u:>{w}s}" for u, w in zip(units, widths))
     return first, second

@@ -37,7 +37,8 @@ import topocoll.rtp as rtp
 from topocoll.rtp.models import GPT
 
 from .memory import fixed_mmap_threshold, reset_high_water_mark, status
-from .options import ArgParser, UsageError, at_least, check_plot, usage_failed
+from .agree import parse_agreed
+from .options import ArgParser, UsageError, at_least, check_plot
 
 if TYPE_CHECKING:
     from topocoll.rtp.ring import RowShards
@@ -45,10 +46,9 @@ if TYPE_CHECKING:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison; print a table on rank 0 (and save a plot with ``--plot``)."""
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench rtp", err)
+    args, done = parse_agreed("topocoll bench rtp", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     torch.set_num_threads(args.threads)
     if args.peak:
         fixed_mmap_threshold()

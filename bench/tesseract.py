@@ -20,15 +20,15 @@ import numpy as np
 
 from topocoll.topology.limits import counted
 
-from .options import ArgParser, UsageError, at_least, usage_failed
+from .agree import parse_agreed
+from .options import ArgParser, at_least, usage_failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the comparison; rank 0 prints the table. Returns the exit status."""
-    try:
-        args = _parse(argv)
-    except UsageError as err:
-        return usage_failed("topocoll bench tesseract", err)
+    args, done = parse_agreed("topocoll bench tesseract", argv, _parse)  # before any collective: none hangs
+    if args is None:
+        return done or 0
     import torch
 
     from topocoll import collectives

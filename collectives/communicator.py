@@ -732,6 +732,22 @@ class Communicator:
         self._chosen[key] = chosen
         return chosen
 
+    def algorithm_unavailable(self, collective: str, algo: str = "auto") -> str | None:
+        """Why ``algo`` can't run ``collective`` on this communicator, in the words a call would
+        raise (None: it can), asked before any call: a name the collective lacks, ``auto``
+        under a ``TOPOCOLL_ALGO`` that names no algorithm, or an algorithm this communicator
+        can't run (``shm`` where ``TOPOCOLL_SHM=0`` or the ranks span nodes). Needs no
+        communication; the same answer on every rank."""
+        if collective not in select.ALGORITHMS:
+            return f"unknown collective {collective!r}; one of {', '.join(select.ALGORITHMS)}"
+        try:  # the check every call makes
+            chosen = select.choose(collective, algo, 0, self.size, self.topology,
+                                   has_shm=self.backend.arena_unavailable() is None)[0]
+        except (TypeError, ValueError) as err:
+            return str(err)
+        check = select.UNAVAILABLE.get(chosen)
+        return None if check is None else check(self.backend, chosen)
+
     def flight_record(self) -> list[dict[str, Any]]:
         """The last operations this rank issued here (``TOPOCOLL_FLIGHT_RECORD`` of them, oldest
         first) with their sequence numbers and states: after a timeout, the rank whose newest

@@ -65,6 +65,12 @@ its views and choices worked out once, in two halves (``shm.Run``: start, comple
 it can't): repeated small calls and persistent collectives run that instead of the general
 algorithm, and an async repeat starts it inline and completes it in ``wait``."""
 
+UNAVAILABLE: dict[str, Callable[[Backend, str], "str | None"]] = {
+    "shm": shm.unavailable, "shm_or_native": shm.unavailable}
+"""Algorithms that can't run on every communicator: ``check(backend, name)`` says why not on
+this one, in the words a call would raise (None: it can). ``Communicator.algorithm_unavailable``
+asks it, so a caller can refuse an algorithm before timing it."""
+
 READS_SOURCE = frozenset({"shm", "shm_or_native"})
 """All-reduce algorithms that read an out-of-place input themselves (``Call.source``): the
 communicator then skips copying it into the output first, a full pass over memory."""

@@ -72,6 +72,31 @@ def test_a_setup_error_is_one_line_and_exit_2():
     _once(out, "setting up the communicator failed: TopologyError: TOPOCOLL_NICS")
 
 
+@pytest.mark.parametrize("env,flags,text", [
+    # the shm algorithms without shared memory: a traceback on every rank at the first timed
+    # call, exit 1 (the "#wrong" status)
+    ("TOPOCOLL_SHM=0", ["--algo", "ring,shm"], "--algo shm: algorithm 'shm' can't run here: "
+                                               "disabled by TOPOCOLL_SHM=0"),
+    ("TOPOCOLL_SHM=0", ["--algo", "shm_or_native"], "disabled by TOPOCOLL_SHM=0"),
+    # refused by init already (one line, exit 2): kept so
+    ("TOPOCOLL_ALGO=bogus", [], "TOPOCOLL_ALGO='bogus' names no algorithm"),
+])
+def test_an_algorithm_that_cannot_run_here_is_refused_before_timing(env, flags, text):
+    argv = ["env", env, "2", *FAST, *flags]
+    _once(mpmd(argv, argv), text)
+
+
+def test_overlap_refuses_an_algorithm_that_cannot_run_here():
+    # before: a ValueError traceback on every rank at the first all_reduce, exit 1
+    argv = ["env", "TOPOCOLL_SHM=0", "2", "overlap", "--algo", "shm", "--size", "1M",
+            "--repeats", "1"]
+    out = mpmd(argv, argv)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count("topocoll bench overlap: error: --algo shm: algorithm 'shm' can't run "
+                     "here: disabled by TOPOCOLL_SHM=0") == 1, out
+    assert "Traceback" not in out, out
+
+
 @pytest.mark.parametrize("argv,flag", [
     # rank 0 raised at the write, skipping the collective close(): rank 1 waited there forever
     (["paro", "--strategies", "NNG", "--rounds", "1", "--warmup", "0", "--width", "16",
@@ -119,4 +144,26 @@ def test_model_benchmarks_check_their_flags(argv, text):
     out = run_ranks("bench_cli.py", 2, ["2", *argv], timeout=90)
     assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
     assert out.count(text) == 1 and out.count("error:") == 1, out
+    assert "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("first,second,text", [
+    # a flag error on rank 1 only: rank 0 went on into collectives.init (or the torch process
+    # group) and waited there forever for the rank that had left
+    (["rtp"], ["rtp", "--heads", "3"], "rtp: error: rank 1: --heads 3 must divide --d-model"),
+    (["paro"], ["paro", "--strategies", "XYZ"], "paro: error: rank 1: --strategies: invalid"),
+    (["paro", "--peak"], ["paro", "--peak", "--rounds", "0"],
+     "paro --peak: error: rank 1: --rounds must be at least 1"),
+    (["tesseract"], ["tesseract", "--iters", "0"], "tesseract: error: rank 1: --iters must be"),
+    (["primepar"], ["primepar", "--memory", "abc"], "primepar: error: rank 1: --memory: bad"),
+    (["ddp"], ["ddp", "--rounds", "0"], "ddp: error: rank 1: --rounds must be at least 1"),
+    # valid flags that differ, or another tool: the ranks ran different collectives
+    (["rtp", "--steps", "1"], ["rtp", "--steps", "2"],
+     "rtp: error: rank 1 was started with other flags than rank 0"),
+    (["rtp"], ["paro"], "rank 1 was started with other flags than rank 0 ('topocoll bench paro'"),
+])
+def test_model_benchmarks_agree_before_communicating(first, second, text):
+    out = mpmd(["2", *first], ["2", *second], timeout=90)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count("error:") == 1 and text in out, out
     assert "Traceback" not in out, out

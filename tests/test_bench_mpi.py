@@ -324,3 +324,18 @@ def test_timeout_names_the_op_and_the_absent_rank():
     assert "topocoll bench: error: rank 0: all_reduce timed out after 2 s waiting for rank 1" \
         in out, out
     assert "timeout: 2 s" in out and "RANK 0 DONE" in out
+
+
+def test_the_algo_column_fits_what_auto_picks():
+    # all_gather's auto takes shm_or_native from 2 MiB per rank on two ranks: before, the
+    # 18-character "auto>shm_or_native" overflowed the 10-character column, pushing every
+    # later cell of its line right of its title
+    out = run_ranks("bench_cli.py", 2, ["0", "all_gather", "-b", "4M", "-e", "4M", "-n", "1",
+                                        "-w", "0", "--algo", "mpi4py,auto", "--quiet", "-T", "60"],
+                    timeout=120)
+    titles = next(line for line in out.splitlines() if line.startswith("#") and " algo " in
+                  line + " ")
+    row = next(line for line in out.splitlines() if "auto>shm_or_native" in line)
+    assert row.index("auto>shm_or_native") + len("auto>shm_or_native") == \
+        titles.index(" algo") + len(" algo"), (titles, row)
+    assert len(row) == len(titles), (titles, row)

@@ -326,6 +326,30 @@ def test_min_bw_from_nccl_tests_env(monkeypatch):
     assert parse("all_reduce", []).min_bw is None
 
 
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_negative_nccl_tests_min_bw_is_named_as_the_variable(monkeypatch, value):
+    # before: "--min-bw must be >= 0 GB/s, got -1", a flag the user never gave
+    monkeypatch.setenv("NCCL_TESTS_MIN_BW", value)
+    with pytest.raises(UsageError, match=f"^NCCL_TESTS_MIN_BW='{value}' must be >= 0 GB/s"):
+        parse("all_reduce", [])
+    assert parse("all_reduce", ["--min-bw", "2"]).min_bw == 2.0  # the flag wins, unread
+
+
+def test_the_algo_column_is_as_wide_as_its_longest_value():
+    # before: 10 characters always, and "auto>shm_or_native" (18) overflowed it
+    row = _row("auto", 1024, 4.0)
+    row.resolved = "shm_or_native"
+    width = report.fit_algo_width(["mpi4py", report.shown_algo(row)])
+    assert width == len("auto>shm_or_native") and report.fit_algo_width(["ring"]) == report.ALGO_WIDTH
+    titles = report.header("p", [(0, "h", 1)], True, algo_width=width)[-2]
+    line = report.row_line(row, True, algo_width=width)
+    assert len(line) == len(titles)
+    assert line.index("auto>shm_or_native") + width == titles.index(" algo") + len(" algo")
+    ratios = report.comparison([_row("mpi4py", 1024, 2.0), _row("shm_or_native", 1024, 4.0)],
+                               ["mpi4py", "shm_or_native"])
+    assert len(ratios[1]) == len(ratios[2]) and ratios[2].endswith("  2.00"), ratios
+
+
 def test_gate_judges_topocoll_algorithms_not_the_baseline():
     rows = [_row("mpi4py", 1024, 10.0), _row("auto", 1024, 2.0), _row("ring", 1024, 6.0)]
     assert report.gated_algos(["mpi4py", "auto", "ring"]) == ["auto", "ring"]

@@ -1105,12 +1105,25 @@ _NATIVE = {"all_reduce": native.all_reduce, "reduce_scatter": native.reduce_scat
            "broadcast": native.broadcast, "all_to_all": native.all_to_all, "rotate": rotate_p2p}
 
 
+def unavailable(b: Backend, algo: str = "shm") -> str | None:
+    """Why ``algo`` (``shm``, ``shm_or_native``) can't run on ``b``, in the words its call would
+    raise (None: it can): more than one rank needs the node's shared-memory arena. Needs no
+    communication; the same on every rank (the arena's absence is agreed by all)."""
+    if b.size == 1 or b.arena() is not None:
+        return None
+    return _cant_run(b, algo)
+
+
+def _cant_run(b: Backend, algo: str) -> str:
+    return (f"algorithm {algo!r} can't run here: {b.arena_unavailable()}; "
+            f"use algo='auto' or another algorithm")
+
+
 def _arena(b: Backend) -> SharedArena:
     """The backend's arena, or a ValueError on every rank (the reason is agreed by all)."""
     arena = b.arena()
     if arena is None:
-        raise ValueError(f"algorithm 'shm' can't run here: {b.arena_unavailable()}; "
-                         f"use algo='auto' or another algorithm")
+        raise ValueError(_cant_run(b, "shm"))
     return arena
 
 

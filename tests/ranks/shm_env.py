@@ -23,14 +23,23 @@ def disabled(c):
     x = np.full(1 << 20, c.rank + 1.0)
     c.all_reduce(x)  # auto works without the arena
     assert np.all(x == sum(range(1, c.size + 1)))
+    # asked before any call (the bench refuses --algo shm so): the words the call raises
+    why = c.algorithm_unavailable("all_reduce", "shm")
+    assert c.algorithm_unavailable("all_reduce") is None
+    assert c.algorithm_unavailable("all_reduce", "ring") is None
+    assert "unknown algorithm 'ring' for broadcast" in c.algorithm_unavailable("broadcast", "ring")
     if c.size == 1:
+        assert why is None, why
         c.all_reduce(x, algo="shm")  # one rank needs no arena: 'shm' is a local no-op
         assert np.all(x == 1.0)
         return
+    assert why and "TOPOCOLL_SHM" in why, why
+    assert "'shm_or_native' can't run here" in c.algorithm_unavailable("all_gather",
+                                                                       "shm_or_native")
     try:
         c.all_reduce(x, algo="shm")
     except ValueError as err:
-        assert "TOPOCOLL_SHM" in str(err) and "shm" in str(err), str(err)
+        assert str(err) == why, (str(err), why)
     else:
         raise AssertionError("algo='shm' ran without an arena")
     c.all_gather(np.ones(3))  # the communicator is still usable
