@@ -242,11 +242,13 @@ class Communicator:
 
     # -- collectives --
     def all_reduce(self, x: Any, op: str = "sum", algo: str = "auto", async_op: bool = False,
-                   out: Any = None, timeout: float | None = None) -> Any:
+                   out: Any = None, timeout: float | None = None, **unexpected: Any) -> Any:
         """Reduce ``x`` over all ranks with ``op``; the result replaces ``x`` (or fills ``out``).
 
         Returns the result array, or a Handle whose ``wait()`` returns it if ``async_op``.
         """
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("all_reduce", unexpected, async_op, timeout)
         done = self._lane("all_reduce", x, out, (op, algo, async_op, timeout), self.check, async_op)
         if done is not GENERAL:
             return done
@@ -271,8 +273,10 @@ class Communicator:
                             keep=(out, given))
 
     def all_gather(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
-                   timeout: float | None = None) -> Any:
+                   timeout: float | None = None, **unexpected: Any) -> Any:
         """Concatenate every rank's ``x`` along axis 0 into ``out`` (shape ``(size*n, ...)``)."""
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("all_gather", unexpected, async_op, timeout)
         done = self._lane("all_gather", x, out, (algo, async_op, timeout), self.check, async_op)
         if done is not GENERAL:
             return done
@@ -292,9 +296,12 @@ class Communicator:
                             keep=(out, given))
 
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
-                       async_op: bool = False, timeout: float | None = None) -> Any:
+                       async_op: bool = False, timeout: float | None = None,
+                       **unexpected: Any) -> Any:
         """Reduce ``x`` over ranks and give rank ``r`` part ``r`` of it, split along axis 0 like
         ``numpy.array_split`` (the first ``len(x) % size`` parts have one more row)."""
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("reduce_scatter", unexpected, async_op, timeout)
         done = self._lane("reduce_scatter", x, out, (op, algo, async_op, timeout), self.check,
                           async_op)
         if done is not GENERAL:
@@ -315,8 +322,10 @@ class Communicator:
                             keep=(out, given))
 
     def broadcast(self, x: Any, root: int = 0, algo: str = "auto", async_op: bool = False,
-                  timeout: float | None = None) -> Any:
+                  timeout: float | None = None, **unexpected: Any) -> Any:
         """Copy ``root``'s ``x`` into ``x`` on every rank."""
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("broadcast", unexpected, async_op, timeout)
         done = self._lane("broadcast", x, None, (root, algo, async_op, timeout), self.check,
                           async_op)
         if done is not GENERAL:
@@ -336,8 +345,10 @@ class Communicator:
                             keep=(None, given))
 
     def reduce(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
-               async_op: bool = False, timeout: float | None = None) -> Any:
+               async_op: bool = False, timeout: float | None = None, **unexpected: Any) -> Any:
         """Reduce ``x`` over ranks into ``root``'s ``x``; other ranks' ``x`` is left unchanged."""
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("reduce", unexpected, async_op, timeout)
         done = self._lane("reduce", x, None, (root, op, algo, async_op, timeout), self.check,
                           async_op)
         if done is not GENERAL:
@@ -359,9 +370,11 @@ class Communicator:
                             keep=(None, given))
 
     def all_to_all(self, x: Any, out: Any = None, algo: str = "auto", async_op: bool = False,
-                   timeout: float | None = None) -> Any:
+                   timeout: float | None = None, **unexpected: Any) -> Any:
         """Send part ``i`` of ``x`` (split along axis 0 like ``numpy.array_split``) to rank ``i``;
         ``out`` receives part ``rank`` from every rank, concatenated in rank order."""
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("all_to_all", unexpected, async_op, timeout)
         done = self._lane("all_to_all", x, out, (algo, async_op, timeout), self.check, async_op)
         if done is not GENERAL:
             return done
@@ -379,9 +392,11 @@ class Communicator:
                             keep=(out, given))
 
     def rotate(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
-               async_op: bool = False, timeout: float | None = None) -> Any:
+               async_op: bool = False, timeout: float | None = None, **unexpected: Any) -> Any:
         """Send ``x`` to rank ``(rank+shift) % size`` and receive rank ``(rank-shift) % size``'s
         into ``out`` (a new array if None; ``out=x`` rotates in place through a temporary)."""
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("rotate", unexpected, async_op, timeout)
         done = self._lane("rotate", x, out, (shift, algo, async_op, timeout), self.check, async_op)
         if done is not GENERAL:
             return done
@@ -401,8 +416,11 @@ class Communicator:
         return self._launch(call, buf, algo, async_op, target.user, timeout, copy_out=copy_out,
                             keep=(out, given))
 
-    def barrier(self, async_op: bool = False, timeout: float | None = None) -> Any:
+    def barrier(self, async_op: bool = False, timeout: float | None = None,
+                **unexpected: Any) -> Any:
         """Wait until every rank has called barrier."""
+        if unexpected:  # a malformed call: its peers must hear of it too
+            self._unexpected("barrier", unexpected, async_op, timeout)
         done = self._lane("barrier", self._barrier_x, None, (async_op, timeout), self.check,
                           async_op)
         if done is not GENERAL:
@@ -1295,6 +1313,17 @@ class Communicator:
         sig = np.array([self.rank + 1 if rejecting else 0], np.int64)
         _lo, hi = self.backend.agree(sig, OpContext(name, self.timeout))
         return int(hi[0]) - 1 if hi[0] and not rejecting else None
+
+    def _unexpected(self, kind: str, unexpected: dict[str, Any], async_op: Any,
+                    timeout: Any) -> None:
+        """Raise TypeError for a call given keywords ``kind`` doesn't take, after telling the
+        peers (``_reject``), who would otherwise wait for this rank's call until their timeout.
+        (The public collectives take ``**unexpected`` so that the check costs nothing else.)"""
+        err = TypeError(f"{kind}() got an unexpected keyword argument "
+                        f"{next(iter(unexpected))!r}")
+        self._made()
+        self._reject(kind, timeout, async_op is True, err)
+        raise err
 
     def _reject(self, kind: str, timeout: Any, async_op: bool, err: Exception) -> None:
         """Join the agreement of a call this rank rejected (``rejected_together``), with a

@@ -183,6 +183,15 @@ def one_rank_rejects(c):
              lambda: c.all_reduce(x.copy(), algo="shm"), ValueError, "timeout")
     both(lambda: c.all_reduce(np.ones(8).view(_Raising)), lambda: c.all_reduce(np.ones(8)),
          ZeroDivisionError, "flags")  # any error before the call starts, not only bad values
+    # a keyword the call doesn't take (its peers waited out their timeout), after repeats
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                 "all_to_all", "rotate"):
+        call, x = getattr(c, name), np.ones(12, np.float32)  # all_to_all: rows split evenly
+        for _ in range(3):
+            call(x.copy())
+        both(lambda: call(x.copy(), bogus=1), lambda: call(x.copy()), TypeError,
+             f"{name}() got an unexpected keyword argument 'bogus'")
+    both(lambda: c.barrier(asyncop=True), c.barrier, TypeError, "barrier() got an unexpected")
     ro = np.ones(4)
     ro.flags.writeable = False
     both(lambda: c.broadcast(ro, root=0), lambda: c.broadcast(np.ones(4), root=0),
