@@ -436,39 +436,53 @@ class Communicator:
 
     # -- persistent collectives (MPI-4's MPI_Allreduce_init and friends) --
     def all_reduce_init(self, x: Any, op: str = "sum", algo: str = "auto", out: Any = None,
-                        timeout: float | None = None) -> "Persistent":
+                        timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``all_reduce(x, op, algo, out=out)`` once; ``start()`` it many times. See
         :class:`Persistent`."""
+        if unexpected:
+            self._unexpected("all_reduce", unexpected, False, timeout, "all_reduce_init")
         return self._init(self._all_reduce, x, op=op, algo=algo, out=out, timeout=timeout)
 
     def all_gather_init(self, x: Any, out: Any = None, algo: str = "auto",
-                        timeout: float | None = None) -> "Persistent":
+                        timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``all_gather(x, out, algo)`` once (``out`` is allocated if None)."""
+        if unexpected:
+            self._unexpected("all_gather", unexpected, False, timeout, "all_gather_init")
         return self._init(self._all_gather, x, out=out, algo=algo, timeout=timeout)
 
     def reduce_scatter_init(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
-                            timeout: float | None = None) -> "Persistent":
+                            timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``reduce_scatter(x, out, op, algo)`` once."""
+        if unexpected:
+            self._unexpected("reduce_scatter", unexpected, False, timeout, "reduce_scatter_init")
         return self._init(self._reduce_scatter, x, out=out, op=op, algo=algo, timeout=timeout)
 
     def broadcast_init(self, x: Any, root: int = 0, algo: str = "auto",
-                       timeout: float | None = None) -> "Persistent":
+                       timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``broadcast(x, root, algo)`` once."""
+        if unexpected:
+            self._unexpected("broadcast", unexpected, False, timeout, "broadcast_init")
         return self._init(self._broadcast, x, root=root, algo=algo, timeout=timeout)
 
     def reduce_init(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
-                    timeout: float | None = None) -> "Persistent":
+                    timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``reduce(x, root, op, algo)`` once."""
+        if unexpected:
+            self._unexpected("reduce", unexpected, False, timeout, "reduce_init")
         return self._init(self._reduce, x, root=root, op=op, algo=algo, timeout=timeout)
 
     def all_to_all_init(self, x: Any, out: Any = None, algo: str = "auto",
-                        timeout: float | None = None) -> "Persistent":
+                        timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``all_to_all(x, out, algo)`` once."""
+        if unexpected:
+            self._unexpected("all_to_all", unexpected, False, timeout, "all_to_all_init")
         return self._init(self._all_to_all, x, out=out, algo=algo, timeout=timeout)
 
     def rotate_init(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
-                    timeout: float | None = None) -> "Persistent":
+                    timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``rotate(x, out, shift, algo)`` once (``out`` is allocated if None)."""
+        if unexpected:
+            self._unexpected("rotate", unexpected, False, timeout, "rotate_init")
         return self._init(self._rotate, x, out=out, shift=shift, algo=algo, timeout=timeout)
 
     def _init(self, method: Any, *args: Any, **kwargs: Any) -> "Persistent":
@@ -1315,11 +1329,12 @@ class Communicator:
         return int(hi[0]) - 1 if hi[0] and not rejecting else None
 
     def _unexpected(self, kind: str, unexpected: dict[str, Any], async_op: Any,
-                    timeout: Any) -> None:
-        """Raise TypeError for a call given keywords ``kind`` doesn't take, after telling the
-        peers (``_reject``), who would otherwise wait for this rank's call until their timeout.
-        (The public collectives take ``**unexpected`` so that the check costs nothing else.)"""
-        err = TypeError(f"{kind}() got an unexpected keyword argument "
+                    timeout: Any, called: str | None = None) -> None:
+        """Raise TypeError for a call (``called``, else ``kind``) given keywords it doesn't
+        take, after telling the peers (``_reject``), who would otherwise wait for this rank's
+        call until their timeout. (The public collectives take ``**unexpected`` so that the
+        check costs nothing else.)"""
+        err = TypeError(f"{called or kind}() got an unexpected keyword argument "
                         f"{next(iter(unexpected))!r}")
         self._made()
         self._reject(kind, timeout, async_op is True, err)

@@ -191,6 +191,9 @@ def one_rank_rejects(c):
             call(x.copy())
         both(lambda: call(x.copy(), bogus=1), lambda: call(x.copy()), TypeError,
              f"{name}() got an unexpected keyword argument 'bogus'")
+        init = getattr(c, f"{name}_init")
+        both(lambda: init(x.copy(), bogus=1), lambda: init(x.copy()), TypeError,
+             f"{name}_init() got an unexpected keyword argument 'bogus'")
     both(lambda: c.barrier(asyncop=True), c.barrier, TypeError, "barrier() got an unexpected")
     ro = np.ones(4)
     ro.flags.writeable = False
