@@ -304,10 +304,13 @@ def check_output(path: str | None, flag: str) -> None:
 
 
 def check_plot(path: str | None, flag: str = "--plot") -> None:
-    """``check_output`` for a plot, which is written as PNG: other extensions are refused
-    before the run (matplotlib would refuse some of them only at the end)."""
+    """``check_output`` for a plot, which is written as PNG with matplotlib: other extensions,
+    and a missing matplotlib, are refused before the run (not found only at the end)."""
     if path is not None and not path.lower().endswith(".png"):
         raise UsageError(f"{flag} wants a .png path, got {path!r}")
+    if path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(f"{flag} needs matplotlib, which is not installed (pip install "
+                         f"'topocoll[plot]')")
     check_output(path, flag)
 
 

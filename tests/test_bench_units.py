@@ -523,6 +523,18 @@ def test_output_paths_are_checked_before_the_run(tmp_path, flag):
     assert parse("all_reduce", [flag, str(tmp_path / name)]) is not None
 
 
+def test_a_plot_without_matplotlib_is_refused_before_the_run(tmp_path, monkeypatch):
+    """It failed at the write after the whole run, with a traceback."""
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else found(name, *a))
+    with pytest.raises(UsageError, match=r"--plot needs matplotlib.*topocoll\[plot\]"):
+        parse("all_reduce", ["--plot", str(tmp_path / "x.png")])
+    assert parse("all_reduce", ["--json", str(tmp_path / "x.json")]) is not None
+
+
 def test_tools_check_their_output_paths(tmp_path, capsys):
     from topocoll.bench import paro, simulate
 
