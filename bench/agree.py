@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, TypeVar
 
-from .options import UsageError
+from .options import UsageError, one_line
 
 T = TypeVar("T")
 
@@ -62,6 +62,24 @@ def agree(world: Any, error: str | None, argv: Sequence[str] | None = None,
                                      f"({cmd!r} against {every[0][1]!r}); every rank must get "
                                      f"the same flags{''.join(f' and {k}' for k in env)}")
     return Verdict()
+
+
+def init_agreed(world: Any, check: Callable[[Any], str | None] | None = None,
+                **init: Any) -> tuple[Any, Verdict]:
+    """``collectives.init(**init)`` on every rank, then ``check(comm)`` (why the tool can't run
+    on it, or None), agreed as :func:`agree` does: ``(comm, verdict)``, comm None where init
+    failed on this rank. A failing init is one line (``setting up the communicator failed:
+    ...``), not a traceback on every rank."""
+    from topocoll import collectives
+
+    comm, error = None, None
+    try:
+        comm = collectives.init(**init)
+    except Exception as err:  # noqa: BLE001 - a setting or the environment: said in one line
+        error = f"setting up the communicator failed: {type(err).__name__}: {one_line(err)}"
+    if comm is not None and check is not None:
+        error = check(comm)
+    return comm, agree(world, error)
 
 
 def fail(world: Any, verdict: Verdict, prog: str) -> int:

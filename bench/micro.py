@@ -22,7 +22,7 @@ from topocoll.topology.limits import counted
 from topocoll.collectives.faults import exit_status
 
 from . import report
-from .agree import ENV, Verdict, agree, fail, parse_agreed
+from .agree import ENV, Verdict, fail, init_agreed, parse_agreed
 from .baseline import MPIBaseline, MPICase
 from .colls import (BASELINE, DTYPES, SPECS, Case, Memory, busbw_factor, counts, input_count,
                     resolve)
@@ -56,14 +56,8 @@ def main(argv: Sequence[str]) -> int:
             print(f"topocoll bench: note: {note}", file=sys.stderr)
     # repeated in-place prod/sum grows floats to inf during timing: expected, not worth a warning
     warnings.filterwarnings("ignore", "overflow encountered", RuntimeWarning)
-    comm, error = None, None
-    try:
-        comm = collectives.init(timeout=opts.timeout)
-    except Exception as err:  # noqa: BLE001 - a setting or the environment: said in one line
-        error = f"setting up the communicator failed: {type(err).__name__}: {one_line(err)}"
-    if comm is not None:  # an algorithm that can't run here (--algo shm, TOPOCOLL_SHM=0): now
-        error = unavailable_algo(comm, opts)  # and in one line, not a traceback mid-run
-    verdict = agree(world, error)
+    # an algorithm that can't run here (--algo shm, TOPOCOLL_SHM=0): now, in one line
+    comm, verdict = init_agreed(world, lambda c: unavailable_algo(c, opts), timeout=opts.timeout)
     if verdict.failed or comm is None:
         return _fail(world, verdict)
     try:

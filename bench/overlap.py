@@ -15,7 +15,7 @@ import numpy as np
 
 from topocoll import collectives
 
-from .agree import agree, fail, parse_agreed
+from .agree import fail, init_agreed, parse_agreed
 from .options import ArgParser, UsageError
 from .sizes import format_size, parse_size
 
@@ -27,11 +27,15 @@ def main(argv: Sequence[str]) -> int:
     opts, done = parse_agreed("topocoll bench overlap", argv, _parse)  # before any collective
     if opts is None:
         return done or 0
-    comm = collectives.init()
-    why = comm.algorithm_unavailable("all_reduce", opts.algo)  # --algo shm, TOPOCOLL_SHM=0
-    verdict = agree(comm.mpi_comm, None if why is None else f"--algo {opts.algo}: {why}")
-    if verdict.failed:
-        return fail(comm.mpi_comm, verdict, "topocoll bench overlap")
+    from mpi4py import MPI
+
+    def unavailable(c: collectives.Communicator) -> str | None:  # --algo shm, TOPOCOLL_SHM=0
+        why = c.algorithm_unavailable("all_reduce", opts.algo)
+        return None if why is None else f"--algo {opts.algo}: {why}"
+
+    comm, verdict = init_agreed(MPI.COMM_WORLD, unavailable)
+    if verdict.failed or comm is None:
+        return fail(MPI.COMM_WORLD, verdict, "topocoll bench overlap")
     times = measure(comm, opts.size, opts.repeats, opts.algo)
     if comm.rank == 0:
         print("\n".join(table(times, comm.size, opts.size, opts.algo)), flush=True)

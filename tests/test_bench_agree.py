@@ -97,6 +97,16 @@ def test_overlap_refuses_an_algorithm_that_cannot_run_here():
     assert "Traceback" not in out, out
 
 
+def test_overlap_says_in_one_line_that_init_failed():
+    # before: a ValueError traceback from collectives.init on every rank, exit 1
+    argv = ["env", "TOPOCOLL_TIMEOUT=bogus", "2", "overlap", "--size", "1K", "--repeats", "1"]
+    out = mpmd(argv, argv)
+    assert "RANK 0 RC 2" in out and "RANK 1 RC 2" in out, out
+    assert out.count("topocoll bench overlap: error: setting up the communicator failed: "
+                     "ValueError: TOPOCOLL_TIMEOUT='bogus'") == 1, out
+    assert "Traceback" not in out, out
+
+
 @pytest.mark.parametrize("argv,flag", [
     # rank 0 raised at the write, skipping the collective close(): rank 1 waited there forever
     (["paro", "--strategies", "NNG", "--rounds", "1", "--warmup", "0", "--width", "16",
