@@ -824,8 +824,15 @@ class Communicator:
         if self._takeover_slot is not None:  # first: no hand-over races the close
             slot, self._takeover_slot = self._takeover_slot, None
             takeover.release(slot)
-        self._drain()
-        self._executor.close()
+        if self._broken is not None and not self._executor.drain(self._limit):
+            # what still runs is stuck (a done-callback that never ends): leave its thread
+            logger.warning("close: communicator %s's progress thread is still busy after %g s "
+                           "(a done-callback that doesn't return?); closing without it",
+                           self.name, self._limit)
+            self._executor.leave()
+        else:
+            self._drain()
+            self._executor.close()
         hierarchy.release(self.backend, self._broken is not None)  # hier/ho_ring's node and rail groups
         if self._broken:
             self.backend.abandon()
@@ -1247,21 +1254,22 @@ class Communicator:
 
         if async_op:
             return self._executor.submit(name, guarded)
-        return self._executor.run(name, guarded, self._timeout(limit),
+        # behind a callback, at least the communicator's limit: a call's own tighter limit is
+        # for its peers, and a slow callback that ends (however late) mustn't break it
+        return self._executor.run(name, guarded, max(self._timeout(limit), self._limit),
                                   lambda callback, secs: self._stuck(name, entry, callback, secs))
 
     def _stuck(self, name: str, entry: FlightEntry, callback: str,
                secs: float) -> BaseException:
         """The error of blocking call ``name`` that never started: the progress thread is still
-        in a done-callback of ``callback`` (for ``secs`` s). The communicator breaks: the call
-        stays queued, and when (if ever) its turn comes it fails at once, as any call behind a
-        timeout does."""
+        in a done-callback of ``callback`` (for ``secs`` s). The communicator breaks, as after
+        any timeout; the call is never run (``Executor.run``)."""
         err = CollectiveTimeoutError(
             f"{name} timed out on rank {self.rank} before it started: the progress thread of "
             f"communicator {self.name} has been running a done-callback of {callback} for "
-            f"{secs:.1f} s. A done-callback that blocks until this thread's next call, or waits "
-            f"for another communicator's done-callback, never ends; keep callbacks short and "
-            f"non-blocking")
+            f"{secs:.1f} s, past the limit. (A done-callback that waits for this thread's next "
+            f"call, or for another communicator's done-callback, never ends.) Keep callbacks "
+            f"short and non-blocking")
         return self._fail(name, err, entry)
 
     def _usable(self, name: str) -> None:
@@ -1337,7 +1345,7 @@ class Communicator:
         err = TypeError(f"{called or kind}() got an unexpected keyword argument "
                         f"{next(iter(unexpected))!r}")
         self._made()
-        self._reject(kind, timeout, async_op is True, err)
+        self._reject(kind, timeout, bool(async_op), err)
         raise err
 
     def _reject(self, kind: str, timeout: Any, async_op: bool, err: Exception) -> None:

@@ -6,7 +6,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Sequence
 
 from .context import MAX_NAP_SECONDS, SPIN_SECONDS, spin
 from .errors import CollectiveError, CollectiveTimeoutError
@@ -25,16 +25,37 @@ HANDOFF_SPIN_SECONDS = 100e-6
 blocking wait costs 10-20 us here, longer than most small collectives' remaining time."""
 
 
-def run_done_callbacks(handle: Any, callbacks: Iterable[Callable[[Any], None]]) -> None:
+def run_done_callbacks(handle: Any, callbacks: Sequence[Callable[[Any], None]]) -> None:
     """Call each of ``callbacks`` with ``handle``. One that raises is logged and the rest still
     run, as concurrent.futures does: a callback's error is not the operation's, and must not
     reach whichever thread finished it (a waiter's ``wait``, or the progress thread, which would
-    die with every call queued behind it)."""
+    die with every call queued behind it). On a progress thread, its executor notes that it is
+    in done-callbacks, and since when (``Executor.run`` bounds a wait behind them)."""
+    if not callbacks:
+        return
+    executor = getattr(_worker, "executor", None)
+    if executor is None:
+        _run_each(handle, callbacks)
+        return
+    outer = executor._in_callbacks  # callbacks run from a callback: the outer run still counts
+    if outer is None:
+        executor._in_callbacks = (handle.name, time.monotonic())
+    try:
+        _run_each(handle, callbacks)
+    finally:
+        executor._in_callbacks = outer
+
+
+def _run_each(handle: Any, callbacks: Sequence[Callable[[Any], None]]) -> None:
     for fn in callbacks:
         try:
             fn(handle)
         except Exception:  # noqa: BLE001 - logged: the caller's error, not the operation's
             logger.exception("a done-callback of %s raised", handle.name)
+
+
+_worker = threading.local()
+"""On a progress thread: ``executor``, the Executor it runs for."""
 
 
 class Handle:
@@ -53,6 +74,8 @@ class Handle:
         self._callbacks: list[Callable[["Handle"], None]] = []
         self._lock = threading.Lock()
         self._claimed = False
+        self._given_up = False  # queued: its waiter gave up before it ran (Executor.run)
+        self._taken = False     # queued: the progress thread took it to run
 
     @property
     def done(self) -> bool:
@@ -201,7 +224,7 @@ class Executor:
         self._draining = 0  # threads waiting in drain(): only they need a notify
         self._thread: threading.Thread | None = None
         self._exec = threading.Lock()  # held by whichever thread runs an operation
-        # (operation name, time.monotonic()) while the progress thread runs its done-callbacks
+        # (operation name, time.monotonic()) while the progress thread runs done-callbacks
         self._in_callbacks: tuple[str, float] | None = None
 
     def submit(self, name: str, fn: Callable[[], Any]) -> Handle:
@@ -226,8 +249,9 @@ class Executor:
         From a done-callback (on the progress thread itself, which would wait for its own
         queue) it raises CollectiveError (a RuntimeError) at once, on every rank alike: never a deadlock.
         Queued operations end by their own limits, but a done-callback has none: where the
-        progress thread stays in one for ``limit`` seconds of this wait, ``fn`` never started
-        and ``stuck(callback's operation, seconds in it)`` is raised (``fn`` stays queued)."""
+        progress thread stays in one run of callbacks for ``limit`` seconds of this wait, and
+        ``fn`` has not been taken to run, it never will be, and ``stuck(callback's operation,
+        seconds in it)`` is raised."""
         if self.on_worker():
             raise CollectiveError(ON_WORKER.format(what=f"a blocking {name}"))
         with self._lock:
@@ -254,16 +278,16 @@ class Executor:
         """Whether the caller is the progress thread (a handle's done-callback runs there)."""
         return threading.current_thread() is self._thread
 
-    def drain(self) -> None:
-        """Block until every queued operation has finished."""
+    def drain(self, limit: float | None = None) -> bool:
+        """Block until every queued operation has finished, or ``limit`` seconds passed;
+        whether they all did."""
         if self.on_worker():
             raise CollectiveError(ON_WORKER.format(what="waiting for the queue (split, alloc, "
                                                       "free, close)"))
         with self._idle:
             self._draining += 1
             try:
-                while self._pending:
-                    self._idle.wait()
+                return self._idle.wait_for(lambda: not self._pending, limit)
             finally:
                 self._draining -= 1
 
@@ -271,6 +295,11 @@ class Executor:
         """Finish queued work and stop the thread."""
         self.drain()
         self._stop(None)
+
+    def leave(self) -> None:
+        """Stop the progress thread once it gets back to its queue, without waiting for it
+        (``close`` of a broken communicator whose thread is stuck in a done-callback)."""
+        self._stop(0.0)
 
     def stop_at_exit(self, wait: float) -> None:
         """Stop the progress thread once its queue is empty, waiting at most ``wait`` seconds.
@@ -303,10 +332,16 @@ class Executor:
         spin(handle._event.is_set, HANDOFF_SPIN_SECONDS)
         while not handle._event.wait(STUCK_POLL_SECONDS):
             inside = self._in_callbacks
-            if inside is not None:
-                now = time.monotonic()
-                if now - max(inside[1], began) >= limit:
-                    raise stuck(inside[0], now - inside[1])
+            if inside is None:
+                continue
+            now = time.monotonic()
+            if now - max(inside[1], began) < limit:
+                continue
+            with self._lock:  # decided against the progress thread taking it meanwhile
+                if handle._taken:
+                    continue
+                handle._given_up = True
+            raise stuck(inside[0], now - inside[1])
         return handle.wait()
 
     def _release(self) -> None:
@@ -316,6 +351,7 @@ class Executor:
                 self._idle.notify_all()
 
     def _run(self) -> None:
+        _worker.executor = self
         while True:
             if self._queue.empty():
                 spin(lambda: not self._queue.empty(), HANDOFF_SPIN_SECONDS)
@@ -323,19 +359,21 @@ class Executor:
             if item is None:
                 return
             handle, fn = item
+            with self._lock:
+                given_up, handle._taken = handle._given_up, True
+            result: Any = None
+            error: BaseException | None = _GIVEN_UP if given_up else None
             with self._exec:
                 try:
-                    result, error = fn(), None
+                    if not given_up:
+                        result = fn()
                 except BaseException as err:  # noqa: BLE001 - delivered to the waiter
-                    result, error = None, err
-            if handle._callbacks:
-                self._in_callbacks = (handle.name, time.monotonic())
+                    error = err
             try:
                 handle._finish(result, error)
             except BaseException:  # noqa: BLE001 - a callback's SystemExit: this thread goes on
                 logger.exception("a done-callback of %s raised", handle.name)
             finally:
-                self._in_callbacks = None
                 self._release()
             del item, handle, fn, result, error  # don't keep the last operation's arrays alive
 
@@ -350,6 +388,10 @@ def _stop_at_exit() -> None:
     for executor in list(_with_thread):
         executor.stop_at_exit(EXIT_WAIT_SECONDS)
 
+
+_GIVEN_UP = CollectiveTimeoutError("not run: its blocking caller gave up waiting behind a "
+                                   "done-callback")
+"""A queued blocking call's outcome where its caller raised before it ran (no one reads it)."""
 
 ON_WORKER = ("{what} from a done-callback would deadlock: callbacks run on the communicator's "
               "progress thread, which is the one that must finish it; issue collectives there "

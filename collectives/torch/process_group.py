@@ -687,11 +687,11 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
             return
         queued = torch.cuda.Event()
         queued.record(torch.cuda.current_stream(dst.device))
-        at_call = [True]
+        caller, calling = threading.get_ident(), [True]
 
         def run() -> None:
-            if at_call[0]:  # on the caller's thread and stream, before the call's fence
-                fill()
+            if calling[0] and threading.get_ident() == caller:  # at once, inside _in_order:
+                fill()  # on the caller's stream, before the call's fence
                 return
             with torch.cuda.device(dst.device):
                 stream = torch.cuda.current_stream()
@@ -699,8 +699,10 @@ class ProcessGroupTopocoll(dist.ProcessGroup):
                 fill()
                 stream.synchronize()
 
-        self.comm._in_order("stage in", run)
-        at_call[0] = False
+        try:
+            self.comm._in_order("stage in", run)
+        finally:
+            calling[0] = False
 
     def _post_each(self, post: Any, pairs: Sequence[tuple[int, torch.Tensor]],
                    tag: int) -> list[Any]:

@@ -9,7 +9,7 @@
   once naming the fork (it used to pair with the parent's peers: they got wrong sums).
 - "stuck_callback": a done-callback that blocks until after the owner's next blocking call; that
   call raises its timeout naming the callback (it used to wait for ever: its limit started only
-  once it ran), and the communicator is broken; another communicator still works.
+  once it ran), and the communicator is broken and closes; another communicator still works.
 """
 import _common  # noqa: F401
 from _common import expect_raises, rank_main
@@ -95,21 +95,46 @@ def fork(c):
 
 
 def stuck_callback(c):
-    other = c.split(0)
-    released = threading.Event()
-    h = c.all_reduce(np.ones(1 << 16, np.float32), async_op=True)
-    h.add_done_callback(lambda _h: released.wait(60))  # until after the call below
-    t0 = time.monotonic()
-    expect_raises(CollectiveTimeoutError, lambda: c.all_reduce(np.ones(8), timeout=1.5),
-                  "all_reduce timed out", f"rank {c.rank}", "before it started",
-                  "done-callback of all_reduce")
-    waited = time.monotonic() - t0
-    assert 1.5 <= waited < 10, waited
-    released.set()
-    assert np.all(h.wait() == c.size)
-    expect_raises(CommunicatorBrokenError, lambda: c.all_reduce(np.ones(4)), "unusable")
-    assert np.all(other.all_reduce(np.ones(4)) == c.size)  # other communicators go on
-    other.close()
+    """Behind a done-callback that doesn't return (on a general call's handle and on a repeated
+    call's, whose callbacks run inside a queued completion), a blocking call raises once the
+    communicator's limit passed; one that ends within it, however slow, doesn't."""
+    d = collectives.init(timeout=3.0)  # the limit a stuck callback is held to (not the call's)
+    slow = threading.Event()
+    h = d.all_reduce(np.ones(1 << 16, np.float32), async_op=True)
+    h.add_done_callback(lambda _h: slow.wait(1.0))  # slow, but ends within d's limit
+    got = d.all_reduce(np.ones(8), timeout=0.5)
+    assert np.all(got == c.size) and np.all(h.wait() == c.size)
+    small = np.ones(1024, np.float32)
+    for _ in range(5):  # async repeats: the next one is started inline, a StartedHandle whose
+        d.all_reduce(small, async_op=True).wait()  # callbacks run inside a queued completion
+    for which in ("general", "repeated"):
+        e = d if which == "repeated" else collectives.init(timeout=3.0)
+        x = small if which == "repeated" else np.ones(1 << 16, np.float32)
+        x[:] = 1
+        last = c.rank == c.size - 1
+        c.barrier()  # (c's limit: ranks may be seconds apart on a loaded machine)
+        if last:
+            time.sleep(0.3)  # the others' call is still out when they add the callback
+        released = threading.Event()
+        h = e.all_reduce(x, async_op=True)
+        if not last:
+            h.add_done_callback(lambda _h: released.wait(60))  # until after the call below
+        t0 = time.monotonic()
+        if last:  # its peers never make the call: it times out by its own limit
+            expect_raises(CollectiveTimeoutError, lambda: e.all_reduce(np.ones(8), timeout=1.0),
+                          "all_reduce")
+        else:
+            expect_raises(CollectiveTimeoutError, lambda: e.all_reduce(np.ones(8), timeout=1.0),
+                          "all_reduce timed out", f"rank {c.rank}", "before it started",
+                          "done-callback of all_reduce")
+            assert 3.0 <= time.monotonic() - t0 < 12, (which, time.monotonic() - t0)
+        expect_raises(CommunicatorBrokenError, lambda: e.all_reduce(np.ones(4)), "unusable")
+        t0 = time.monotonic()
+        e.close()  # bounded by the limit though the callback still runs
+        assert time.monotonic() - t0 < 12, time.monotonic() - t0
+        released.set()
+        assert np.all(h.wait() == c.size)
+    assert np.all(c.all_reduce(np.ones(4)) == c.size)  # other communicators go on
 
 
 def body():
