@@ -71,12 +71,7 @@ class Description:
 
 def from_mapping(values: Mapping[str, Any], where: str = "description") -> Description:
     """Validate a description given as a mapping (file contents or flags); errors name ``where``."""
-    norm: dict[str, Any] = {}
-    for key, value in values.items():
-        k = str(key).replace("-", "_")
-        if k not in KEYS:
-            raise ClusterError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)})")
-        norm[k] = value
+    norm = _normalized(values, where)
     name = check_name(str(norm.get("name", "default")), where)
     hosts = _count(norm.get("hosts", 2), "hosts", where, MAX_HOSTS)
     ranks = _count(norm.get("ranks_per_host", 1), "ranks_per_host", where, 256)
@@ -85,6 +80,22 @@ def from_mapping(values: Mapping[str, Any], where: str = "description") -> Descr
     uplinks = _uplinks(norm, leaves, host_rate, where)
     subnet = _subnet(norm.get("subnet"), hosts, where)
     return Description(name, hosts, ranks, leaves, host_rate, uplinks, subnet)
+
+
+def _normalized(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``values`` with each key in its ``_`` spelling; an unknown key, or one given twice
+    (``ranks-per-host`` and ``ranks_per_host``), is an error (the second would silently win)."""
+    norm: dict[str, Any] = {}
+    given: dict[str, Any] = {}
+    for key, value in values.items():
+        k = str(key).replace("-", "_")
+        if k not in KEYS:
+            raise ClusterError(f"{where}: unknown key {key!r} (known: {', '.join(KEYS)})")
+        if k in norm:
+            raise ClusterError(f"{where}: {given[k]!r} and {key!r} name the same key; give it "
+                               f"once")
+        norm[k], given[k] = value, key
+    return norm
 
 
 def check_name(name: str, where: str | None = None) -> str:
@@ -112,7 +123,10 @@ def load(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Descri
             raise ClusterError(f"{p}: reading YAML needs pyyaml (pip install "
                                f"'topocoll[yaml]'), or write the description as JSON") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_unique_key_loader(yaml))  # safe_load, no repeats
+        except yaml.MarkedYAMLError as e:
+            at = f" line {e.problem_mark.line + 1}" if e.problem_mark is not None else ""
+            raise ClusterError(f"{p}{at}: invalid YAML: {e.problem}") from None
         except yaml.YAMLError as e:
             raise ClusterError(f"{p}: invalid YAML: {e}") from None
     else:
@@ -122,8 +136,26 @@ def load(path: str | Path, overrides: Mapping[str, Any] | None = None) -> Descri
             raise ClusterError(f"{p} {e}") from None
     if not isinstance(data, dict):
         raise ClusterError(f"{p}: a description is an object with keys {', '.join(KEYS)}")
-    data.update(overrides or {})
+    data = _normalized(data, str(p))
+    data.update(_normalized(overrides or {}, "command line"))  # flags given win
     return from_mapping(data, str(p))
+
+
+def _unique_key_loader(yaml: Any) -> Any:
+    """PyYAML's SafeLoader refusing a key given twice in one mapping (it lets the second win)."""
+    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc, name-defined]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} appears twice in one mapping (a second value "
+                        f"would silently win)", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
 
 
 def parse_rate(value: Any, what: str = "rate") -> float | None:

@@ -61,6 +61,17 @@ def test_description_from_flags_and_files(tmp_path):
     pytest.importorskip("yaml")
     assert cluster.load(y).ranks_per_host == 3
     assert cluster.format_rate(4e8) == "400mbit" and cluster.format_rate(None) == "none"
+    # one key given twice (two spellings; a YAML mapping) is refused: the second used to win
+    f.write_text(json.dumps({"ranks_per_host": 2, "ranks-per-host": 3}))
+    with pytest.raises(cluster.DescriptionError, match="'ranks_per_host' and 'ranks-per-host' "
+                                                       "name the same key"):
+        cluster.load(f)
+    y.write_text("hosts: 2\nranks_per_host: 3\nhosts: 4\n")
+    with pytest.raises(cluster.DescriptionError, match="c.yaml line 3: invalid YAML: key 'hosts' "
+                                                       "appears twice"):
+        cluster.load(y)
+    f.write_text(json.dumps({"hosts": 3, "ranks-per-host": 2}))  # a flag still overrides
+    assert cluster.load(f, {"ranks_per_host": 4}).ranks_per_host == 4
     # derived uplinks at the ends of the shaped range are fine
     assert cluster.from_mapping({"hosts": 2, "host_rate": "50gbit"}).uplink_rate == (1e11,)
     assert cluster.from_mapping({"hosts": 1, "host_rate": "2mbit",
