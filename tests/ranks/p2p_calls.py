@@ -376,9 +376,10 @@ def bad_arguments_are_refused(c):
     finally:
         c.backend.posts_receives = posts
     assert all(e["state"] != "running" for e in c.flight_record()), c.flight_record()
-    h = c.recv(x, src=me, tag=8, async_op=True)  # nothing of the above reached the channel
-    c.send(np.arange(3.0), dst=me, tag=8)
-    assert np.array_equal(h.wait(), np.arange(3.0)), x
+    if c.backend.posts_receives:  # (NCCL's way meets no message to itself: to_itself)
+        h = c.recv(x, src=me, tag=8, async_op=True)  # nothing of the above reached the channel
+        c.send(np.arange(3.0), dst=me, tag=8)
+        assert np.array_equal(h.wait(), np.arange(3.0)), x
 
 
 def queued_calls_go_first(c):
@@ -501,13 +502,15 @@ def to_itself(c):
     an async one that nothing ever meets."""
     me = c.rank
     x, y = np.arange(5, dtype=np.float64) + me, np.zeros(5)
-    h = c.recv(y, src=me, tag=3, async_op=True)
-    c.send(x, dst=me, tag=3)
-    assert h.wait() is y and np.array_equal(y, x), y
-    y[:] = 0
-    h = c.send(x, dst=me, tag=4, async_op=True)
-    assert c.recv(y, src=me, tag=4) is y and np.array_equal(y, x), y
-    h.wait()
+    if c.backend.posts_receives:  # on a backend running sends and receives one at a time in
+        # issue order (NCCL's), neither half can wait for the other, which comes after it
+        h = c.recv(y, src=me, tag=3, async_op=True)
+        c.send(x, dst=me, tag=3)
+        assert h.wait() is y and np.array_equal(y, x), y
+        y[:] = 0
+        h = c.send(x, dst=me, tag=4, async_op=True)
+        assert c.recv(y, src=me, tag=4) is y and np.array_equal(y, x), y
+        h.wait()
     big = np.ones(1 << 18)  # 2 MiB: past the eager limit (a short message may go eagerly)
     compiled = os.environ.get("TOPOCOLL_SHM_COMPILED") != "0" and \
         prepared._match_type() is not None
