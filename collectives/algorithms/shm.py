@@ -298,7 +298,8 @@ def _prepare_steps(b: Backend, ctx: OpContext, call: Call, arena: SharedArena,
         return True
 
     one_barrier = steps == 1 and not by_first_half[0][0].second_sync
-    return Run(start, complete, starts_inline=one_barrier)  # else: barriers follow the first
+    return Run(start, complete, starts_inline=one_barrier,  # else: barriers follow the first
+               overdue=functools.partial(_overdue, arena, ctx))
 
 
 def prepare_registered_or_native(b: Backend, ctx: OpContext, call: Call) -> "Run | None":
@@ -366,7 +367,8 @@ def _prepare_registered(b: Backend, ctx: OpContext, call: Call, arena: SharedAre
             _after_gate(b, ctx, this, gate, fallback)
         return True
 
-    return Run(start, complete, starts_inline=False)  # a closing barrier follows the first
+    return Run(start, complete, starts_inline=False,  # a closing barrier follows the first
+               overdue=functools.partial(_overdue, arena, ctx))
 
 
 class Run:
@@ -397,8 +399,9 @@ class Run:
         self.overdue = overdue
         """Whether a started run polled without blocking (``complete(False)`` missing) has
         outlived its timeout, counted from the first such poll; then ``complete(True)`` raises
-        the timeout at once. None: the run never lingers so (its later barriers go to a thread
-        that blocks)."""
+        the timeout at once. None: the run can't tell (it is never polled past its timeout).
+        Runs of several barriers need it too: a waiter on another thread polls a started one
+        (``StartedHandle._drive``) while its owner waits elsewhere."""
         self.starts_inline = starts_inline
         self._both = both
         self.go: Callable[[], None] = both if both is not None else self._start_complete
