@@ -439,55 +439,49 @@ class Communicator:
                         timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``all_reduce(x, op, algo, out=out)`` once; ``start()`` it many times. See
         :class:`Persistent`."""
-        if unexpected:
-            self._unexpected("all_reduce", unexpected, False, timeout, "all_reduce_init")
-        return self._init(self._all_reduce, x, op=op, algo=algo, out=out, timeout=timeout)
+        return self._init(self._all_reduce, unexpected, x, op=op, algo=algo, out=out,
+                          timeout=timeout)
 
     def all_gather_init(self, x: Any, out: Any = None, algo: str = "auto",
                         timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``all_gather(x, out, algo)`` once (``out`` is allocated if None)."""
-        if unexpected:
-            self._unexpected("all_gather", unexpected, False, timeout, "all_gather_init")
-        return self._init(self._all_gather, x, out=out, algo=algo, timeout=timeout)
+        return self._init(self._all_gather, unexpected, x, out=out, algo=algo, timeout=timeout)
 
     def reduce_scatter_init(self, x: Any, out: Any = None, op: str = "sum", algo: str = "auto",
                             timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``reduce_scatter(x, out, op, algo)`` once."""
-        if unexpected:
-            self._unexpected("reduce_scatter", unexpected, False, timeout, "reduce_scatter_init")
-        return self._init(self._reduce_scatter, x, out=out, op=op, algo=algo, timeout=timeout)
+        return self._init(self._reduce_scatter, unexpected, x, out=out, op=op, algo=algo,
+                          timeout=timeout)
 
     def broadcast_init(self, x: Any, root: int = 0, algo: str = "auto",
                        timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``broadcast(x, root, algo)`` once."""
-        if unexpected:
-            self._unexpected("broadcast", unexpected, False, timeout, "broadcast_init")
-        return self._init(self._broadcast, x, root=root, algo=algo, timeout=timeout)
+        return self._init(self._broadcast, unexpected, x, root=root, algo=algo, timeout=timeout)
 
     def reduce_init(self, x: Any, root: int = 0, op: str = "sum", algo: str = "auto",
                     timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``reduce(x, root, op, algo)`` once."""
-        if unexpected:
-            self._unexpected("reduce", unexpected, False, timeout, "reduce_init")
-        return self._init(self._reduce, x, root=root, op=op, algo=algo, timeout=timeout)
+        return self._init(self._reduce, unexpected, x, root=root, op=op, algo=algo, timeout=timeout)
 
     def all_to_all_init(self, x: Any, out: Any = None, algo: str = "auto",
                         timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``all_to_all(x, out, algo)`` once."""
-        if unexpected:
-            self._unexpected("all_to_all", unexpected, False, timeout, "all_to_all_init")
-        return self._init(self._all_to_all, x, out=out, algo=algo, timeout=timeout)
+        return self._init(self._all_to_all, unexpected, x, out=out, algo=algo, timeout=timeout)
 
     def rotate_init(self, x: Any, out: Any = None, shift: int = 1, algo: str = "auto",
                     timeout: float | None = None, **unexpected: Any) -> "Persistent":
         """Prepare ``rotate(x, out, shift, algo)`` once (``out`` is allocated if None)."""
-        if unexpected:
-            self._unexpected("rotate", unexpected, False, timeout, "rotate_init")
-        return self._init(self._rotate, x, out=out, shift=shift, algo=algo, timeout=timeout)
+        return self._init(self._rotate, unexpected, x, out=out, shift=shift, algo=algo,
+                          timeout=timeout)
 
-    def _init(self, method: Any, *args: Any, **kwargs: Any) -> "Persistent":
+    def _init(self, method: Any, unexpected: dict[str, Any], *args: Any,
+              **kwargs: Any) -> "Persistent":
         """``method`` (the general path: a front method's lane would run a repeated call or a
-        form's template at once) with ``_launch`` handing back the prepared call unrun."""
+        form's template at once) with ``_launch`` handing back the prepared call unrun;
+        ``unexpected``: the keywords the ``*_init`` call didn't take (``_unexpected``)."""
+        if unexpected:
+            kind = method.__name__.lstrip("_")
+            self._unexpected(kind, unexpected, False, kwargs.get("timeout"), f"{kind}_init")
         self._local.persistent = True
         try:
             return method(*args, **kwargs)
@@ -597,17 +591,18 @@ class Communicator:
         blocking send to itself waits for a receive nobody can post: MPI hangs, this times
         out). ``queued``: an async one on a backend that runs them in issue order (NCCL's),
         which no later call can meet. Else return (``err`` stands)."""
-        if peer == self.rank and queued:
+        if peer != self.rank:
+            return
+        if queued:
             raise CollectiveTimeoutError(
                 f"{err}. Rank {peer} is this rank: the {self.backend.name} backend runs sends and "
                 f"receives one after another in issue order, so an async one to or from itself "
                 f"is met by none issued after it (only a send small enough to complete without "
                 f"its receive is)") from err
-        if peer == self.rank:
-            raise CollectiveTimeoutError(
-                f"{err}. Rank {peer} is this rank: a blocking send to itself is met only by a "
-                f"receive from itself posted before it (recv(..., async_op=True)), and a "
-                f"blocking recv from itself only by a send posted before it") from err
+        raise CollectiveTimeoutError(
+            f"{err}. Rank {peer} is this rank: a blocking send to itself is met only by a "
+            f"receive from itself posted before it (recv(..., async_op=True)), and a "
+            f"blocking recv from itself only by a send posted before it") from err
 
     def _p2p_failure(self, receives: int, peer: int, name: str, err: BaseException,
                      entry: FlightEntry) -> BaseException:

@@ -242,8 +242,8 @@ class Executor:
         self._queue.put((handle, fn))
         return handle
 
-    def run(self, name: str, fn: Callable[[], Any], limit: float | None = None,
-            stuck: Callable[[str, float], BaseException] | None = None) -> Any:
+    def run(self, name: str, fn: Callable[[], Any], limit: float,
+            stuck: Callable[[str, float], BaseException]) -> Any:
         """Run ``fn`` now, after everything already queued; return its result or raise.
 
         From a done-callback (on the progress thread itself, which would wait for its own
@@ -265,10 +265,7 @@ class Executor:
             finally:
                 self._exec.release()
                 self._release()
-        handle = self.submit(name, fn)
-        if stuck is None or limit is None:
-            return handle.wait()
-        return self._wait_behind(handle, limit, stuck)
+        return self._wait_behind(self.submit(name, fn), limit, stuck)
 
     def idle(self) -> bool:
         """Whether nothing is queued or running on the progress thread (a read, no lock)."""
@@ -337,7 +334,7 @@ class Executor:
             now = time.monotonic()
             if now - max(inside[1], began) < limit:
                 continue
-            with self._lock:  # decided against the progress thread taking it meanwhile
+            with handle._lock:  # decided against the progress thread taking it meanwhile
                 if handle._taken:
                     continue
                 handle._given_up = True
@@ -359,7 +356,7 @@ class Executor:
             if item is None:
                 return
             handle, fn = item
-            with self._lock:
+            with handle._lock:  # its own: the executor's is the issuing thread's too
                 given_up, handle._taken = handle._given_up, True
             result: Any = None
             error: BaseException | None = _GIVEN_UP if given_up else None
