@@ -242,8 +242,8 @@ class Executor:
         self._queue.put((handle, fn))
         return handle
 
-    def run(self, name: str, fn: Callable[[], Any], limit: float,
-            stuck: Callable[[str, float], BaseException]) -> Any:
+    def run(self, name: str, fn: Callable[[], Any], limit: float | None = None,
+            stuck: Callable[[str, float], BaseException] | None = None) -> Any:
         """Run ``fn`` now, after everything already queued; return its result or raise.
 
         From a done-callback (on the progress thread itself, which would wait for its own
@@ -265,7 +265,10 @@ class Executor:
             finally:
                 self._exec.release()
                 self._release()
-        return self._wait_behind(self.submit(name, fn), limit, stuck)
+        handle = self.submit(name, fn)
+        if stuck is None or limit is None:  # unbounded (the executor used alone, in tests)
+            return handle.wait()
+        return self._wait_behind(handle, limit, stuck)
 
     def idle(self) -> bool:
         """Whether nothing is queued or running on the progress thread (a read, no lock)."""
